@@ -1,0 +1,221 @@
+"""Typed configuration: YAML files + dotted command-line overrides -> nested dataclasses.
+
+Every component owns a plain `@dataclass` of its settings (defaults and their reasons live there);
+this module only loads, validates, overrides and saves such trees. Three hops from YAML to the code
+it selects: file -> dataclass -> component constructor.
+
+    cfg = load_config(TrainConfig, "configs/tiny_cpu.yaml", ["algo.stare.target_entropy=0.25"])
+
+Unknown keys, wrong types and out-of-range values fail at start with a `ConfigError` that names the
+dotted key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Sequence, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, or out of range."""
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting only where it loses nothing."""
+    if tp is Any:
+        return value
+    if _is_union(tp):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        allowed = " or ".join(_type_name(a) for a in args)
+        raise ConfigError(f"{key}={value!r}: expected {allowed}")
+    origin = get_origin(tp)
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(f"{key}={value!r}: must be {_type_name(tp)}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping of {tp.__name__} fields")
+        return from_dict(tp, value, prefix=key)
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r}: expected a list")
+        (item_tp, *_) = get_args(tp) or (Any,)
+        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping")
+        _, val_tp = get_args(tp) or (str, Any)
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}={value!r}: expected a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. `model.path=123` or a numeric run name
+        raise ConfigError(f"{key}={value!r}: expected a string")
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{key}={value!r}: expected {_type_name(tp)}")
+
+
+def from_dict(schema: type[T], data: dict, prefix: str = "") -> T:
+    """Build a dataclass from a (nested) dict, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = prefix or schema.__name__
+        raise ConfigError(
+            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]!s} in {where}; "
+            f"valid keys: {', '.join(sorted(fields))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return schema(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:  # range checks in __post_init__ name the field
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"{where}{e}") from None
+
+
+def to_dict(cfg: Any) -> Any:
+    """Dataclass tree -> plain dict (YAML/JSON-safe)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if hasattr(cfg, "value") and isinstance(getattr(cfg, "value"), (str, int)):  # Enum
+        return cfg.value
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'a.b.c=value' -> (['a','b','c'], value parsed as YAML: 0.3, true, [1,2], null, text)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. trainer.steps=50")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-")
+    if not key:
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_path(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def load_config(
+    schema: type[T], yaml_path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> T:
+    """Defaults of `schema`, then the YAML file, then each `key=value` override, validated."""
+    tree: dict = to_dict(schema())
+    if yaml_path is not None:
+        path = Path(yaml_path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} not found (pass --config with an existing YAML)")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        _merge(tree, loaded)
+    for text in overrides:
+        keys, value = parse_override(text)
+        _check_path(schema, keys)
+        _set_path(tree, keys, value)
+    return from_dict(schema, tree)
+
+
+def _merge(base: dict, update: dict) -> None:
+    """Deep-merge `update` into `base`; unknown keys are left for from_dict to reject by name."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _check_path(schema: Any, keys: list[str]) -> None:
+    """Reject an override of a key that does not exist before touching the tree."""
+    tp = schema
+    for i, key in enumerate(keys):
+        dotted = ".".join(keys[: i + 1])
+        while _is_union(tp):  # Optional[Sub] -> Sub
+            tp = next(a for a in get_args(tp) if a is not type(None))
+        if get_origin(tp) is dict:
+            tp = get_args(tp)[1] if get_args(tp) else Any
+            continue
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(f"override {dotted!r}: {'.'.join(keys[:i])} is not a section")
+        hints = typing.get_type_hints(tp)
+        if key not in hints:
+            raise ConfigError(
+                f"unknown key {dotted!r}; valid keys here: {', '.join(sorted(hints))}"
+            )
+        tp = hints[key]
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (into every run directory)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
