@@ -1,0 +1,456 @@
+"""Evaluation with tool calls: accuracy of a TIR policy on math benchmarks.
+
+One code path for both callers: `scripts/eval_aime.py` (a model on disk or on the hub) and the
+trainer's periodic evaluation (the live rollout backend). Both run the *training* rollout engine,
+`RetoolEnv` and grader, so an evaluation number means exactly what the reward means in training.
+
+Flow per dataset: load problems -> expand every problem into `n` samples -> skip samples already
+in `<out_dir>/<dataset>.jsonl` (resume) -> generate the rest in chunks, appending one JSON row per
+sample after each chunk -> compute metrics from *all* rows (old and new alike) -> `summary.json`
+and a console table.
+
+Metrics (per dataset, accuracies are fractions in [0, 1]):
+  avg@N      mean over problems of (correct samples / samples): the "accuracy" papers report.
+  pass@k     unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021), for k <= N.
+  maj@N      majority vote over the extracted answers, grouped by the grader's equivalence.
+  tool use   mean tool calls per sample, code error and timeout rates per tool call, mean
+             response length (all tokens, and model-written tokens only), finish reasons.
+A sample whose sandbox failed for infrastructure reasons is written (for the record) but counts
+neither as right nor as wrong, and a rerun retries it, just as training excludes such samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from loguru import logger
+
+# The six benchmarks of the STARE paper's table, by the loader's short names.
+SIX_BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+# Small competition sets get many samples (their avg@N is noisy otherwise), as in DAPO/ReTool.
+MANY_SAMPLE_DATASETS: frozenset[str] = frozenset({"aime24", "aime25", "amc23"})
+DEFAULT_PASS_KS: tuple[int, ...] = (1, 4, 8, 16, 32)
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate and how to sample. Shared by the eval script and the trainer."""
+
+    # Benchmarks, as short names or paths that `envs.data.load_problems` accepts.
+    datasets: list[str] = field(default_factory=lambda: ["aime24", "aime25"])
+    # Samples per problem. None: 32 for AIME24/AIME25/AMC23, 4 for the rest (as in the literature).
+    n: Optional[int] = None
+    # Evaluate only the first `limit` problems of each dataset (quick checks, CPU smoke runs).
+    limit: Optional[int] = None
+    # pass@k is reported for these k (those larger than n are skipped).
+    pass_ks: list[int] = field(default_factory=lambda: list(DEFAULT_PASS_KS))
+    # Sampling temperature and nucleus top-p. DAPO/ReTool report avg@32 at T=1.0, top-p=0.7.
+    temperature: float = 1.0
+    top_p: float = 0.7
+    # Model turns (code calls + final answer) per sample; None keeps the rollout config's value.
+    max_turns: Optional[int] = None
+    # Total response tokens (model + interpreter) per sample; None keeps the rollout config's value.
+    max_tokens: Optional[int] = None
+    # Tokens per model turn; None keeps the rollout config's value.
+    max_tokens_per_turn: Optional[int] = None
+    # Samples handed to the engine per call; rows are flushed to disk after each chunk, so this
+    # bounds the work a crash can lose, while staying large enough to keep the backend busy.
+    chunk_size: int = 512
+    # Base seed for sampling (sample i of problem p gets a derived seed where the backend honours it).
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.datasets:
+            raise ValueError(f"datasets={self.datasets!r}: name at least one dataset")
+        if self.n is not None and self.n < 1:
+            raise ValueError(f"n={self.n!r}: must be >= 1 (or None for the per-dataset default)")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit={self.limit!r}: must be >= 1 (or None for all problems)")
+        if not self.pass_ks or any(k < 1 for k in self.pass_ks):
+            raise ValueError(f"pass_ks={self.pass_ks!r}: must be a non-empty list of ints >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        for name in ("max_turns", "max_tokens", "max_tokens_per_turn"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name}={v!r}: must be >= 1 (or None to keep the rollout value)")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size={self.chunk_size!r}: must be >= 1")
+
+
+def default_n(dataset: str) -> int:
+    """Samples per problem when the config leaves n unset."""
+    return 32 if dataset in MANY_SAMPLE_DATASETS else 4
+
+
+def dataset_key(dataset: str) -> str:
+    """A file-system-safe name for a dataset given as a short name or a path."""
+    stem = Path(dataset).name
+    for suffix in (".gz", ".jsonl", ".json"):
+        stem = stem.removesuffix(suffix)
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem) or "dataset"
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure metric functions
+# ----------------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
+
+    Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), a product of factors in [0, 1), so it never
+    forms the huge binomials (C(32, 16) is fine, C(1000, 500) is not) and never divides by them.
+    """
+    if n < 1 or not 0 <= c <= n:
+        raise ValueError(f"need n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k}: must be in [1, n={n}]")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def avg_at_n(correct: Sequence[Sequence[bool]]) -> float:
+    """Mean over problems of each problem's fraction of correct samples (avg@N)."""
+    per_problem = [sum(map(bool, c)) / len(c) for c in correct if len(c) > 0]
+    return sum(per_problem) / len(per_problem) if per_problem else 0.0
+
+
+def majority_vote(
+    preds: Sequence[Optional[str]],
+    verdicts: Sequence[bool],
+    equivalent: Callable[[str, str], bool],
+) -> bool:
+    """Is the most frequent answer (up to equivalence) correct?
+
+    Answers are clustered greedily: each joins the first cluster whose first member it is
+    equivalent to. Samples without an extracted answer do not vote. The largest cluster wins;
+    ties go to the cluster seen first (deterministic for a fixed sample order). The cluster's
+    verdict is the grader's verdict on its first member.
+    """
+    if len(preds) != len(verdicts):
+        raise ValueError(f"{len(preds)} preds but {len(verdicts)} verdicts")
+    clusters: list[list[int]] = []
+    for i, pred in enumerate(preds):
+        if pred is None or not pred.strip():
+            continue
+        for members in clusters:
+            if equivalent(preds[members[0]], pred):  # type: ignore[arg-type]
+                members.append(i)
+                break
+        else:
+            clusters.append([i])
+    if not clusters:
+        return False
+    best = max(clusters, key=len)  # max() keeps the first of equals: ties go to the earliest
+    return bool(verdicts[best[0]])
+
+
+def answers_equivalent(a: str, b: str) -> bool:
+    """Two extracted answers name the same value, as judged by the training grader."""
+    if a.strip() == b.strip():
+        return True
+    from envs.grading import grade_answer
+
+    return bool(grade_answer("\\boxed{" + a + "}", b))
+
+
+def _rate(num: float, den: float) -> float:
+    return num / den if den else 0.0
+
+
+def dataset_metrics(
+    rows: Iterable[dict],
+    n: int,
+    pass_ks: Sequence[int] = DEFAULT_PASS_KS,
+    equivalent: Callable[[str, str], bool] = answers_equivalent,
+) -> dict[str, Any]:
+    """Metrics of one dataset from its per-sample rows (see `trajectory_row` for the fields).
+
+    Only rows with sample_idx < n count. Rows with `sandbox_error` are excluded (and counted).
+    A problem left with m < k valid samples contributes pass@m to pass@k (any-correct of what it
+    has), since the unbiased estimator is undefined there; `problems_short` counts such problems.
+    """
+    by_problem: dict[str, list[dict]] = defaultdict(list)
+    sandbox_failed = 0
+    for row in rows:
+        if row["sample_idx"] >= n:
+            continue
+        if row.get("sandbox_error"):
+            sandbox_failed += 1
+            continue
+        by_problem[row["problem_id"]].append(row)
+    for samples in by_problem.values():
+        samples.sort(key=lambda r: r["sample_idx"])
+    valid = [r for samples in by_problem.values() for r in samples]
+
+    out: dict[str, Any] = {
+        "problems": len(by_problem),
+        "n": n,
+        "samples": len(valid),
+        "sandbox_error_samples": sandbox_failed,
+        "problems_short": sum(1 for s in by_problem.values() if len(s) < n),
+    }
+    correct = [[bool(r["correct"]) for r in s] for s in by_problem.values()]
+    out[f"avg@{n}"] = avg_at_n(correct)
+    for k in sorted(set(pass_ks)):
+        if k > n:
+            continue
+        vals = [pass_at_k(len(c), sum(c), min(k, len(c))) for c in correct]
+        out[f"pass@{k}"] = sum(vals) / len(vals) if vals else 0.0
+    majs = [
+        majority_vote([r.get("pred") for r in s], [bool(r["correct"]) for r in s], equivalent)
+        for s in by_problem.values()
+    ]
+    out[f"maj@{n}"] = sum(majs) / len(majs) if majs else 0.0
+
+    tool_calls = sum(r["tool_calls"] for r in valid)
+    out["mean_tool_calls"] = _rate(tool_calls, len(valid))
+    out["code_error_rate"] = _rate(sum(r["code_errors"] for r in valid), tool_calls)
+    out["timeout_rate"] = _rate(sum(r["timeouts"] for r in valid), tool_calls)
+    out["mean_response_tokens"] = _rate(sum(r["response_tokens"] for r in valid), len(valid))
+    out["mean_generated_tokens"] = _rate(sum(r["generated_tokens"] for r in valid), len(valid))
+    out["answer_rate"] = _rate(sum(r.get("pred") is not None for r in valid), len(valid))
+    reasons = Counter(r["finish_reason"] for r in valid)
+    out["finish_reasons"] = {k: _rate(v, len(valid)) for k, v in sorted(reasons.items())}
+    return out
+
+
+def benchmark_average(per_dataset: dict[str, dict]) -> Optional[dict[str, float]]:
+    """Unweighted mean over the six paper benchmarks of avg@N and pass@1, if all six ran."""
+    if not all(name in per_dataset for name in SIX_BENCHMARKS):
+        return None
+    six = [per_dataset[name] for name in SIX_BENCHMARKS]
+    return {
+        "avg@n": sum(m[f"avg@{m['n']}"] for m in six) / len(six),
+        "pass@1": sum(m["pass@1"] for m in six) / len(six),
+    }
+
+
+def summary_metrics(summary: dict, prefix: str = "eval/") -> dict[str, float]:
+    """Flatten a summary into scalar metrics for a metrics log: eval/<dataset>/<metric>."""
+    flat: dict[str, float] = {}
+    for name, metrics in summary.get("datasets", {}).items():
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                flat[f"{prefix}{name}/{key}"] = float(value)
+    for key, value in (summary.get("six_benchmark_avg") or {}).items():
+        flat[f"{prefix}six_benchmark_avg/{key}"] = float(value)
+    return flat
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows: one JSON object per sample
+# ----------------------------------------------------------------------------------------------
+
+
+def trajectory_row(traj: Any, problem: dict, sample_idx: int, dataset: str) -> dict:
+    """The JSONL record of one finished sample (a `Trajectory` from the rollout engine)."""
+    info = traj.info or {}
+    env_stats = info.get("env_stats") or {}
+    return {
+        "dataset": dataset,
+        "problem_id": str(problem["id"]),
+        "sample_idx": sample_idx,
+        "gold": str(problem["answer"]),
+        "pred": info.get("pred"),
+        "correct": bool(info.get("correct", False)),
+        "reward": float(traj.reward),
+        "finish_reason": traj.finish_reason,
+        "num_turns": int(traj.num_turns),
+        "tool_calls": int(traj.tool_calls),
+        "code_errors": int(env_stats.get("code_errors", 0)),
+        "timeouts": int(traj.timeouts),
+        "void_turns": int(traj.void_turns),
+        "sandbox_error": bool(traj.sandbox_error),
+        "response_tokens": len(traj.response_ids),
+        "generated_tokens": int(sum(traj.loss_mask)),
+        "text": traj.text,
+    }
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a (possibly interrupted) JSONL file; a torn last line is dropped with a warning."""
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # a crash mid-write leaves at most one torn line, the last
+                logger.warning(f"{path}: dropping a torn last line (interrupted write)")
+                continue
+            raise ValueError(f"{path}:{i + 1}: not valid JSON; delete or fix the file") from None
+    return rows
+
+
+def _latest_by_key(rows: Iterable[dict]) -> dict[tuple[str, int], dict]:
+    """Last row per (problem_id, sample_idx): a retried sandbox failure supersedes the failure."""
+    return {(str(r["problem_id"]), int(r["sample_idx"])): r for r in rows}
+
+
+def _rewrite_clean(path: Path, rows: list[dict]) -> None:
+    """Drop a torn tail before appending, so the file stays valid JSONL."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Running an evaluation
+# ----------------------------------------------------------------------------------------------
+
+
+def evaluate_problems(
+    engine: Any,
+    problems: Sequence[dict],
+    n: int,
+    *,
+    dataset: str = "eval",
+    out_path: str | Path | None = None,
+    pass_ks: Sequence[int] = DEFAULT_PASS_KS,
+    chunk_size: int = 512,
+    equivalent: Callable[[str, str], bool] = answers_equivalent,
+) -> tuple[dict[str, Any], list[dict]]:
+    """Sample `n` responses per problem with `engine` and score them.
+
+    engine: a `RolloutEngine` (anything with `run(problems, n) -> (trajectories, stats)`), built
+        with the eval sampling settings (see `build_eval_engine`).
+    out_path: JSONL file of per-sample rows. Samples already in it are skipped (resume), new ones
+        are appended after every chunk of `chunk_size` samples. None: nothing is written.
+    Returns (metrics, rows) with one row per (problem, sample index < n), sorted.
+    """
+    ids = [str(p["id"]) for p in problems]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i, c in Counter(ids).items() if c > 1)
+        raise ValueError(f"{dataset}: problem id {dup!r} appears more than once")
+    path = Path(out_path) if out_path is not None else None
+    old_rows = read_rows(path) if path is not None else []
+    if path is not None and old_rows and len(old_rows) != sum(1 for _ in path.open()):
+        _rewrite_clean(path, old_rows)
+    latest = _latest_by_key(old_rows)
+    done = {key for key, row in latest.items() if not row.get("sandbox_error")}
+
+    todo = [(p, i) for p in problems for i in range(n) if (str(p["id"]), i) not in done]
+    skipped = len(problems) * n - len(todo)
+    if skipped:
+        logger.info(f"{dataset}: resuming, {skipped} of {len(problems) * n} samples already done, "
+                    f"{len(todo)} to go")
+    t0 = time.time()
+    new_rows: list[dict] = []
+    for start in range(0, len(todo), chunk_size):
+        chunk = todo[start : start + chunk_size]
+        # Each sample is its own 1-sample group: group_id is then the index into `chunk`.
+        trajs, _ = engine.run([p for p, _ in chunk], 1)
+        if len(trajs) != len(chunk):
+            raise RuntimeError(f"engine returned {len(trajs)} trajectories for {len(chunk)} samples")
+        rows = []
+        for pos, traj in enumerate(trajs):
+            gid = getattr(traj, "group_id", pos)
+            problem, idx = chunk[gid if gid is not None else pos]
+            rows.append(trajectory_row(traj, problem, idx, dataset))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                f.flush()
+        new_rows += rows
+        logger.info(f"{dataset}: {start + len(chunk)}/{len(todo)} samples "
+                    f"({time.time() - t0:.1f}s)")
+
+    latest.update(_latest_by_key(new_rows))
+    wanted = {(pid, i) for pid in ids for i in range(n)}
+    order = {pid: j for j, pid in enumerate(ids)}
+    rows = sorted((r for k, r in latest.items() if k in wanted),
+                  key=lambda r: (order[str(r["problem_id"])], r["sample_idx"]))
+    metrics = dataset_metrics(rows, n, pass_ks, equivalent)
+    metrics["resumed_samples"] = skipped
+    metrics["new_samples"] = len(new_rows)
+    metrics["seconds"] = time.time() - t0
+    return metrics, rows
+
+
+def evaluate(
+    engine: Any,
+    cfg: EvalConfig,
+    out_dir: str | Path | None = None,
+    *,
+    datasets: Optional[dict[str, list[dict]]] = None,
+) -> dict[str, Any]:
+    """Evaluate on every dataset of `cfg` (or the given in-memory `datasets`); return the summary.
+
+    Writes `<out_dir>/<dataset>.jsonl` (per sample, resumable) and `<out_dir>/summary.json`, and
+    logs a table. With out_dir=None nothing is written and nothing is resumed (trainer smoke use).
+    """
+    from envs.data import load_problems
+
+    if datasets is None:
+        datasets = {name: load_problems(name, limit=cfg.limit) for name in cfg.datasets}
+    elif cfg.limit is not None:
+        datasets = {name: probs[: cfg.limit] for name, probs in datasets.items()}
+    out = Path(out_dir) if out_dir is not None else None
+    per_dataset: dict[str, dict] = {}
+    for name, problems in datasets.items():
+        key = dataset_key(name)
+        n = cfg.n if cfg.n is not None else default_n(key)
+        metrics, _ = evaluate_problems(
+            engine, problems, n, dataset=key,
+            out_path=out / f"{key}.jsonl" if out is not None else None,
+            pass_ks=cfg.pass_ks, chunk_size=cfg.chunk_size,
+        )
+        per_dataset[key] = metrics
+    summary: dict[str, Any] = {
+        "datasets": per_dataset,
+        "six_benchmark_avg": benchmark_average(per_dataset),
+        "eval_config": asdict(cfg),
+    }
+    logger.info("\n" + format_table(summary))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(out / "summary.json")
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    """A fixed-width console table of the summary (accuracies in percent)."""
+    per = summary["datasets"]
+    ks = sorted({int(k[5:]) for m in per.values() for k in m if k.startswith("pass@")})
+    head = (["dataset", "probs", "N", "avg@N"] + [f"pass@{k}" for k in ks]
+            + ["maj@N", "tools", "err%", "tmo%", "len", "sbx_err"])
+    lines = []
+    for name, m in per.items():
+        n = m["n"]
+        lines.append([name, str(m["problems"]), str(n), f"{100 * m[f'avg@{n}']:.1f}"]
+                     + [f"{100 * m[f'pass@{k}']:.1f}" if f"pass@{k}" in m else "-" for k in ks]
+                     + [f"{100 * m[f'maj@{n}']:.1f}", f"{m['mean_tool_calls']:.2f}",
+                        f"{100 * m['code_error_rate']:.1f}", f"{100 * m['timeout_rate']:.1f}",
+                        f"{m['mean_response_tokens']:.0f}", str(m["sandbox_error_samples"])])
+    six = summary.get("six_benchmark_avg")
+    if six:
+        lines.append(["six-avg", "", "", f"{100 * six['avg@n']:.1f}"] + [""] * (len(head) - 4))
+    widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h)
+              for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
