@@ -1,0 +1,390 @@
+"""Symbolic answer comparison with sympy: runs in the grading worker process only.
+
+`envs.grading` sends (pred, gold) pairs that plain numbers cannot decide to
+`python -m envs._symbolic`, one JSON line each, and kills this process if it overruns its time
+bound. Here the answers are converted from LaTeX to sympy by a small translator of our own (no
+eval of model text: every identifier of the translated text is checked against a whitelist and
+builtins are removed from the evaluation namespace), then compared:
+
+- numbers (no free symbols): numerically at 30 digits; exact answers must agree to 1e-12
+  relative, an answer written with decimals to `grading.REL_TOL` (or to gold's shown precision);
+- expressions with symbols: same free symbols, then equal at several random rational points,
+  then `simplify(a - b) == 0` as the last resort;
+- relations: `a = b` vs `c = d` when a - b and c - d are proportional; inequalities when they are
+  positively proportional with the same strictness.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import sys
+
+import sympy
+from sympy.parsing.sympy_parser import (implicit_multiplication, parse_expr,
+                                        standard_transformations)
+
+from envs.grading import (REL_TOL, NeedSymbolic, _match_brace, compare_normalized,
+                          fast_relation_eq, fast_scalar_eq)
+
+_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
+          "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",
+          "tanh": "tanh", "ln": "log", "log": "log", "exp": "exp", "sqrt": "sqrt"}
+_GREEK = ["alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta",
+          "vartheta", "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon",
+          "phi", "varphi", "chi", "psi", "omega", "Gamma", "Delta", "Theta", "Lambda", "Xi",
+          "Sigma", "Upsilon", "Phi", "Psi", "Omega"]
+_GREEK_IDENT = {g: f"g_{g}" for g in _GREEK}  # "lambda" is a Python keyword: never emit it raw
+_EXTRA_OK = {"sqrt", "root", "Abs", "binomial", "factorial", "pi", "oo", "asin", "acos", "atan",
+             "sin", "cos", "tan", "cot", "sec", "csc", "sinh", "cosh", "tanh", "log", "exp"}
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SAFE_IDENT_RE = re.compile(r"^(?:[A-Za-z](?:_[A-Za-z0-9]+)?|g_[A-Za-z]+)$")
+
+_LOCALS: dict = {c: sympy.Symbol(c) for c in "abcdfghjklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}
+_LOCALS.update({"e": sympy.E, "i": sympy.I, "pi": sympy.pi, "oo": sympy.oo})
+_LOCALS.update({ident: sympy.Symbol(g) for g, ident in _GREEK_IDENT.items()})
+_GLOBALS: dict = {}
+exec("from sympy import *", _GLOBALS)  # the names parse_expr's transformations emit
+_GLOBALS["__builtins__"] = {}  # model text can never reach open/exec/__import__
+_TRANSFORMS = standard_transformations + (implicit_multiplication,)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _arg(s: str, i: int) -> tuple[str, int]:
+    """One macro argument at s[i:]: a {group}, a \\command, or a single character."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i >= len(s):
+        raise _Unsupported("missing argument")
+    if s[i] == "{":
+        k = _match_brace(s, i)
+        if k < 0:
+            raise _Unsupported("unbalanced")
+        return s[i + 1:k], k + 1
+    if s[i] == "\\":
+        m = re.match(r"\\[a-zA-Z]+", s[i:])
+        if m:
+            return m.group(0), i + m.end()
+    return s[i], i + 1
+
+
+def _func_arg(s: str, i: int) -> tuple[str, int]:
+    """The argument of \\sin etc.: a (group), a {group}, or the next term up to an operator."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i < len(s) and s[i] == "(":
+        depth = 0
+        for j in range(i, len(s)):
+            depth += s[j] == "("
+            depth -= s[j] == ")"
+            if depth == 0:
+                return s[i + 1:j], j + 1
+        raise _Unsupported("unbalanced")
+    if i < len(s) and s[i] == "{":
+        return _arg(s, i)
+    depth, j = 0, i
+    while j < len(s):
+        c = s[j]
+        if c in "{(":
+            depth += 1
+        elif c in "})":
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and c in " +-=,":
+            break
+        j += 1
+    if j == i:
+        raise _Unsupported("missing function argument")
+    return s[i:j], j
+
+
+def _to_py(s: str) -> str:
+    """Translate normalized LaTeX into a Python/sympy expression string (or raise)."""
+    out: list[str] = []
+    i, n, abs_open = 0, len(s), False
+    while i < n:
+        c = s[i]
+        if c == "\\":
+            m = re.match(r"\\([a-zA-Z]+)", s[i:])
+            if not m:
+                raise _Unsupported(s[i:i + 2])
+            name = m.group(1)
+            i += m.end()
+            if name == "frac":
+                a, i = _arg(s, i)
+                b, i = _arg(s, i)
+                out.append(f"(({_to_py(a)})/({_to_py(b)}))")
+            elif name == "sqrt":
+                if i < n and s[i] == "[":
+                    k = s.index("]", i)
+                    idx, i = s[i + 1:k], k + 1
+                    a, i = _arg(s, i)
+                    out.append(f"root({_to_py(a)},{_to_py(idx)})")
+                else:
+                    a, i = _arg(s, i)
+                    out.append(f"sqrt({_to_py(a)})")
+            elif name == "binom":
+                a, i = _arg(s, i)
+                b, i = _arg(s, i)
+                out.append(f"binomial({_to_py(a)},{_to_py(b)})")
+            elif name in _FUNCS:
+                base = power = None
+                if name == "log" and s[i:i + 1] == "_":
+                    base, i = _arg(s, i + 1)
+                if s[i:i + 1] == "^":
+                    power, i = _arg(s, i + 1)
+                arg, i = _func_arg(s, i)
+                expr = f"{_FUNCS[name]}({_to_py(arg)})"
+                if base is not None:
+                    expr = f"log({_to_py(arg)},{_to_py(base)})"
+                if power is not None:
+                    expr = f"(({expr})**({_to_py(power)}))"
+                out.append(f" {expr} ")
+            elif name in _GREEK_IDENT:
+                out.append(f" {_GREEK_IDENT[name]} ")
+            elif name == "pi":
+                out.append(" pi ")
+            elif name == "infty":
+                out.append(" oo ")
+            elif name in ("cdot", "times", "ast"):
+                out.append("*")
+            elif name == "div":
+                out.append("/")
+            else:
+                raise _Unsupported(name)
+        elif c == "{":
+            k = _match_brace(s, i)
+            if k < 0:
+                raise _Unsupported("unbalanced")
+            out.append(f"({_to_py(s[i + 1:k])})")
+            i = k + 1
+        elif c == "^":
+            a, i = _arg(s, i + 1)
+            out.append(f"**({_to_py(a)})")
+        elif c == "_":
+            a, i = _arg(s, i + 1)
+            sub = re.sub(r"[^A-Za-z0-9]", "", a)
+            if not sub or not out or not re.search(r"[A-Za-z]$", out[-1]):
+                raise _Unsupported("subscript")
+            out[-1] = out[-1] + "_" + sub
+        elif c == "|":
+            out.append(")" if abs_open else "Abs(")
+            abs_open = not abs_open
+            i += 1
+        elif c.isascii() and c.isalpha():
+            m = re.match(r"[A-Za-z]+", s[i:])
+            run = m.group(0)
+            i += len(run)
+            if run in _FUNCS and s[i:i + 1] == "(":
+                out.append(f" {_FUNCS[run]}")
+            elif run == "pi":
+                out.append(" pi ")
+            elif run in _GREEK_IDENT:
+                out.append(f" {_GREEK_IDENT[run]} ")
+            else:  # "xy" is x*y
+                out.append(" " + "*".join(run))
+        elif c in "0123456789.+-*/(), !":
+            out.append(c)
+            i += 1
+        elif c in "[]":
+            out.append("(" if c == "[" else ")")
+            i += 1
+        else:
+            raise _Unsupported(c)
+    if abs_open:
+        raise _Unsupported("unbalanced |")
+    py = "".join(out)
+    for ident in _IDENT_RE.findall(py):
+        if ident not in _EXTRA_OK and not _SAFE_IDENT_RE.match(ident):
+            raise _Unsupported(ident)
+    if "__" in py or len(py) > 2000:
+        raise _Unsupported("unsafe")
+    return py
+
+
+def latex_to_sympy(s: str):
+    """sympy expression for a normalized LaTeX scalar, or None when it cannot be translated."""
+    try:
+        py = _to_py(s.strip())
+        if not py.strip():
+            return None
+        raw = parse_expr(py, local_dict=dict(_LOCALS), global_dict=_GLOBALS,
+                         transformations=_TRANSFORMS, evaluate=False)
+        if not isinstance(raw, sympy.Basic) or _too_big(raw):
+            return None
+        return parse_expr(py, local_dict=dict(_LOCALS), global_dict=_GLOBALS,
+                          transformations=_TRANSFORMS, evaluate=True)
+    except Exception:
+        return None
+
+
+def _too_big(expr) -> bool:
+    """Powers/factorials whose exact evaluation would take seconds (2^{10^{10}}, 10000!)."""
+    for node in sympy.preorder_traversal(expr):
+        try:
+            if isinstance(node, sympy.Pow) and node.base.is_number and node.exp.is_number:
+                if abs(float(node.exp)) > 1e4 and abs(float(node.base)) != 1:
+                    return True
+            if isinstance(node, sympy.factorial) and node.args[0].is_number:
+                if abs(float(node.args[0])) > 1e4:
+                    return True
+        except (TypeError, ValueError, OverflowError):
+            return True
+    return False
+
+
+def _cval(expr, subs=None) -> complex | None:
+    try:
+        v = complex(expr.evalf(30, subs=subs) if subs else sympy.N(expr, 30))
+    except Exception:
+        return None
+    if v != v or abs(v) == float("inf"):
+        return None
+    return v
+
+
+def _close(a: complex, b: complex, tol: float) -> bool:
+    return abs(a - b) <= tol * max(1.0, abs(a), abs(b)) if tol < 1e-9 else \
+        abs(a - b) <= tol * max(abs(a), abs(b))
+
+
+def _points(syms, k: int = 8):
+    rng = random.Random(1234)  # deterministic: the same pair always gets the same verdict
+    for _ in range(k):
+        yield {s: sympy.Rational(rng.randint(11, 97), rng.randint(7, 31)) for s in syms}
+
+
+def exprs_equal(a, b) -> bool:
+    if a == b:
+        return True
+    fa, fb = a.free_symbols, b.free_symbols
+    approx = a.has(sympy.Float) or b.has(sympy.Float)
+    tol = REL_TOL if approx else 1e-12
+    if not fa and not fb:
+        va, vb = _cval(a), _cval(b)
+        if va is None or vb is None:
+            return False
+        return _close(va, vb, tol)
+    if fa != fb:
+        try:
+            return sympy.expand(a - b) == 0
+        except Exception:
+            return False
+    agree = 0
+    for subs in _points(sorted(fa, key=str)):
+        va, vb = _cval(a, subs), _cval(b, subs)
+        if va is None or vb is None:
+            continue
+        if not _close(va, vb, tol):
+            return False
+        agree += 1
+        if agree >= 4:
+            return True
+    try:
+        return sympy.simplify(a - b) == 0
+    except Exception:
+        return False
+
+
+def sympy_scalar_eq(pred: str, gold: str) -> bool:
+    try:
+        return fast_scalar_eq(pred, gold)
+    except NeedSymbolic:
+        pass
+    a, b = latex_to_sympy(pred), latex_to_sympy(gold)
+    if a is None or b is None:
+        return False
+    return exprs_equal(a, b)
+
+
+def _proportional(e1, e2, positive: bool) -> bool:
+    """e1 = c * e2 for a constant c != 0 (c > 0 when `positive`)."""
+    if e1.free_symbols != e2.free_symbols:
+        return False
+    if not e1.free_symbols:
+        return exprs_equal(e1, e2)
+    ratios = []
+    for subs in _points(sorted(e1.free_symbols, key=str)):
+        v1, v2 = _cval(e1, subs), _cval(e2, subs)
+        if v1 is None or v2 is None or abs(v2) < 1e-12:
+            continue
+        ratios.append(v1 / v2)
+        if len(ratios) >= 4:
+            break
+    if len(ratios) < 2 or abs(ratios[0]) < 1e-12:
+        return False
+    if not all(_close(r, ratios[0], 1e-9) for r in ratios):
+        return False
+    return ratios[0].real > 0 if positive else True
+
+
+def sympy_relation_eq(pp: list, po: list, gp: list, go: list) -> bool:
+    try:
+        return fast_relation_eq(pp, po, gp, go)
+    except NeedSymbolic:
+        pass
+    if len(po) != 1 or len(go) != 1:
+        return False
+    sides = [latex_to_sympy(x) for x in (pp[0], pp[1], gp[0], gp[1])]
+    if any(x is None for x in sides):
+        return False
+    e1, e2 = sides[0] - sides[1], sides[2] - sides[3]
+    op1, op2 = po[0], go[0]
+    if "=" in (op1, op2) or "!=" in (op1, op2):
+        return op1 == op2 and _proportional(e1, e2, positive=False)
+    if (op1 in ("<", ">")) != (op2 in ("<", ">")):
+        return False
+    e1 = -e1 if op1 in ("<", "<=") else e1  # both now read "e > 0" / "e >= 0"
+    e2 = -e2 if op2 in ("<", "<=") else e2
+    return _proportional(e1, e2, positive=True)
+
+
+def symbolic_equivalent(pred: str, gold: str) -> bool:
+    """Full comparison of two normalized answers with sympy scalars and relations."""
+    try:
+        return compare_normalized(pred, gold, sympy_scalar_eq, sympy_relation_eq)
+    except NeedSymbolic:
+        return False
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def main() -> None:
+    """Serve JSON lines {"pred", "gold", "timeout"} -> {"equal": bool} on stdin/stdout."""
+    try:
+        import resource  # a pathological answer must not take the machine's memory with it
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    except Exception:
+        pass
+    signal.signal(signal.SIGALRM, _on_alarm)
+    symbolic_equivalent("\\sqrt{2}x", "2^{1/2}x")  # warm the caches before saying ready
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            # Soft bound inside (the parent kills us at the hard bound if C code ignores it).
+            signal.setitimer(signal.ITIMER_REAL, max(0.05, 0.9 * float(req.get("timeout", 3.0))))
+            equal = symbolic_equivalent(str(req["pred"]), str(req["gold"]))
+        except (_Timeout, Exception, RecursionError, MemoryError):
+            equal = False
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.stdout.write(json.dumps({"equal": bool(equal)}) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
