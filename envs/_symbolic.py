@@ -106,6 +106,8 @@ def _func_arg(s: str, i: int) -> tuple[str, int]:
 
 def _to_py(s: str) -> str:
     """Translate normalized LaTeX into a Python/sympy expression string (or raise)."""
+    if re.search(r"(?<![_^\w.])\d+\s+\d", s):  # "11 7/6": neither a product nor a mixed number we trust
+        raise _Unsupported("digits separated by a space")
     out: list[str] = []
     i, n, abs_open = 0, len(s), False
     while i < n:
@@ -250,8 +252,11 @@ def _cval(expr, subs=None) -> complex | None:
 
 
 def _close(a: complex, b: complex, tol: float) -> bool:
-    return abs(a - b) <= tol * max(1.0, abs(a), abs(b)) if tol < 1e-9 else \
-        abs(a - b) <= tol * max(abs(a), abs(b))
+    """Relative closeness; a zero matches only residue-sized values (30-digit evaluation)."""
+    scale = max(abs(a), abs(b))
+    if min(abs(a), abs(b)) == 0:
+        return scale < 1e-25
+    return abs(a - b) <= tol * scale
 
 
 def _points(syms, k: int = 8):

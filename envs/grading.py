@@ -93,7 +93,8 @@ def _last_boxed(text: str) -> str | None:
 
 
 _FINAL_RE = re.compile(
-    r"(?:final\s+answer|the\s+answer)\s*(?:is\s*:?|:|=)\s*(.+)", re.IGNORECASE)
+    r"(?:(?:final\s+answer|the\s+answer)\s*(?:is\s*:?|:|=)|(?:^|\n)\s*answer\s*:?)\s*(.+)",
+    re.IGNORECASE)
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
 _MATH_WORDS = {"pi", "sqrt", "frac", "sin", "cos", "tan", "log", "ln", "exp", "and", "or",
@@ -116,6 +117,8 @@ def _from_final_line(text: str) -> str | None:
     boxed = _last_boxed(rest)
     if boxed is not None:
         return boxed
+    if re.search(r"\\(?:boxed|fbox)", rest):  # a \boxed{ cut off (truncated response): no answer
+        return None
     # Cut at the end of the sentence ("42. I hope it is correct."), not inside decimals or $...$.
     cut = re.search(r"(?<!\d)\.(?:\s|$)|\.\s", re.sub(r"\$[^$]*\$", lambda m: "x" * len(m.group()), rest))
     sentence = rest[:cut.start()] if cut else rest
@@ -200,8 +203,10 @@ _UNIT_WORDS = (
     r"grams?|g|kg|kilograms?|pounds?|lbs?|liters?|litres?|l|ml|people|students|ways|points?|"
     r"sq\.?\s*units?|percent|pct|percentage)"
 )
-_UNIT_TAIL_RE = re.compile(r"^(.*?\d\}?)\s*(?:" + _UNIT_WORDS + r"(?:\^\{?[23]\}?|²|³)?\.?\s*)+$",
-                           re.IGNORECASE)
+_UNIT_EXP = r"(?:\^\{?[23]\}?|²|³)?"
+_UNIT_TAIL_RE = re.compile(
+    r"^(.*?)(?:(?<=[\d}])\s*|\s+)(" + _UNIT_WORDS + _UNIT_EXP + r"(?:\s+" + _UNIT_WORDS + _UNIT_EXP + r")*)\.?$",
+    re.IGNORECASE)
 
 
 def normalize_answer(s: str) -> str:
@@ -238,7 +243,8 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"^(?:[a-zA-Z]\s*)?\\in\s*", "", s)  # "x \in [0, 1)" -> "[0, 1)"
     s = s.rstrip(" .;,")
     m = _UNIT_TAIL_RE.match(s)
-    if m and not re.search(r"[a-zA-Z]", re.sub(r"\\frac|\\sqrt|\\pi", "", m.group(1))):
+    if m and re.search(r"\d", m.group(1)) and \
+            not re.search(r"[a-zA-Z]", re.sub(r"\\(?:frac|sqrt|pi|times|cdot)", "", m.group(1))):
         s = m.group(1).strip()
     s = re.sub(r"^\+\s*(?=[\d\\])", "", s)
     if _THOUSANDS_RE.match(s) or re.fullmatch(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
@@ -268,7 +274,8 @@ _POW10_RE = re.compile(r"^([-+]?)10\^\{?([-+]?\d{1,4})\}?$")
 _FRAC_RE = re.compile(r"^([-+]?)\\frac\{(" + _DEC + r")\}\{(" + _DEC + r")\}$")
 _SLASH_RE = re.compile(r"^(" + _DEC + r")/(" + _DEC + r")$")
 _MIXED_RE = re.compile(r"^([-+]?)(\d+)\\frac\{(\d+)\}\{(\d+)\}$")
-_THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_MIXED_SPACE_RE = re.compile(r"^([-+]?)(\d+)\s+(\d+)/(\d+)$")
+_THOUSANDS_RE = re.compile(r"^[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 
 
 def _dec(text: str) -> Fraction:
@@ -277,8 +284,15 @@ def _dec(text: str) -> Fraction:
 
 def parse_number(s: str) -> Num | None:
     """Parse a plain number (int, decimal, fraction, mixed number, scientific); None otherwise."""
-    t = _squash(s)
-    if len(t) > 200:
+    if len(s) > 200:
+        return None
+    # Spaces go, except between two digits: "4 4/9" is a mixed number, "12 13" is no number.
+    t = re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s.strip())
+    m = _MIXED_SPACE_RE.match(t)
+    if m and int(m.group(3)) < int(m.group(4)):
+        v = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
+        return Num(-v if m.group(1) == "-" else v, False, None)
+    if re.search(r"\d\s+\d", t):
         return None
     if t.startswith("(") and t.endswith(")") and "," not in t:
         t = t[1:-1]
@@ -505,7 +519,8 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kp == "rel" or kg == "rel":
         if kp == "rel" and kg == "rel":
             if _is_assignment(p) and _is_assignment(g) and _squash(p[1][0]) == _squash(g[1][0]):
-                return scalar_eq(p[1][-1], g[1][-1]) if len(p[1]) >= 2 else False
+                return compare_structures(parse_structure(p[1][-1]), parse_structure(g[1][-1]),
+                                          scalar_eq, relation_eq)
             if _is_assignment(p) and _is_assignment(g) and len(p[1]) >= 3:
                 return compare_structures(parse_structure(p[1][-1]), g, scalar_eq, relation_eq)
             if len(p[1]) == 2 and len(g[1]) == 2:
@@ -593,7 +608,7 @@ def fast_scalar_eq(pred: str, gold: str) -> bool:
     a, b = _squash(pred), _squash(gold)
     if a == b:
         return True
-    na, nb = parse_number(a), parse_number(b)
+    na, nb = parse_number(pred), parse_number(gold)
     if na is not None and nb is not None:
         return numbers_equal(na, nb)
     ca, cb = _CHOICE_RE.match(a), _CHOICE_RE.match(b)
@@ -624,12 +639,13 @@ def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: R
         return True
     if compare_structures(parse_structure(pred), parse_structure(gold), scalar_eq, relation_eq):
         return True
-    # Decimal comma ("1000,99" for 1000.99) when gold is a decimal number.
-    if re.fullmatch(r"-?\d+,\d+", _squash(pred)) and "." in gold:
-        alt = parse_number(_squash(pred).replace(",", "."))
-        gnum = parse_number(gold)
-        if alt is not None and gnum is not None:
-            return numbers_equal(alt, gnum)
+    # Decimal comma ("1000,99" for 1000.99) when the other side is a decimal number.
+    a, b = _squash(pred), _squash(gold)
+    if re.fullmatch(r"-?\d+,\d+", a) and re.fullmatch(r"-?\d*\.\d+", b) or \
+            re.fullmatch(r"-?\d+,\d+", b) and re.fullmatch(r"-?\d*\.\d+", a):
+        na, nb = parse_number(a.replace(",", ".")), parse_number(b.replace(",", "."))
+        if na is not None and nb is not None:
+            return numbers_equal(na, nb)
     return False
 
 
