@@ -1,0 +1,114 @@
+"""Group-normalized advantages (GRPO and Dr. GRPO).
+
+Every trajectory of a prompt forms a group. Its advantage is its reward minus the group mean,
+optionally divided by the group standard deviation (GRPO) or not (Dr. GRPO, which argues the
+std division over-weights easy/hard prompts). A group whose rewards are all equal carries no
+learning signal: it gets advantage exactly 0 and is counted in the metrics, so the trainer can
+report (or filter) it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+AdvantageFn = Callable[..., tuple[Tensor, dict]]
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+def register_advantage_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: make an estimator selectable by name from the config."""
+
+    def wrap(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} registered twice")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_advantage_estimator(name: str) -> AdvantageFn:
+    """Look an estimator up by name; an unknown name lists the valid ones."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"advantage estimator {name!r} unknown; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None
+
+
+def compute_group_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[Tensor, dict]:
+    """Per-trajectory advantages normalized inside each group.
+
+    rewards: [N] float, one scalar reward per trajectory.
+    group_ids: [N] long, any integer labels (need not be contiguous or sorted).
+    norm_by_std: divide by the group's (unbiased) std + eps (GRPO) or not (Dr. GRPO).
+    Returns advantages [N] (float32, no grad) and metrics. Groups with zero variance, including
+    groups of a single trajectory, get advantage exactly 0.
+    """
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must be 1-D of equal length, got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+    r = rewards.detach().to(torch.float32)  # [N]
+    n = r.numel()
+    if n == 0:
+        return r.clone(), {"adv/num_groups": 0.0, "adv/zero_var_groups": 0.0,
+                           "adv/zero_var_frac": 0.0}
+    # Map arbitrary labels to 0..G-1 so group statistics are plain scatter-adds.
+    _, inv = torch.unique(group_ids, return_inverse=True)  # inv: [N]
+    g = int(inv.max()) + 1
+    count = torch.zeros(g, dtype=torch.float32).index_add_(0, inv, torch.ones_like(r))  # [G]
+    mean = torch.zeros(g, dtype=torch.float32).index_add_(0, inv, r) / count  # [G]
+    centered = r - mean[inv]  # [N]
+    # Zero variance is decided on the raw rewards (all equal), not on a float std, so that
+    # e.g. rewards {1, 1, 1} never yield tiny non-zero advantages from rounding.
+    rmin = torch.full((g,), float("inf")).scatter_reduce_(0, inv, r, reduce="amin")
+    rmax = torch.full((g,), float("-inf")).scatter_reduce_(0, inv, r, reduce="amax")
+    zero_var = rmax == rmin  # [G]; also true for single-member groups
+    if norm_by_std:
+        sq = torch.zeros(g, dtype=torch.float32).index_add_(0, inv, centered * centered)
+        std = torch.sqrt(sq / (count - 1).clamp(min=1))  # unbiased, like torch.std
+        adv = centered / (std[inv] + eps)
+    else:
+        adv = centered
+    adv = torch.where(zero_var[inv], torch.zeros_like(adv), adv)
+    n_zero = float(zero_var.sum())
+    metrics = {
+        "adv/num_groups": float(g),
+        "adv/zero_var_groups": n_zero,
+        "adv/zero_var_frac": n_zero / g,
+        "adv/mean": float(adv.mean()),
+        "adv/abs_mean": float(adv.abs().mean()),
+        "adv/max": float(adv.max()),
+        "adv/min": float(adv.min()),
+        "adv/reward_mean": float(r.mean()),
+    }
+    return adv, metrics
+
+
+@register_advantage_estimator("grpo")
+def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> tuple[Tensor, dict]:
+    """GRPO: (r - mean_group) / (std_group + eps)."""
+    return compute_group_advantages(rewards, group_ids, norm_by_std=True, eps=eps)
+
+
+@register_advantage_estimator("drgrpo")
+def drgrpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> tuple[Tensor, dict]:
+    """Dr. GRPO: r - mean_group (no std division)."""
+    return compute_group_advantages(rewards, group_ids, norm_by_std=False, eps=eps)
+
+
+def broadcast_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
+    """Spread per-sequence advantages [B] over tokens: returns [B, T], zero where mask == 0."""
+    return advantages.to(torch.float32)[:, None] * mask.to(torch.float32)  # [B, T]

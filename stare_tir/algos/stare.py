@@ -1,0 +1,352 @@
+"""STARE: surprisal-targeted advantage reweighting with a target-entropy gate.
+
+Among response tokens with positive advantage (T+), the top-P fraction by surprisal
+s = -log pi(token) (L+) gets its advantage multiplied by W > 1: reinforcing a correct but
+surprising choice raises entropy, counteracting the entropy collapse of plain GRPO. Variant C2
+also multiplies the top-P surprisal tokens of T- (L-) by M < 1: penalising a surprising token
+pushes probability mass onto the already likely ones and lowers entropy, so C2 softens it.
+Everything else keeps weight 1. The weights act only while the batch entropy is below a target
+(StareController); with the gate off the trainer passes no weights and the update is exactly GRPO.
+
+Selection is exact: |L+| = ceil(P * |T+|) (at least 1 when T+ is non-empty), ties at the
+threshold broken towards the lower flat index, so results never depend on the sort algorithm.
+It is O(n): a partial top-k (no full sort) plus a few element-wise passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Variant = Literal["O1", "C2"]
+Scope = Literal["batch", "micro_batch"]
+
+
+@dataclass
+class StareConfig:
+    """STARE settings (paper defaults). Composed into the trainer config by the lead."""
+
+    # Reweight advantages at all; False => plain GRPO (no weights are ever passed to the loss).
+    enabled: bool = True
+    # "O1": boost L+ only (the paper's main variant). "C2": also attenuate L- by m.
+    variant: Literal["O1", "C2"] = "O1"
+    # Fraction P of T+ (and T-) selected by highest surprisal; 0.1 in the paper.
+    top_p: float = 0.1
+    # Weight W on L+ (> 1 boosts surprising correct tokens, raising entropy).
+    w: float = 1.1
+    # Weight M on L- (C2 only; < 1 softens penalties on surprising wrong tokens).
+    m: float = 0.9
+    # Gate: weights apply only while batch-mean response-token entropy is below this.
+    target_entropy: float = 0.3
+    # Adapt W/M every step by +-adapt_rate towards the target entropy (off in the paper's default).
+    adaptive: bool = False
+    # Step size a of the adaptive schedule.
+    adapt_rate: float = 0.01
+    # Upper bound for W under the adaptive schedule.
+    w_max: float = 2.0
+    # Lower bound for M under the adaptive schedule (> 0 keeps every gradient's sign).
+    m_min: float = 0.5
+    # Gate always on (the paper's open-loop ablation).
+    open_loop: bool = False
+    # "batch": select over all micro-batches and ranks of the step (the definition);
+    # "micro_batch": select inside each micro-batch (matches the reference implementation).
+    scope: Literal["batch", "micro_batch"] = "batch"
+
+    def __post_init__(self) -> None:
+        if self.variant not in ("O1", "C2"):
+            raise ValueError(f"variant={self.variant!r}: one of 'O1', 'C2'")
+        if self.scope not in ("batch", "micro_batch"):
+            raise ValueError(f"scope={self.scope!r}: one of 'batch', 'micro_batch'")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        if self.w_max < 1.0:
+            raise ValueError(f"w_max={self.w_max!r}: must be >= 1")
+        if not 1.0 <= self.w <= self.w_max:
+            raise ValueError(f"w={self.w!r}: must be in [1, w_max={self.w_max}]")
+        if not 0.0 < self.m_min <= 1.0:
+            raise ValueError(f"m_min={self.m_min!r}: must be in (0, 1]")
+        if not self.m_min <= self.m <= 1.0:
+            raise ValueError(f"m={self.m!r}: must be in [m_min={self.m_min}, 1]")
+        if self.target_entropy < 0.0:
+            raise ValueError(f"target_entropy={self.target_entropy!r}: must be >= 0")
+        if self.adapt_rate < 0.0:
+            raise ValueError(f"adapt_rate={self.adapt_rate!r}: must be >= 0")
+
+
+def num_selected(top_p: float, n: int) -> int:
+    """ceil(P * n), at least 1 when n > 0. Exact in decimal: 0.1 * 30 is 3, not 4 (float gives
+    3.0000000000000004, whose ceil would be 4)."""
+    if n <= 0:
+        return 0
+    return max(1, math.ceil(Fraction(repr(float(top_p))) * n))
+
+
+# Above this many tokens the threshold is first estimated on a strided sample (see _select_top).
+_SAMPLE = 32768
+
+
+def _top_positions(vals: Tensor, k: int) -> Tensor:
+    """Positions of exactly k largest entries of vals [n] (ties -> lower position), ascending."""
+    n = vals.numel()
+    t = torch.kthvalue(vals, n - k + 1).values  # the k-th largest value (quickselect, O(n))
+    above = vals > t  # [n] bool
+    n_gt = int(torch.count_nonzero(above))
+    on = vals == t  # [n] bool, everything sitting exactly on the threshold
+    n_eq = int(torch.count_nonzero(on))
+    if n_gt + n_eq == k:
+        return torch.nonzero(above | on).squeeze(1)  # nothing on the threshold was left out
+    # Ties straddle the threshold: keep all above it, then the first (k - n_gt) ties by
+    # position, so the set never depends on the selection algorithm's internal order.
+    ties = torch.nonzero(on).squeeze(1)[: k - n_gt]
+    return torch.cat([torch.nonzero(above).squeeze(1), ties])
+
+
+def _select_top_sampled(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor | None:
+    """_select_top for large N via a strided sample; None when the sample cannot bound the
+    threshold (the caller then uses the full set, with the same result).
+
+    A strided sample of the candidates (~_SAMPLE/2 values) estimates the rank-k value; two
+    bounds t_lo <= t_hi sit ~4 sigma of sampling noise below and above it. Tokens > t_hi
+    are certainly selected, tokens < t_lo certainly not; the exact choice is made inside the
+    band [t_lo, t_hi] (a few thousand tokens). Every token equal to the final threshold lies in
+    the band, so ties resolve exactly as on the full set.
+    """
+    n = s.numel()
+    stride = n // _SAMPLE
+    sample = s[::stride][cand[::stride]]  # [m_c]
+    m_c = sample.numel()
+    if m_c == 0:
+        return None
+    r = math.ceil(k * m_c / n_cand)  # expected rank (from the top) of the threshold in the sample
+    margin = 4 * math.isqrt(r) + 16
+    r_lo, r_hi = r + margin, r - margin
+    if r_lo >= m_c:
+        return None  # the threshold is too deep into the candidates for a useful bound
+    t_lo = torch.kthvalue(sample, m_c - r_lo + 1).values  # r_lo-th largest
+    near = s >= t_lo  # [N] bool
+    near &= cand  # in place: one fewer [N] buffer
+    sub = torch.nonzero(near).squeeze(1)  # [~k + band], ascending flat indices
+    if sub.numel() < k:
+        return None  # unlucky sample: t_lo was above the true threshold
+    v = s[sub]
+    if r_hi >= 1:
+        t_hi = torch.kthvalue(sample, m_c - r_hi + 1).values  # r_hi-th largest
+        hi = v > t_hi  # [|sub|] bool
+        n_hi = int(torch.count_nonzero(hi))
+        if n_hi <= k:
+            band = torch.nonzero(~hi).squeeze(1)  # ascending positions with t_lo <= v <= t_hi
+            need = k - n_hi  # <= |band| because |sub| >= k
+            chosen = band[_top_positions(v[band], need)] if need > 0 else band[:0]
+            return sub[torch.cat([torch.nonzero(hi).squeeze(1), chosen])]
+    return sub[_top_positions(v, k)]
+
+
+def _select_top(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor:
+    """Flat indices of exactly k candidates with the highest s (ties -> lower index).
+
+    s: [N] float (no NaN); cand: [N] bool with n_cand >= k True. Returns [k] long.
+    """
+    if s.numel() > 8 * _SAMPLE:
+        idx = _select_top_sampled(s, cand, k, n_cand)
+        if idx is not None:
+            return idx
+    # Small inputs or unlucky sample: non-candidates become -inf (never chosen since k <= n_cand).
+    return _top_positions(s.masked_fill(~cand, float("-inf")), k)
+
+
+def _stare_counts(
+    surprisal: Tensor, advantages: Tensor, mask: Tensor | None, top_p: float, w: float, m: float,
+    variant: str,
+) -> tuple[Tensor, dict]:
+    if variant not in ("O1", "C2"):
+        raise ValueError(f"variant={variant!r}: one of 'O1', 'C2'")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p!r}: must be in (0, 1]")
+    if w <= 0 or m <= 0:
+        raise ValueError(f"w={w!r}, m={m!r}: weights must be > 0 to keep every gradient's sign")
+    if surprisal.shape != advantages.shape:
+        raise ValueError(f"surprisal {tuple(surprisal.shape)} and advantages {tuple(advantages.shape)} differ")
+    shape = surprisal.shape
+    s = surprisal.detach().reshape(-1)  # [N]
+    a = advantages.detach().reshape(-1)  # [N]
+    keep = None if mask is None else mask.reshape(-1).bool()
+    omega = torch.ones(s.shape, dtype=torch.float32, device=s.device)  # [N]
+    counts = {"tokens": s.numel() if keep is None else int(keep.sum())}
+    for name, sign, weight in (("pos", 1, w), ("neg", -1, m)):
+        counts[f"sel_{name}"] = 0
+        if name == "neg" and variant != "C2" and keep is None:
+            # O1 needs only |T-| (a metric): |nonzero A| - |T+| avoids building a mask.
+            counts["cand_neg"] = int(torch.count_nonzero(a)) - counts["cand_pos"]
+            continue
+        cand = a > 0 if sign > 0 else a < 0  # [N] bool
+        if keep is not None:
+            cand &= keep
+        n_c = int(torch.count_nonzero(cand))
+        counts[f"cand_{name}"] = n_c
+        if name == "neg" and variant != "C2":
+            continue
+        k = num_selected(top_p, n_c)
+        if k == 0:
+            continue
+        idx = _select_top(s, cand, k, n_c)
+        omega.index_fill_(0, idx, weight)
+        counts[f"sel_{name}"] = k
+    return omega.reshape(shape), counts
+
+
+def _counts_to_metrics(c: dict, w: float, m: float) -> dict:
+    n = max(c["tokens"], 1)
+    sel = c["sel_pos"] + c["sel_neg"]
+    return {
+        "stare/reweighted_frac": sel / n,
+        "stare/mean_weight": (c["tokens"] - sel + w * c["sel_pos"] + m * c["sel_neg"]) / n,
+        "stare/cand_pos_ratio": c["cand_pos"] / n,
+        "stare/cand_neg_ratio": c["cand_neg"] / n,
+        "stare/selected_pos": float(c["sel_pos"]),
+        "stare/selected_neg": float(c["sel_neg"]),
+        "stare/tokens": float(c["tokens"]),
+    }
+
+
+def stare_token_weights(
+    surprisal: Tensor,
+    advantages: Tensor,
+    *,
+    top_p: float = 0.1,
+    w: float = 1.1,
+    m: float = 0.9,
+    variant: Variant = "O1",
+    mask: Tensor | None = None,
+) -> tuple[Tensor, dict]:
+    """STARE token weights omega over the tokens of one selection scope.
+
+    surprisal: [N] (-log pi of each sampled token; any shape works, flattened in index order).
+    advantages: same shape, the trajectory advantage broadcast to its tokens.
+    mask: optional, same shape; tokens with mask 0 are never candidates and are not counted.
+        Without it every element is a response token (pass the flat loss-mask tokens).
+    Returns omega (float32, same shape, no grad): w on L+, m on L- (variant C2), 1 elsewhere;
+    and metrics: reweighted fraction, mean weight, candidate ratios |T+|/N and |T-|/N.
+    """
+    omega, counts = _stare_counts(surprisal, advantages, mask, top_p, w, m, variant)
+    return omega, _counts_to_metrics(counts, w, m)
+
+
+def stare_token_weights_scoped(
+    surprisals: list[Tensor],
+    advantages: list[Tensor],
+    *,
+    scope: Scope = "batch",
+    masks: list[Tensor] | None = None,
+    top_p: float = 0.1,
+    w: float = 1.1,
+    m: float = 0.9,
+    variant: Variant = "O1",
+) -> tuple[list[Tensor], dict]:
+    """Weights for a list of micro-batches (any shapes), selecting over their union ("batch")
+    or inside each one ("micro_batch"). With data parallelism, pass the micro-batches of all
+    ranks (all-gathered) for scope "batch" and keep this rank's slices: every rank computes the
+    same global selection."""
+    if scope not in ("batch", "micro_batch"):
+        raise ValueError(f"scope={scope!r}: one of 'batch', 'micro_batch'")
+    if len(surprisals) != len(advantages) or (masks is not None and len(masks) != len(surprisals)):
+        raise ValueError("surprisals, advantages (and masks) must have one entry per micro-batch")
+    kw = dict(top_p=top_p, w=w, m=m, variant=variant)
+    if scope == "batch":
+        flat_s = torch.cat([s.reshape(-1) for s in surprisals])  # [sum N_i]
+        flat_a = torch.cat([a.reshape(-1) for a in advantages])
+        flat_m = None if masks is None else torch.cat([x.reshape(-1) for x in masks])
+        omega, counts = _stare_counts(flat_s, flat_a, flat_m, **kw)
+        parts = torch.split(omega, [s.numel() for s in surprisals])
+        return [p.reshape(s.shape) for p, s in zip(parts, surprisals)], _counts_to_metrics(counts, w, m)
+    out, total = [], None
+    for i, (s, a) in enumerate(zip(surprisals, advantages)):
+        omega, counts = _stare_counts(s, a, None if masks is None else masks[i], **kw)
+        out.append(omega)
+        total = counts if total is None else {k: total[k] + counts[k] for k in total}
+    if total is None:
+        total = {"tokens": 0, "cand_pos": 0, "cand_neg": 0, "sel_pos": 0, "sel_neg": 0}
+    return out, _counts_to_metrics(total, w, m)
+
+
+class StareController:
+    """Target-entropy gate and optional adaptive W/M schedule; its state goes into checkpoints.
+
+    Call update(H) once per step with the batch-mean entropy H of response tokens (from this
+    step's recompute pass). The gate is on iff H < target_entropy (always, in open loop). With
+    adaptive=True, before the weights of the step are used:
+        W <- clip(W + a * sign(Htgt - H), 1, Wmax);  M <- clip(M - a * sign(Htgt - H), Mmin, 1)
+    """
+
+    def __init__(
+        self,
+        target_entropy: float = 0.3,
+        w: float = 1.1,
+        m: float = 0.9,
+        adaptive: bool = False,
+        adapt_rate: float = 0.01,
+        w_max: float = 2.0,
+        m_min: float = 0.5,
+        open_loop: bool = False,
+    ) -> None:
+        # Reuse the config's range checks so a controller is never built from bad values.
+        StareConfig(w=w, m=m, target_entropy=target_entropy, adaptive=adaptive,
+                    adapt_rate=adapt_rate, w_max=w_max, m_min=m_min, open_loop=open_loop)
+        self.target_entropy = float(target_entropy)
+        self.w = float(w)
+        self.m = float(m)
+        self.adaptive = adaptive
+        self.adapt_rate = float(adapt_rate)
+        self.w_max = float(w_max)
+        self.m_min = float(m_min)
+        self.open_loop = open_loop
+        self.gate_on = False
+        self.last_entropy: float | None = None
+        self.steps = 0
+
+    @classmethod
+    def from_config(cls, cfg: StareConfig) -> "StareController":
+        return cls(target_entropy=cfg.target_entropy, w=cfg.w, m=cfg.m, adaptive=cfg.adaptive,
+                   adapt_rate=cfg.adapt_rate, w_max=cfg.w_max, m_min=cfg.m_min,
+                   open_loop=cfg.open_loop)
+
+    def update(self, batch_entropy: float) -> bool:
+        """Set the gate (and adapt W/M) from this step's batch entropy; returns gate_on."""
+        h = float(batch_entropy)
+        if math.isnan(h):
+            raise ValueError("batch_entropy is NaN")
+        self.gate_on = self.open_loop or h < self.target_entropy
+        if self.adaptive:
+            d = self.target_entropy - h
+            sgn = (d > 0) - (d < 0)
+            self.w = min(max(self.w + self.adapt_rate * sgn, 1.0), self.w_max)
+            self.m = min(max(self.m - self.adapt_rate * sgn, self.m_min), 1.0)
+        self.last_entropy = h
+        self.steps += 1
+        return self.gate_on
+
+    def metrics(self) -> dict:
+        return {
+            "stare/gate": float(self.gate_on),
+            "stare/w": self.w,
+            "stare/m": self.m,
+            "stare/batch_entropy": float("nan") if self.last_entropy is None else self.last_entropy,
+        }
+
+    def state_dict(self) -> dict:
+        return {"w": self.w, "m": self.m, "gate_on": self.gate_on,
+                "last_entropy": self.last_entropy, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = {"w", "m", "gate_on", "steps"} - set(state)
+        if missing:
+            raise KeyError(f"StareController state lacks {sorted(missing)}")
+        self.w = float(state["w"])
+        self.m = float(state["m"])
+        self.gate_on = bool(state["gate_on"])
+        self.last_entropy = state.get("last_entropy")
+        self.steps = int(state["steps"])
