@@ -16,6 +16,12 @@ import torch
 from torch import Tensor
 
 
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """Softmax math runs in float32 for half types and in the input dtype otherwise (float64
+    stays float64, which gradcheck needs)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _chunk_forward(z: Tensor, tgt: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """z: [c, V] float32 tempered logits (overwritten). Returns logp [c], lse [c], entropy [c]."""
     lse = torch.logsumexp(z, dim=-1)  # [c]
@@ -34,7 +40,7 @@ def _chunk_grad(z: Tensor, lse: Tensor, tgt: Tensor, g: Tensor, temperature: flo
     z: [c, V] float32 tempered logits (overwritten and returned). d logp / d z = onehot - softmax,
     and z = raw / T adds a factor 1/T.
     """
-    gs = g.float() / temperature  # [c]
+    gs = g.to(z.dtype) / temperature  # [c]
     p = z.sub_(lse[:, None]).exp_()  # [c, V] softmax
     p.mul_(-gs[:, None])
     p.scatter_add_(1, tgt[:, None], gs[:, None])
@@ -45,9 +51,10 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy):
         n = hidden.shape[0]
-        logp = hidden.new_empty(n, dtype=torch.float32)  # [N]
-        lse = hidden.new_empty(n, dtype=torch.float32)  # [N]
-        ent = hidden.new_empty(n if with_entropy else 0, dtype=torch.float32)
+        acc = _acc(hidden.dtype)
+        logp = hidden.new_empty(n, dtype=acc)  # [N]
+        lse = hidden.new_empty(n, dtype=acc)  # [N]
+        ent = hidden.new_empty(n if with_entropy else 0, dtype=acc)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = _tempered_logits(hidden[s:e], weight, bias, temperature)  # [c, V] float32
@@ -68,9 +75,11 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         n = hidden.shape[0]
         grad_h = torch.empty_like(hidden) if need_h else None  # [N, H]
-        # Accumulate the weight gradient across chunks in float32; one rounding at the end.
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        # Accumulate the weight gradient across chunks in float32 (or float64); one rounding at
+        # the end.
+        acc = _acc(weight.dtype)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         for s in range(0, n, cs):
             e = min(s + cs, n)
             h = hidden[s:e]  # [c, H]
@@ -80,7 +89,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             if need_h:
                 grad_h[s:e] = gz_low @ weight  # [c, H]
             if need_w:
-                if weight.dtype == torch.float32:
+                if weight.dtype == acc:
                     grad_w.addmm_(gz.t(), h)  # [V, H]
                 else:
                     grad_w += gz_low.t() @ h  # low-precision matmul (fast path), fp32 accumulation
@@ -96,7 +105,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
 def _tempered_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
     """[c, H] x [V, H] -> [c, V] float32 logits / T (matmul in the parameters' dtype)."""
     z = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
-    z = z.float()  # no copy when already float32
+    z = z.to(_acc(z.dtype))  # no copy when already float32
     if temperature != 1.0:
         z = z.div_(temperature)
     return z
@@ -106,12 +115,13 @@ class _LogitsLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, temperature, chunk_size, with_entropy):
         n = logits.shape[0]
-        logp = logits.new_empty(n, dtype=torch.float32)
-        lse = logits.new_empty(n, dtype=torch.float32)
-        ent = logits.new_empty(n if with_entropy else 0, dtype=torch.float32)
+        acc = _acc(logits.dtype)
+        logp = logits.new_empty(n, dtype=acc)
+        lse = logits.new_empty(n, dtype=acc)
+        ent = logits.new_empty(n if with_entropy else 0, dtype=acc)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            z = logits[s:e].detach().float()
+            z = logits[s:e].detach().to(acc)
             if z.data_ptr() == logits[s:e].data_ptr():
                 z = z.clone()  # float32 input: never overwrite the caller's logits
             if temperature != 1.0:
@@ -134,7 +144,7 @@ class _LogitsLogprobEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits)  # [N, V] in the logits' dtype: the gradient's own shape
         for s in range(0, n, cs):
             e = min(s + cs, n)
-            z = logits[s:e].float()
+            z = logits[s:e].to(_acc(logits.dtype))
             z = z.clone() if z.data_ptr() == logits[s:e].data_ptr() else z
             if t != 1.0:
                 z.div_(t)
