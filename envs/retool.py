@@ -1,0 +1,322 @@
+"""The Retool code-interpreter environment.
+
+The model reasons in text and may write code as
+
+    <code>
+    ```python
+    print(6 * 7)
+    ```
+    </code>
+
+Generation stops at `</code>`; `RetoolEnv.step` runs the turn's last code block in the
+trajectory's own sandbox session and returns the observation that the engine appends verbatim:
+
+    "\\n<interpreter>\\n42\\n</interpreter>\\n"
+
+The trajectory ends when a turn holds a final answer (`\\boxed{}`, optionally inside
+`<answer>...</answer>`) after its last code block, when a turn holds no code, when the tool budget
+is spent, or when the sandbox infrastructure fails (`sandbox_error`: the trainer excludes such
+trajectories instead of scoring them as wrong).
+
+What code prints can never forge structure: our tags (`<interpreter>`, `</interpreter>`,
+`<code>`, `</code>`, `<answer>`, `</answer>`) and chat-template control strings (`<|im_end|>`,
+`<|im_start|>`, `<|endoftext|>`, any `<|...|>`) are broken by a space before they reach the model,
+so neither the tokenizer (special tokens) nor our parsers (tags) can see them. Grading ignores
+interpreter output entirely, so a printed `\\boxed{}` never counts as the model's answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from loguru import logger
+
+from envs.base import EnvFactory, StepResult
+from envs.grading import answers_equivalent, extract_answer
+
+RETOOL_SYSTEM_PROMPT = (
+    "Solve the following problem step by step. You may write Python code to help your reasoning: "
+    "it runs in a sandbox and what it prints is returned to you inside "
+    "<interpreter>...</interpreter>. Write each piece of code as a complete script, including its "
+    "imports, in this format:\n<code>\n```python\n# code\n```\n</code>\n"
+    "End your response with the final answer in this format:\n<answer>\n\\boxed{final answer}\n</answer>"
+)
+SHORT_SYSTEM_PROMPT = (
+    "Run Python with <code>\n```python\n...\n```\n</code>; output comes in <interpreter>. "
+    "Answer in \\boxed{}."
+)
+PROMPTS = {"retool": RETOOL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
+
+# Strings that code output must never carry to the model verbatim (see module docstring).
+_FORBIDDEN = ("<interpreter>", "</interpreter>", "<code>", "</code>", "<answer>", "</answer>")
+_SPECIAL_RE = re.compile(r"<(\|[^<>|\s]{1,40}\|)>")  # <|im_end|>, <|im_start|>, <|endoftext|>, ...
+_INTERPRETER_RE = re.compile(r"<interpreter>.*?(?:</interpreter>|$)", re.DOTALL)
+_CODE_BLOCK_RE = re.compile(r"<code>(.*?)(?:</code>|$)", re.DOTALL)
+_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n?(.*?)(?:```|$)", re.DOTALL)
+
+
+@dataclass
+class RetoolConfig:
+    """Settings of the Retool environment (one env per trajectory)."""
+
+    # Prompt preset: "retool" (full instructions, for real models) or "short" (a one-line system
+    # prompt, for the tiny CPU model whose context is a few hundred tokens).
+    prompt: Literal["retool", "short"] = "retool"
+    # Replaces the preset's system prompt when set.
+    system_prompt: Optional[str] = None
+    # The user message; "{problem}" is replaced by the problem text (no other braces are touched).
+    user_template: str = "{problem}"
+    # Code executions allowed per trajectory; a turn asking for one more ends the trajectory.
+    max_tool_calls: int = 8
+    # Wall-time limit of one code run, seconds (Retool evaluation uses 5 s; the sandbox's own
+    # limit still applies and can only shorten it).
+    code_timeout_s: float = 5.0
+    # True: variables persist across the code blocks of a trajectory (notebook-like).
+    stateful: bool = True
+    # Longest interpreter text returned (chars); longer output keeps its head and tail.
+    obs_max_chars: int = 512
+    # Share of obs_max_chars given to the head of a truncated output (the rest is the tail).
+    obs_head_ratio: float = 0.5
+    # Shown when the code printed nothing (an empty observation teaches nothing).
+    empty_output: str = "(no output)"
+    # Reward for a correct final answer.
+    reward_correct: float = 1.0
+    # Reward for a wrong final answer.
+    reward_wrong: float = -1.0
+    # Reward when no final answer can be extracted (DAPO convention: same as wrong).
+    reward_no_answer: float = -1.0
+    # Subtracted when the response breaks the format (no \boxed answer after the last code block,
+    # an unclosed <code>, or no <answer> block when require_answer_tag). 0 disables it.
+    format_penalty: float = 0.0
+    # Whether the format check demands the final \boxed{} inside <answer>...</answer>.
+    require_answer_tag: bool = False
+    # Hard time bound of one symbolic grading call, seconds.
+    grade_timeout_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.max_tool_calls < 0:
+            raise ValueError(f"max_tool_calls={self.max_tool_calls!r}: must be >= 0")
+        if self.code_timeout_s <= 0:
+            raise ValueError(f"code_timeout_s={self.code_timeout_s!r}: must be > 0")
+        if self.obs_max_chars < 64:
+            raise ValueError(f"obs_max_chars={self.obs_max_chars!r}: must be >= 64")
+        if not 0.0 <= self.obs_head_ratio <= 1.0:
+            raise ValueError(f"obs_head_ratio={self.obs_head_ratio!r}: must be in [0, 1]")
+        if self.format_penalty < 0:
+            raise ValueError(f"format_penalty={self.format_penalty!r}: must be >= 0")
+        if self.grade_timeout_s <= 0:
+            raise ValueError(f"grade_timeout_s={self.grade_timeout_s!r}: must be > 0")
+        if self.prompt not in PROMPTS:
+            raise ValueError(f"prompt={self.prompt!r}: must be one of {sorted(PROMPTS)}")
+        if "{problem}" not in self.user_template:
+            raise ValueError(f"user_template={self.user_template!r}: must contain {{problem}}")
+
+
+# ----------------------------------------------------------------------------- text helpers
+
+def extract_code(turn_text: str) -> tuple[str | None, int]:
+    """(code, position of its <code> tag) of the last code block of a turn, or (None, -1).
+
+    Tolerates a block cut by the stop string (no `</code>`) and a missing closing fence; a block
+    without a fence is taken as code as is.
+    """
+    blocks = list(_CODE_BLOCK_RE.finditer(turn_text))
+    if not blocks:
+        return None, -1
+    last = blocks[-1]
+    body = last.group(1)
+    fence = _FENCE_RE.search(body)
+    code = fence.group(1) if fence else body
+    return code.strip("\n"), last.start()
+
+
+def strip_interpreter(text: str) -> str:
+    """The model-written part of a response: interpreter blocks removed."""
+    return _INTERPRETER_RE.sub("", text)
+
+
+def neutralize(text: str) -> str:
+    """Break our tags and chat control strings so printed text cannot forge structure."""
+    for tag in _FORBIDDEN:
+        text = text.replace(tag, tag[0] + " " + tag[1:])
+    return _SPECIAL_RE.sub(lambda m: "< " + m.group(1) + ">", text)
+
+
+def truncate_middle(text: str, max_chars: int, head_ratio: float = 0.5) -> str:
+    """Keep the head and tail of `text` within max_chars, marking what was cut."""
+    if len(text) <= max_chars:
+        return text
+    marker = f"\n...[{len(text)} chars, middle omitted]...\n"
+    keep = max(0, max_chars - len(marker))
+    head = int(keep * head_ratio)
+    tail = keep - head
+    return text[:head] + marker + (text[len(text) - tail:] if tail else "")
+
+
+def _last_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _status(result: Any) -> str:
+    st = getattr(result, "status", "sandbox_error")
+    return str(getattr(st, "value", st))
+
+
+# ----------------------------------------------------------------------------- env
+
+class RetoolEnv:
+    """One trajectory of a problem with a Python interpreter (implements envs.base.Env)."""
+
+    def __init__(self, problem: dict, sandbox: Any, cfg: RetoolConfig | None = None) -> None:
+        self.stop_strings = ["</code>"]
+        self.problem = problem
+        self.sandbox = sandbox
+        self.cfg = cfg or RetoolConfig()
+        self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0,
+                      "void_turns": 0}
+        self.sandbox_error = False
+        self.turns = 0
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._session: Any = None
+        self._closed = False
+
+    # -- prompt
+    def initial_messages(self) -> list[dict]:
+        system = self.cfg.system_prompt if self.cfg.system_prompt is not None else PROMPTS[self.cfg.prompt]
+        user = self.cfg.user_template.replace("{problem}", str(self.problem["problem"]))
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    # -- one model turn
+    async def step(self, turn_text: str) -> StepResult:
+        self.turns += 1
+        code, code_pos = extract_code(turn_text)
+        answer_pos = _final_answer_pos(turn_text)
+        info: dict = {"turn": self.turns}
+        if code is None or (answer_pos is not None and answer_pos > code_pos):
+            if code is None and answer_pos is None:
+                self.stats["void_turns"] += 1
+                info["void_turn"] = True
+            info["reason"] = "answer" if answer_pos is not None else "no_code"
+            return StepResult(None, True, info)
+        if self.stats["tool_calls"] >= self.cfg.max_tool_calls:
+            info["reason"] = "max_tool_calls"
+            return StepResult(None, True, info)
+        self.stats["tool_calls"] += 1
+        result = await self._run(code)
+        obs = self._observation(result, info)
+        if self.sandbox_error:
+            info["reason"] = "sandbox_error"
+        return StepResult(obs, self.sandbox_error, info)
+
+    async def _run(self, code: str) -> Any:
+        try:
+            if self._session is None:
+                self._stack = contextlib.AsyncExitStack()
+                self._session = await self._stack.enter_async_context(
+                    self.sandbox.session(stateless=not self.cfg.stateful))
+            return await self._session.run(code, timeout=self.cfg.code_timeout_s)
+        except Exception as e:  # infrastructure: the protocol promises results, not exceptions
+            logger.warning("sandbox failure on problem {}: {!r}", self.problem.get("id"), e)
+            return _InfraFailure(f"{type(e).__name__}: {e}")
+
+    def _observation(self, result: Any, info: dict) -> str:
+        status = _status(result)
+        stdout = getattr(result, "stdout", "") or ""
+        info["status"] = status
+        if status == "ok":
+            body = stdout if stdout.strip() else self.cfg.empty_output
+        elif status == "timeout":
+            self.stats["timeouts"] += 1
+            info["timeout"] = True
+            body = stdout + f"\nTimeoutError: the code ran longer than {self.cfg.code_timeout_s:g} s"
+        elif status == "sandbox_error":
+            self.stats["sandbox_errors"] += 1
+            self.sandbox_error = True
+            info["sandbox_error"] = True
+            info["error"] = getattr(result, "error", "")
+            body = "SandboxError: the interpreter is unavailable; the code was not run"
+        else:
+            self.stats["code_errors"] += 1
+            info["code_error"] = True
+            if status == "error":
+                tail = _last_error_line(getattr(result, "stderr", "") or "") or "Error"
+            elif status == "oom":
+                tail = "MemoryError: the code ran out of memory"
+            elif status == "output_limit":
+                tail = "OutputLimitError: the code printed too much and was stopped"
+            else:
+                sig = getattr(result, "signal", None)
+                tail = f"Killed (signal {sig})" if sig else "Killed"
+            body = stdout + ("\n" if stdout and not stdout.endswith("\n") else "") + tail
+        body = truncate_middle(body.strip("\n"), self.cfg.obs_max_chars, self.cfg.obs_head_ratio)
+        return f"\n<interpreter>\n{neutralize(body)}\n</interpreter>\n"
+
+    # -- grading
+    def reward(self, response_text: str) -> tuple[float, dict]:
+        cfg = self.cfg
+        model_text = strip_interpreter(response_text)
+        pred = extract_answer(model_text)
+        gold = str(self.problem["answer"])
+        correct = pred is not None and answers_equivalent(pred, gold, timeout_s=cfg.grade_timeout_s)
+        format_ok = self._format_ok(model_text)
+        if correct:
+            r = cfg.reward_correct
+        else:
+            r = cfg.reward_wrong if pred is not None else cfg.reward_no_answer
+        if not format_ok:
+            r -= cfg.format_penalty
+        return r, {"correct": bool(correct), "pred": pred, "format_ok": format_ok,
+                   "has_answer": pred is not None}
+
+    def _format_ok(self, model_text: str) -> bool:
+        if model_text.count("<code>") != model_text.count("</code>"):
+            return False
+        pos = _final_answer_pos(model_text, need_tag=self.cfg.require_answer_tag)
+        last_code = model_text.rfind("</code>")
+        return pos is not None and pos > last_code
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._stack is not None:
+            try:
+                await self._stack.aclose()
+            except Exception as e:  # closing must never fail a training step
+                logger.warning("closing sandbox session failed: {!r}", e)
+        self._stack = self._session = None
+
+
+class _InfraFailure:
+    """Stands in for ExecResult(status=sandbox_error) when the session raised instead."""
+
+    status = "sandbox_error"
+    stdout = stderr = ""
+    signal = None
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _final_answer_pos(text: str, need_tag: bool = False) -> int | None:
+    """Start of the last \\boxed{} / <answer> block in (model-written) text, or None."""
+    tag = text.rfind("<answer>")
+    if need_tag:
+        return tag if tag >= 0 and re.search(r"\\(?:boxed|fbox)", text[tag:]) else None
+    boxed = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    pos = max(tag, boxed)
+    return pos if pos >= 0 else None
+
+
+def make_retool_env_factory(sandbox: Any, cfg: RetoolConfig | None = None) -> EnvFactory:
+    """One RetoolEnv per trajectory, all sharing `sandbox` (each opens its own session)."""
+    cfg = cfg or RetoolConfig()
+
+    def factory(problem: dict) -> RetoolEnv:
+        return RetoolEnv(problem, sandbox, cfg)
+
+    return factory
