@@ -1,0 +1,747 @@
+"""The learner: a DeepSpeed engine around a Hugging Face causal LM.
+
+What it does for the RL loop (and for cold-start SFT):
+
+- `compute_logprobs_entropy(trajs)`: the recompute pass. Log-probabilities and entropies of the
+  response tokens the model wrote (loss_mask == 1), taken from the last hidden state and the
+  lm_head weight in chunks (`algos.logprobs_and_entropy`), so [N, V] float32 logits never exist.
+- `train_step(trajs, advantages, token_weights, old_logprobs, ...)`: one optimizer step of
+  `algos.policy_loss`, token-mean over the GLOBAL batch (every micro-batch of every rank), with
+  gradient accumulation over token-budget micro-batches.
+- `sft_step(trajs)`: one optimizer step of token-mean NLL on loss_mask == 1 tokens.
+- `export_weights()`, `save_checkpoint()` / `load_checkpoint()`, `save_hf()`.
+
+Batching. Sequences (prompt + response) are right-padded into micro-batches whose padded size
+(rows x longest row) stays within a token budget; longest first, so rows of similar length share a
+micro-batch. With right padding and causal attention a real token never sees a pad, and position
+ids are the plain 0..L-1 of each row, whatever the attention implementation.
+
+Loss scale. Each micro-batch loss is already divided by the global token count, so the sum of all
+micro-batch losses of all ranks is the global token mean. DeepSpeed would (a) divide each
+micro-batch loss by gradient_accumulation_steps and (b) average gradients over data-parallel ranks.
+(a) is avoided with gradient_accumulation_steps=1 and a manual accumulation boundary; (b) is undone
+by multiplying the loss by the data-parallel world size before backward. Tests check the result
+against 1 process and against other micro-batch splits.
+
+Collectives. Under ZeRO-3 every forward all-gathers parameters and under ZeRO-2 every backward
+reduces gradients, so all ranks must run the same number of micro-batches: ranks with fewer pad
+with an empty (zero-loss) micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Sequence
+
+if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: LearnerConfig
+    from torch import Tensor, nn  # stays importable by light paths (CLI --help, config loading)
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class LearnerConfig:
+    # ZeRO stage: 0 = plain data parallel, 1 = shard optimizer state, 2 = + gradients,
+    # 3 = + parameters (needed for 7B-class models; full weights are gathered for export/save).
+    zero_stage: int = 2
+    # Training dtype. auto = bf16 on CUDA, fp32 on CPU (bf16 is ~7x slower than fp32 on CPUs
+    # without AVX-512/AMX). Master weights and optimizer state stay fp32 under bf16.
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    # AdamW peak learning rate (1e-6 is the usual value for 7B RL; tiny models want ~1e-3).
+    lr: float = 1e-6
+    # AdamW decoupled weight decay, applied to every parameter (as in verl/OpenRLHF RL recipes).
+    weight_decay: float = 0.01
+    # AdamW (beta1, beta2).
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    # AdamW epsilon.
+    eps: float = 1e-8
+    # Learning-rate shape after warm-up: constant (RL default), or linear/cosine decay to
+    # min_lr_ratio * lr at total_steps (needs total_steps > 0).
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    # Optimizer steps of linear warm-up from lr/warmup_steps to lr (0: none).
+    warmup_steps: int = 0
+    # Optimizer steps of the whole run, for linear/cosine decay. 0 = not known yet: the caller
+    # must fill it in (SFT derives it from the data); a Learner refuses decay with 0.
+    total_steps: int = 0
+    # Floor of the decayed learning rate as a fraction of lr.
+    min_lr_ratio: float = 0.0
+    # Clip the global gradient L2 norm to this value (0 disables clipping; the norm is still
+    # computed, and a non-finite norm still skips the step).
+    grad_clip: float = 1.0
+    # Recompute activations in the backward pass: less memory, ~30% more compute.
+    gradient_checkpointing: bool = False
+    # Token budget of one training micro-batch: rows x padded length <= this (a single longer
+    # sequence gets a micro-batch of its own). Bounds activation memory per forward/backward.
+    micro_batch_tokens: int = 16384
+    # Token budget of the no-grad recompute pass (None: 2 x micro_batch_tokens; no activations
+    # are kept for backward there, so it can be larger).
+    forward_micro_batch_tokens: Optional[int] = None
+    # Rows of [rows, vocab] float32 logits materialized at once when computing log-probs.
+    logprob_chunk_size: int = 1024
+    # Sampling temperature of the rollouts: log-probs and entropy are those of softmax(z / T),
+    # the distribution the tokens were drawn from.
+    temperature: float = 1.0
+    # Attention kernel passed to from_pretrained ("sdpa", "eager", "flash_attention_2").
+    attn_implementation: str = "sdpa"
+    # Seed for torch/numpy/python RNGs at construction (each rank adds its rank).
+    seed: int = 0
+    # Level of DeepSpeed's own logger (its INFO lines drown the training log).
+    deepspeed_log_level: Literal["debug", "info", "warning", "error"] = "warning"
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={self.zero_stage!r}: must be 0, 1, 2 or 3")
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr!r}: must be > 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay!r}: must be >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas={self.betas!r}: must be two numbers in [0, 1)")
+        if not self.eps > 0:
+            raise ValueError(f"eps={self.eps!r}: must be > 0")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps!r}: must be >= 0")
+        if self.total_steps < 0:
+            raise ValueError(f"total_steps={self.total_steps!r}: must be >= 0")
+        if self.lr_scheduler != "constant" and 0 < self.total_steps <= self.warmup_steps:
+            raise ValueError(f"total_steps={self.total_steps!r}: lr_scheduler={self.lr_scheduler!r} "
+                             f"needs total_steps > warmup_steps ({self.warmup_steps})")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip={self.grad_clip!r}: must be >= 0 (0 disables)")
+        if self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens!r}: must be >= 1")
+        if self.forward_micro_batch_tokens is not None and self.forward_micro_batch_tokens < 1:
+            raise ValueError(f"forward_micro_batch_tokens={self.forward_micro_batch_tokens!r}: "
+                             "must be >= 1 or None")
+        if self.logprob_chunk_size < 1:
+            raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size!r}: must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be > 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# Micro-batching (pure functions, also used by the trainer for STARE's micro_batch scope)
+
+
+def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group sequence indices into micro-batches with rows x longest <= token_budget.
+
+    Longest first (stable for ties), greedy: similar lengths share a micro-batch, so padding stays
+    small. A sequence longer than the budget is alone in its micro-batch. Deterministic.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    plan: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and new_max * (len(cur) + 1) > token_budget:
+            plan.append(cur)
+            cur, cur_max = [], 0
+            new_max = lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        plan.append(cur)
+    return plan
+
+
+def _as_long_list(x: Any) -> list[int]:
+    return x.tolist() if hasattr(x, "tolist") else list(x)  # tensor, array or list
+
+
+@dataclass
+class _MicroBatch:
+    """One right-padded micro-batch. Built on CPU, moved to the device before the forward."""
+
+    input_ids: Tensor  # [B, L] long, pad id after each row's end
+    attention_mask: Tensor  # [B, L] long, 1 on real tokens
+    position_ids: Tensor  # [B, L] long, 0..L-1
+    sel_rows: Tensor  # [N] long: row of each loss token
+    sel_pos: Tensor  # [N] long: position whose hidden state predicts the loss token
+    sel_resp: Tensor  # [N] long: index of the loss token inside its response
+    targets: Tensor  # [N] long: the loss token ids
+    mask: Tensor  # [B, R] float, 1 on loss tokens (R = longest response of the micro-batch)
+    indices: list[int]  # positions of these rows in the caller's list
+    num_tokens: int  # loss tokens N
+
+    def to(self, device: Any) -> "_MicroBatch":
+        moved = {k: (v if isinstance(v, (list, int)) else v.to(device)) for k, v in self.__dict__.items()}
+        return _MicroBatch(**moved)
+
+    def per_token(self, values: Sequence[Any], default: float = 0.0) -> Tensor:
+        """Per-row values (a float or a response-length vector) -> [B, R] float32 tensor."""
+        import torch
+
+        out = torch.full(self.mask.shape, float(default), dtype=torch.float32)  # [B, R]
+        for row, i in enumerate(self.indices):
+            v = values[i]
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                out[row, : v.numel()] = v.detach().to(torch.float32).cpu()
+            elif isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) > 0:  # list or numpy vector
+                t = torch.as_tensor(v, dtype=torch.float32)
+                out[row, : t.numel()] = t
+            else:
+                out[row, :] = float(v)
+        return out
+
+
+def _build_micro_batch(trajs: Sequence[Any], indices: list[int], pad_id: int) -> _MicroBatch:
+    import torch
+
+    rows = []
+    for i in indices:
+        t = trajs[i]
+        p, r, m = _as_long_list(t.prompt_ids), _as_long_list(t.response_ids), _as_long_list(t.loss_mask)
+        if not p:
+            raise ValueError(f"trajectory {i}: empty prompt_ids (the first response token needs context)")
+        if len(m) != len(r):
+            raise ValueError(f"trajectory {i}: loss_mask has {len(m)} entries for {len(r)} response tokens")
+        rows.append((p, r, m))
+    b = len(rows)
+    lmax = max(len(p) + len(r) for p, r, _ in rows)
+    rmax = max(max(len(r) for _, r, _ in rows), 1)
+    input_ids = torch.full((b, lmax), pad_id, dtype=torch.long)  # [B, L]
+    attention_mask = torch.zeros((b, lmax), dtype=torch.long)  # [B, L]
+    mask = torch.zeros((b, rmax), dtype=torch.float32)  # [B, R]
+    sel_rows, sel_pos, sel_resp, targets = [], [], [], []
+    for row, (p, r, m) in enumerate(rows):
+        n = len(p) + len(r)
+        input_ids[row, :n] = torch.tensor(p + r, dtype=torch.long)
+        attention_mask[row, :n] = 1
+        for j, (tok, keep) in enumerate(zip(r, m)):
+            if keep:
+                sel_rows.append(row)
+                sel_pos.append(len(p) + j - 1)  # the hidden state before token j predicts it
+                sel_resp.append(j)
+                targets.append(tok)
+                mask[row, j] = 1.0
+    position_ids = torch.arange(lmax, dtype=torch.long).expand(b, lmax).contiguous()  # [B, L]
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return _MicroBatch(input_ids, attention_mask, position_ids, as_t(sel_rows), as_t(sel_pos),
+                       as_t(sel_resp), as_t(targets), mask, list(indices), len(targets))
+
+
+def _empty_micro_batch(pad_id: int) -> _MicroBatch:
+    """A 2-token, 1-target micro-batch whose loss is multiplied by 0: keeps collectives in step."""
+    import torch
+
+    z = torch.zeros(1, dtype=torch.long)
+    return _MicroBatch(
+        input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
+        position_ids=torch.arange(2).view(1, 2), sel_rows=z, sel_pos=z.clone(), sel_resp=z.clone(),
+        targets=torch.full((1,), pad_id, dtype=torch.long), mask=torch.zeros(1, 1), indices=[], num_tokens=0,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The module DeepSpeed wraps
+
+
+def _token_logprob_model(lm: "nn.Module", temperature: float, chunk_size: int) -> "nn.Module":
+    """Wrap a causal LM as a module returning log pi(target) (and entropy) at selected positions.
+
+    Full logits are never formed. Wrapping lets the lm_head weight be used outside
+    lm_head.forward() while ZeRO-3 still gathers it (registered as an external parameter of this
+    module) and reduces its gradient.
+    """
+    from torch import nn
+
+    from stare_tir.algos.logprobs import logprobs_and_entropy
+
+    class TokenLogprobModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids: "Tensor", attention_mask: "Tensor", position_ids: "Tensor",
+                    sel_rows: "Tensor", sel_pos: "Tensor", targets: "Tensor",
+                    with_entropy: bool = False) -> tuple["Tensor", Optional["Tensor"]]:
+            out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                     position_ids=position_ids, use_cache=False)
+            hidden = out.last_hidden_state[sel_rows, sel_pos]  # [N, H]
+            head = self.lm.get_output_embeddings()
+            return logprobs_and_entropy(hidden, head.weight, targets, temperature=temperature,
+                                        chunk_size=chunk_size, lm_head_bias=getattr(head, "bias", None),
+                                        with_entropy=with_entropy)
+
+    return TokenLogprobModel()
+
+
+def _lr_lambda(cfg: LearnerConfig) -> Callable[[int], float]:
+    """Multiplier of cfg.lr at optimizer step k (0-based): linear warm-up, then the schedule."""
+
+    def f(k: int) -> float:
+        if k < cfg.warmup_steps:
+            return (k + 1) / cfg.warmup_steps
+        if cfg.lr_scheduler == "constant":
+            return 1.0
+        frac = min(1.0, (k - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+        decay = 1.0 - frac if cfg.lr_scheduler == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+    return f
+
+
+def _init_process_group(backend: str) -> None:
+    """Join the launcher's process group, or make a 1-process one when started without a launcher."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend=backend)  # env:// from torchrun / the deepspeed launcher
+    else:
+        # An in-process store: a 1-process group needs no address, port or file. DeepSpeed's
+        # engine still insists on LOCAL_RANK, which a launcher would have set.
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        os.environ.setdefault("LOCAL_RANK", "0")
+
+
+def _skip_shm_comm_build() -> None:
+    """Keep DeepSpeed from compiling its CPU shared-memory all-reduce op on first use.
+
+    DeepSpeed builds it (~40-60 s of g++ on a cold cache) when its comm backend is created, but only
+    `inference_all_reduce` (tensor-parallel inference) ever uses it; training collectives go
+    through torch.distributed (gloo) either way. Marking it incompatible makes DeepSpeed skip it.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+class Learner:
+    """A DeepSpeed engine around an HF causal LM; see the module docstring.
+
+    Every rank constructs one and calls every method with its own share of the batch (collective
+    methods: all of them except micro_batch_plan). Trajectory-like inputs need `prompt_ids`,
+    `response_ids`, `loss_mask` (lists or 1-D tensors; loss_mask as long as response_ids) and, for
+    truncated importance sampling, `rollout_logprobs`.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, cfg: LearnerConfig,
+                 tokenizer: "PreTrainedTokenizerBase | None" = None) -> None:
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if cfg.lr_scheduler != "constant" and cfg.total_steps == 0:
+            raise ValueError(f"total_steps=0: lr_scheduler={cfg.lr_scheduler!r} needs the run length")
+        self.cfg = cfg
+        logging.getLogger("DeepSpeed").setLevel(cfg.deepspeed_log_level.upper())
+        on_cuda = torch.cuda.is_available()
+        if on_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+            _skip_shm_comm_build()
+        _init_process_group("nccl" if on_cuda else "gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
+        import torch.distributed as dist
+
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self._seed_all(cfg.seed + self.rank)
+
+        self.bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and on_cuda)
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 1,
+            # 1, with the accumulation boundary set by hand: DeepSpeed must not divide the loss by
+            # a fixed step count (our micro-batch count varies with sequence lengths).
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage},
+            "bf16": {"enabled": self.bf16},
+            "zero_allow_untested_optimizer": True,  # our torch.optim.AdamW (no CPU-Adam compile)
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        if cfg.zero_stage == 3:
+            # Gather params inside forward even when they are small (deterministic behaviour).
+            ds_config["zero_optimization"].update({"stage3_param_persistence_threshold": 0})
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        # Every rank loads the full model on CPU; under ZeRO-3 deepspeed.initialize then partitions
+        # it (host memory: one model copy per rank, transiently). Loading straight into partitions
+        # (zero.Init through transformers' HfDeepSpeedConfig) would need `accelerate` installed.
+        lm = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype,
+                                                  attn_implementation=cfg.attn_implementation)
+        lm.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._module = _token_logprob_model(lm, cfg.temperature, cfg.logprob_chunk_size)
+        if cfg.zero_stage == 3:
+            deepspeed.zero.register_external_parameter(self._module, lm.get_output_embeddings().weight)
+
+        optimizer = torch.optim.AdamW(self._module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                                      eps=cfg.eps, weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        self.engine.train()
+        self.steps_applied = 0  # optimizer steps actually taken
+        self.steps_skipped = 0  # steps skipped for a non-finite loss or gradient
+
+    # ------------------------------------------------------------------ distributed helpers
+
+    def all_reduce_sum(self, x: "Tensor") -> "Tensor":
+        """Sum a tensor over ranks (returns a new CPU tensor; identity with one process)."""
+        import torch.distributed as dist
+
+        y = x.detach().to(self.device, copy=True)
+        if self.world_size > 1:
+            dist.all_reduce(y, op=dist.ReduceOp.SUM)
+        return y.cpu()
+
+    def all_reduce_max(self, x: "Tensor") -> "Tensor":
+        import torch.distributed as dist
+
+        y = x.detach().to(self.device, copy=True)
+        if self.world_size > 1:
+            dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        return y.cpu()
+
+    def all_gather_flat(self, x: "Tensor") -> tuple["Tensor", slice]:
+        """Concatenate every rank's 1-D tensor (lengths may differ), in rank order.
+
+        Returns (global vector on CPU, the slice of it that is this rank's `x`). Used for STARE's
+        batch scope: select over all response tokens of the step, keep this rank's slice.
+        """
+        import torch
+        import torch.distributed as dist
+
+        x = x.detach().reshape(-1)
+        if self.world_size == 1:
+            return x.cpu().clone(), slice(0, x.numel())
+        n = torch.tensor([x.numel()], dtype=torch.long, device=self.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.world_size)]
+        dist.all_gather(sizes, n)
+        sizes_l = [int(s.item()) for s in sizes]
+        buf = torch.zeros(max(sizes_l), dtype=x.dtype, device=self.device)  # pad to the longest
+        buf[: x.numel()] = x.to(self.device)
+        parts = [torch.empty_like(buf) for _ in range(self.world_size)]
+        dist.all_gather(parts, buf)
+        out = torch.cat([p[:s] for p, s in zip(parts, sizes_l)]).cpu()
+        start = sum(sizes_l[: self.rank])
+        return out, slice(start, start + sizes_l[self.rank])
+
+    def shard(self, items: Sequence[Any]) -> list[Any]:
+        """This rank's share of a list every rank holds in full (round robin)."""
+        return list(items[self.rank :: self.world_size])
+
+    # ------------------------------------------------------------------ micro-batches
+
+    def micro_batch_plan(self, trajs: Sequence[Any], forward_only: bool = False) -> list[list[int]]:
+        """Indices of `trajs` per micro-batch, exactly as train_step / the recompute pass form them."""
+        budget = self.cfg.micro_batch_tokens
+        if forward_only:
+            budget = self.cfg.forward_micro_batch_tokens or 2 * self.cfg.micro_batch_tokens
+        lengths = [len(_as_long_list(t.prompt_ids)) + len(_as_long_list(t.response_ids)) for t in trajs]
+        return plan_micro_batches(lengths, budget)
+
+    def _micro_batches(self, trajs: Sequence[Any], forward_only: bool) -> list[_MicroBatch]:
+        """Micro-batches of this rank, padded with empty ones to the largest count over ranks."""
+        import torch
+
+        plan = self.micro_batch_plan(trajs, forward_only)
+        mbs = [_build_micro_batch(trajs, idx, self.pad_id) for idx in plan]
+        n_max = int(self.all_reduce_max(torch.tensor([len(mbs)])).item())
+        mbs += [_empty_micro_batch(self.pad_id) for _ in range(n_max - len(mbs))]
+        return mbs
+
+    def _forward(self, mb: _MicroBatch, with_entropy: bool) -> tuple["Tensor", Optional["Tensor"]]:
+        d = mb.to(self.device)
+        return self.engine(d.input_ids, d.attention_mask, d.position_ids, d.sel_rows, d.sel_pos,
+                           d.targets, with_entropy=with_entropy)
+
+    # ------------------------------------------------------------------ recompute pass
+
+    def compute_logprobs_entropy(self, trajs: Sequence[Any]) -> tuple[list["Tensor"], list["Tensor"]]:
+        """Log-probs and entropies of every trajectory's response tokens under the current policy.
+
+        Returns two lists (one float32 CPU tensor per trajectory, length len(response_ids)), with
+        values on loss_mask == 1 tokens and 0.0 on the rest (the rollout_logprobs convention).
+        """
+        import torch
+
+        logps: list = [None] * len(trajs)
+        ents: list = [None] * len(trajs)
+        was_training = self.engine.training
+        self.engine.eval()  # no dropout: these are the "old" log-probs the update compares to
+        try:
+            with torch.no_grad():
+                for mb in self._micro_batches(trajs, forward_only=True):
+                    lp, ent = self._forward(mb, with_entropy=True)
+                    idx = (mb.sel_rows, mb.sel_resp)
+                    lp_rows = torch.zeros(mb.mask.shape).index_put(idx, lp.float().cpu())  # [B, R]
+                    ent_rows = torch.zeros(mb.mask.shape).index_put(idx, ent.float().cpu())  # [B, R]
+                    for row, i in enumerate(mb.indices):
+                        n = len(_as_long_list(trajs[i].response_ids))
+                        logps[i], ents[i] = lp_rows[row, :n].clone(), ent_rows[row, :n].clone()
+        finally:
+            self.engine.train(was_training)
+        return logps, ents
+
+    # ------------------------------------------------------------------ update passes
+
+    def train_step(
+        self,
+        trajs: Sequence[Any],
+        advantages: Sequence["float | Tensor"],
+        token_weights: Optional[Sequence["Tensor"]] = None,
+        old_logprobs: Optional[Sequence["Tensor"]] = None,
+        *,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        dual_clip_c: Optional[float] = 3.0,
+        loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean",
+        tis_cap: Optional[float] = None,
+    ) -> dict[str, float]:
+        """One optimizer step of the clipped policy loss over this rank's `trajs`.
+
+        advantages: per trajectory a float (broadcast over its tokens) or a response-length tensor.
+        token_weights: per trajectory a response-length tensor (STARE omega) or None (all ones).
+        old_logprobs: from compute_logprobs_entropy (None: the current policy's, i.e. ratio 1).
+        tis_cap: truncated importance sampling against each trajectory's rollout_logprobs.
+        The loss is aggregated over the global batch (all micro-batches, all ranks).
+        """
+        import torch
+
+        from stare_tir.algos.policy_loss import policy_loss, truncated_is_weights
+
+        n = len(trajs)
+        for name, v in (("advantages", advantages), ("token_weights", token_weights), ("old_logprobs", old_logprobs)):
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name}: {len(v)} entries for {n} trajectories")
+        if tis_cap is not None and old_logprobs is None:
+            raise ValueError("tis_cap needs old_logprobs (the trainer's recomputed log-probs)")
+        rollout_lp = [t.rollout_logprobs for t in trajs] if tis_cap is not None else None
+
+        def loss_fn(mb: _MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
+            lp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=self.device)  # [B, R]
+            lp = lp.index_put((mb.sel_rows, mb.sel_resp), logp.float())
+            mask = mb.mask
+            old = mb.per_token(old_logprobs).to(self.device) if old_logprobs is not None else lp.detach()
+            adv = mb.per_token(advantages).to(self.device) * mask
+            tw = mb.per_token(token_weights, 1.0).to(self.device) if token_weights is not None else None
+            tis = None
+            if rollout_lp is not None:
+                tis = truncated_is_weights(old, mb.per_token(rollout_lp).to(self.device), mask, tis_cap)
+            return policy_loss(lp, old, adv, mask, clip_low=clip_low, clip_high=clip_high,
+                               dual_clip_c=dual_clip_c, token_weights=tw, tis_weights=tis, agg=loss_agg,
+                               global_tokens=denom_tok, global_seqs=denom_seq)
+
+        return self._optimizer_step(trajs, loss_fn)
+
+    def sft_step(self, trajs: Sequence[Any]) -> dict[str, float]:
+        """One optimizer step of token-mean NLL over loss_mask == 1 tokens (global batch)."""
+
+        def loss_fn(mb: _MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
+            return -logp.float().sum() / denom_tok, {}
+
+        return self._optimizer_step(trajs, loss_fn)
+
+    def _optimizer_step(self, trajs: Sequence[Any], loss_fn: Callable[..., tuple["Tensor", dict]]) -> dict[str, float]:
+        """Accumulate gradients over all micro-batches, then one optimizer step (or a skip)."""
+        import torch
+
+        mbs = self._micro_batches(trajs, forward_only=False)
+        if not mbs:
+            raise ValueError("no trajectories on any rank: nothing to train on")
+        local_tok = sum(mb.num_tokens for mb in mbs)
+        local_seq = sum(int((mb.mask.sum(-1) > 0).sum()) for mb in mbs)
+        glob = self.all_reduce_sum(torch.tensor([local_tok, local_seq], dtype=torch.float64))
+        g_tok, g_seq = max(float(glob[0]), 1.0), max(float(glob[1]), 1.0)
+        lr = float(self.engine.get_lr()[0])
+
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        nonfinite = 0.0
+        sums: dict[str, float] = {}  # token-weighted sums of the loss function's mean metrics
+        ratio_max = 0.0
+        for k, mb in enumerate(mbs):
+            self.engine.set_gradient_accumulation_boundary(k == len(mbs) - 1)
+            logp, _ = self._forward(mb, with_entropy=False)
+            if mb.num_tokens == 0:
+                loss, metrics = logp.float().sum() * 0.0, {}  # collective filler: zero gradient
+            else:
+                loss, metrics = loss_fn(mb.to(self.device), logp, g_tok, g_seq)
+            if not torch.isfinite(loss.detach()):
+                nonfinite = 1.0
+                # Make sure the gradient is non-finite too, so every ZeRO stage skips the step.
+                loss = loss + float("nan") * logp.sum()
+            # DeepSpeed averages gradients over data-parallel ranks; our loss is already a share
+            # of the global mean, so scale the average back up to the sum.
+            self.engine.backward(loss * self.world_size)
+            loss_sum += float(loss.detach())
+            for key, val in metrics.items():
+                if key == "pg/ratio_max":
+                    ratio_max = max(ratio_max, val)
+                elif key not in ("pg/loss", "pg/num_tokens"):
+                    sums[key] = sums.get(key, 0.0) + val * mb.num_tokens
+
+        names = sorted(sums)
+        red = self.all_reduce_sum(torch.tensor([float(loss_sum), nonfinite] + [sums[k] for k in names],
+                                               dtype=torch.float64))
+        nonfinite_any = float(red[1]) > 0
+        grad_norm = self._step()
+        applied = grad_norm is not None and math.isfinite(grad_norm) and not nonfinite_any
+        if applied:
+            self.steps_applied += 1
+        else:
+            self.steps_skipped += 1
+        out = {
+            "loss": float(red[0]),
+            "grad_norm": float("nan") if grad_norm is None else grad_norm,
+            "lr": lr,
+            "tokens": g_tok,
+            "sequences": g_seq,
+            "micro_batches": float(len(mbs)),
+            "step_skipped": 0.0 if applied else 1.0,
+        }
+        for k, name in enumerate(names):
+            out[name] = float(red[2 + k]) / g_tok
+        if names or ratio_max:
+            out["pg/ratio_max"] = float(self.all_reduce_max(torch.tensor([ratio_max])).item())
+        return out
+
+    def _step(self) -> Optional[float]:
+        """Optimizer step after the boundary backward. Returns the global grad norm (pre-clip).
+
+        Under ZeRO 1-3 DeepSpeed computes the norm and skips the update itself when it is not
+        finite. Stage 0 with fp32 hands the plain torch optimizer the already all-reduced
+        gradients, so the norm and the skip are done here.
+        """
+        import torch
+
+        if self.cfg.zero_stage == 0 and not self.bf16:
+            grads = [p.grad for p in self._module.parameters() if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+            if not math.isfinite(norm):
+                self.engine.zero_grad()
+                return norm
+            self.engine.step()
+            return norm
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        if not self.engine.was_step_applied():
+            return float("inf") if norm is None or math.isfinite(float(norm)) else float(norm)
+        return None if norm is None else float(norm)
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    @property
+    def model(self) -> "nn.Module":
+        """The HF model (parameters are partitioned placeholders under ZeRO-3)."""
+        return self._module.lm
+
+    def export_weights(self) -> Iterator[tuple[str, "Tensor"]]:
+        """Yield (HF parameter name, full tensor) for every parameter, e.g. for the rollout backend.
+
+        Collective under ZeRO-3 (every rank must iterate it to the end): each parameter is gathered,
+        cloned and released in turn, so only one full parameter exists at a time. Under ZeRO 0-2
+        the tensors are detached views of the live weights: copy them, do not modify them.
+        """
+        import deepspeed
+
+        for name, p in self.model.named_parameters():
+            if self.cfg.zero_stage == 3:
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                    t = p.detach().clone()
+                yield name, t
+            else:
+                yield name, p.detach()
+
+    def save_checkpoint(self, directory: str | os.PathLike, client_state: Optional[dict] = None) -> None:
+        """Save everything to resume exactly: model, optimizer, LR scheduler (DeepSpeed), the caller's
+        client_state (controller, data position, ...), step counters, and each rank's RNG states.
+
+        Collective: every rank calls it with the same directory (on a shared filesystem).
+        """
+        import torch
+        import torch.distributed as dist
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {"client_state": client_state or {}, "steps_applied": self.steps_applied,
+                 "steps_skipped": self.steps_skipped}
+        self.engine.save_checkpoint(str(directory), tag="deepspeed", client_state={"learner": state},
+                                    save_latest=False)
+        torch.save(_rng_state(), directory / f"rng_rank{self.rank}.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> dict:
+        """Restore what save_checkpoint wrote (same world size and ZeRO stage); returns client_state."""
+        import torch
+
+        directory = Path(directory)
+        path, ds_client = self.engine.load_checkpoint(str(directory), tag="deepspeed", load_optimizer_states=True,
+                                                      load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}/deepspeed")
+        state = ds_client["learner"]
+        self.steps_applied, self.steps_skipped = state["steps_applied"], state["steps_skipped"]
+        rng_file = directory / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        return state["client_state"]
+
+    def save_hf(self, directory: str | os.PathLike) -> None:
+        """Write an ordinary HF model directory (config, weights, tokenizer) on rank 0.
+
+        Loadable by AutoModelForCausalLM.from_pretrained and by the rollout backends. Collective
+        under ZeRO-3 (weights are gathered one parameter at a time).
+        """
+        import torch.distributed as dist
+
+        directory = Path(directory)
+        if self.cfg.zero_stage == 3:
+            state = {}
+            for name, t in self.export_weights():
+                if self.rank == 0:
+                    state[name] = t.cpu()
+        else:
+            state = None
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(str(directory), state_dict=state)
+            self.tokenizer.save_pretrained(str(directory))
+        dist.barrier()
+
+    def _seed_all(self, seed: int) -> None:
+        import numpy as np
+        import torch
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+
+def _rng_state() -> dict:
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
