@@ -134,8 +134,8 @@ def _from_final_line(text: str) -> str | None:
 
 def _is_bare_answer(text: str) -> bool:
     """A short one-line answer ("42", "$\\frac{1}{2}$", "x = 3") rather than prose."""
-    if "\n" in text.strip() or len(text) > 120:
-        return False
+    if "\n" in text.strip() or len(text) > 120 or re.search(r"\\(?:boxed|fbox)", text):
+        return False  # (a \boxed left here is unclosed: a truncated response, not an answer)
     t = re.sub(r"\\text\{[^{}]*\}", " ", text)
     words = [w for w in _WORD_RE.findall(t) if w.lower() not in _MATH_WORDS]
     return len(words) <= 2 and not re.search(r"[a-zA-Z]\.\s+[A-Z]", t)

@@ -232,7 +232,9 @@ class RetoolEnv:
         elif status == "timeout":
             self.stats["timeouts"] += 1
             info["timeout"] = True
-            body = stdout + f"\nTimeoutError: the code ran longer than {self.cfg.code_timeout_s:g} s"
+            ran = float(getattr(result, "duration_s", 0.0) or self.cfg.code_timeout_s)
+            body = (stdout.rstrip("\n") + "\n" if stdout.strip() else "") + \
+                f"TimeoutError: the code was stopped at the time limit ({ran:.1f} s)"
         elif status == "sandbox_error":
             self.stats["sandbox_errors"] += 1
             self.sandbox_error = True
