@@ -1,0 +1,276 @@
+"""Cold-start SFT: teach the base model the Retool format before RL.
+
+Traces are JSONL rows of either
+  {"messages": [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", "content": ...}]}
+or {"text": ...} (see `encode_record`). Each row becomes exactly what the RL rollout engine would
+have produced for the same conversation:
+
+- prompt ids = the chat template of every message before the final assistant one, with
+  add_generation_prompt=True (the same call the engine makes), tokenized as one string;
+- the assistant text is split into model-written segments and interpreter observations
+  ("\\n<interpreter>\\n...\\n</interpreter>\\n"); each segment is tokenized on its own and appended
+  with `Trajectory.append` (model: loss_mask 1, observation: loss_mask 0), as the engine appends
+  sampled turns and tokenized observations;
+- the final <|im_end|> (the tokenizer's EOS, the token that ends an RL response) is appended as a
+  model token: the model must learn to stop.
+
+The loss is token-mean NLL over loss_mask == 1 tokens of the global batch (`Learner.sft_step`), so
+interpreter output is never trained on, exactly as in RL. The result is an ordinary HF directory
+(weights + tokenizer) that the RL stage loads like any model path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from stare_tir.learner import LearnerConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from stare_tir.rollout.trajectory import Trajectory
+
+
+def _sft_learner_defaults() -> LearnerConfig:
+    # SFT of a 7B base model: lr 1e-5 with cosine decay over the run (total_steps filled in from
+    # the data when left at 0), clipped gradients. Tiny CPU models want lr ~1e-3 (set in YAML).
+    return LearnerConfig(lr=1e-5, lr_scheduler="cosine", warmup_steps=0, weight_decay=0.0)
+
+
+@dataclass
+class SFTConfig:
+    # Passes over the traces.
+    epochs: int = 3
+    # Sequences per optimizer step (over all ranks; each rank takes its share).
+    batch_size: int = 32
+    # Longest prompt + response in tokens; longer rows are dropped (counted) rather than cut, since
+    # a cut response would teach the model to stop without an answer or an <|im_end|>.
+    max_seq_len: int = 4096
+    # Seed of the per-epoch shuffle.
+    seed: int = 0
+    # Log a metrics line every N optimizer steps (the progress bar updates every step).
+    log_every: int = 10
+    # Hold out this fraction of rows (at least one row when > 0) and report their mean NLL after
+    # each epoch; 0 disables.
+    val_fraction: float = 0.0
+    # Optimizer, precision, ZeRO stage, micro-batch budget. With lr_scheduler linear/cosine and
+    # total_steps 0, total_steps is set to the number of optimizer steps of the run.
+    learner: LearnerConfig = field(default_factory=_sft_learner_defaults)
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "max_seq_len", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction={self.val_fraction!r}: must be in [0, 1)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Encoding: the same token layout as an RL trajectory
+
+# An interpreter observation exactly as the Retool env returns it (a leading and a trailing newline
+# around the block). Kept in step with envs.arithmetic.split_assistant_segments.
+_OBSERVATION_RE = re.compile(r"\n?<interpreter>.*?</interpreter>\n?", re.DOTALL)
+
+
+def split_assistant_segments(text: str) -> list[tuple[str, bool]]:
+    """Split an assistant response into (segment text, is_model_written), in order.
+
+    Interpreter blocks, with the newline before and after them that the env's observation
+    carries, are not model-written; everything else is. Concatenating the segments gives `text`.
+    """
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    for m in _OBSERVATION_RE.finditer(text):
+        if m.start() > pos:
+            out.append((text[pos : m.start()], True))
+        out.append((m.group(0), False))
+        pos = m.end()
+    if pos < len(text):
+        out.append((text[pos:], True))
+    return out
+
+
+def _encode(tokenizer: "PreTrainedTokenizerBase", text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_record(record: dict, tokenizer: "PreTrainedTokenizerBase") -> "Trajectory":
+    """One JSONL row -> a Trajectory (prompt_ids, response_ids, loss_mask) as RL would build it.
+
+    {"messages": [...]}: the last message must be the assistant's; the messages before it form
+    the prompt (chat template, add_generation_prompt=True).
+    {"text": ...}: a chat-formatted string; the prompt is everything up to and including the last
+    "<|im_start|>assistant\\n", the response the rest (a trailing "<|im_end|>" and whitespace are
+    dropped from the text and the EOS token is appended). Without that header the whole text is the
+    response (plain language modelling) and its first token serves as the prompt.
+    """
+    from stare_tir.rollout.trajectory import Trajectory
+
+    eos = tokenizer.eos_token_id
+    if "messages" in record:
+        msgs = record["messages"]
+        if not msgs or msgs[-1].get("role") != "assistant":
+            raise ValueError("messages: the last message must have role 'assistant'")
+        prompt_text = tokenizer.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
+        prompt_ids, response, end_with_eos = _encode(tokenizer, prompt_text), msgs[-1]["content"], True
+    elif "text" in record:
+        text, header = record["text"], "<|im_start|>assistant\n"
+        cut = text.rfind(header)
+        if cut >= 0:
+            prompt_ids = _encode(tokenizer, text[: cut + len(header)])
+            response = text[cut + len(header) :].rstrip()
+            if tokenizer.eos_token and response.endswith(tokenizer.eos_token):
+                response = response[: -len(tokenizer.eos_token)]
+            end_with_eos = True
+        else:
+            ids = _encode(tokenizer, text)
+            prompt_ids, response, end_with_eos = ids[:1], None, False
+            traj = Trajectory(prompt_ids=prompt_ids)
+            traj.append(ids[1:], [0.0] * len(ids[1:]), "model")
+            return traj
+    else:
+        raise ValueError(f"record has neither 'messages' nor 'text' (keys: {sorted(record)})")
+    if not prompt_ids:
+        raise ValueError("empty prompt: the first response token needs context")
+    traj = Trajectory(prompt_ids=prompt_ids)
+    for segment, by_model in split_assistant_segments(response):
+        ids = _encode(tokenizer, segment)
+        traj.append(ids, [0.0] * len(ids) if by_model else None, "model" if by_model else "obs")
+    if end_with_eos:
+        if eos is None:
+            raise ValueError("the tokenizer has no eos_token: cannot end the response")
+        traj.append([eos], [0.0], "model")
+    return traj
+
+
+def load_records(source: str | Path | Sequence[dict]) -> list[dict]:
+    """Rows from a JSONL file (blank lines skipped; a bad line is an error naming it) or a list."""
+    if not isinstance(source, (str, Path)):
+        return list(source)
+    rows = []
+    with open(source, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{source}:{n}: not valid JSON ({e.msg})") from None
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+
+
+def run_sft(
+    cfg: SFTConfig,
+    model_path: str | Path,
+    data: str | Path | Sequence[dict],
+    output_dir: str | Path,
+    tokenizer: "PreTrainedTokenizerBase | None" = None,
+) -> dict[str, Any]:
+    """Fine-tune `model_path` on `data` (JSONL path or rows) and write an HF checkpoint to output_dir.
+
+    Runs in one process or under torchrun/deepspeed (each rank takes its share of every batch).
+    Returns a summary: output_dir, steps, examples, dropped (too long), tokens trained,
+    first_loss / final_loss (mean over the first / last epoch's steps), val_loss (or None), seconds.
+    """
+    import dataclasses
+
+    import torch
+    from loguru import logger
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from stare_tir.learner import Learner
+
+    t_start = time.time()
+    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
+    examples, dropped = [], 0
+    for row in load_records(data):
+        ex = encode_record(row, tok)
+        if len(ex.prompt_ids) + len(ex.response_ids) > cfg.max_seq_len:
+            dropped += 1
+            continue
+        examples.append(ex)
+    if not examples:
+        raise ValueError(f"no usable SFT rows ({dropped} longer than max_seq_len={cfg.max_seq_len})")
+    rng = random.Random(cfg.seed)
+    val: list = []
+    if cfg.val_fraction > 0:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        n_val = max(1, int(round(cfg.val_fraction * len(examples))))
+        val = [examples[i] for i in order[:n_val]]
+        examples = [examples[i] for i in order[n_val:]]
+    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    lcfg = cfg.learner
+    if lcfg.lr_scheduler != "constant" and lcfg.total_steps == 0:
+        lcfg = dataclasses.replace(lcfg, total_steps=max(total, lcfg.warmup_steps + 1))
+    learner = Learner(model_path, lcfg, tok)
+    main = learner.rank == 0
+    if main:
+        logger.info(f"SFT: {len(examples)} examples ({dropped} dropped as too long, {len(val)} held out), "
+                    f"{cfg.epochs} epochs x {steps_per_epoch} steps, world size {learner.world_size}")
+
+    epoch_losses: list[list[float]] = []
+    val_loss: Optional[float] = None
+    tokens = 0.0
+    step = 0
+    bar = tqdm(total=total, desc="sft", disable=not main, dynamic_ncols=True)
+    for epoch in range(cfg.epochs):
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        losses = []
+        for s in range(steps_per_epoch):
+            batch = [examples[i] for i in order[s * cfg.batch_size : (s + 1) * cfg.batch_size]]
+            m = learner.sft_step(learner.shard(batch))
+            step += 1
+            tokens += m["tokens"]
+            if m["step_skipped"]:
+                logger.warning(f"SFT step {step}: non-finite loss or gradient, step skipped")
+            else:
+                losses.append(m["loss"])
+            bar.update(1)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{m['loss']:.4f}", gnorm=f"{m['grad_norm']:.3f}")
+            if main and (step % cfg.log_every == 0 or step == total):
+                logger.info(f"SFT step {step}/{total} epoch {epoch + 1} loss {m['loss']:.4f} "
+                            f"grad_norm {m['grad_norm']:.3f} lr {m['lr']:.2e} tokens {int(m['tokens'])}")
+        epoch_losses.append(losses)
+        if val:
+            val_loss = _mean_nll(learner, learner.shard(val))
+            if main:
+                logger.info(f"SFT epoch {epoch + 1}: held-out NLL {val_loss:.4f}")
+    bar.close()
+    learner.save_hf(output_dir)
+    mean = lambda xs: float(sum(xs) / len(xs)) if xs else float("nan")  # noqa: E731
+    summary = {
+        "output_dir": str(output_dir), "steps": step, "examples": len(examples), "dropped": dropped,
+        "tokens": tokens, "first_loss": mean(epoch_losses[0]), "final_loss": mean(epoch_losses[-1]),
+        "val_loss": val_loss, "seconds": time.time() - t_start,
+    }
+    if main:
+        logger.info(f"SFT done in {summary['seconds']:.1f}s: loss {summary['first_loss']:.4f} -> "
+                    f"{summary['final_loss']:.4f}; checkpoint {output_dir}")
+    return summary
+
+
+def _mean_nll(learner: Any, examples: list) -> float:
+    """Token-mean NLL of loss_mask == 1 tokens over all ranks' examples (no update)."""
+    import torch
+
+    logps, _ = learner.compute_logprobs_entropy(examples)
+    s = sum(float(-lp.sum()) for lp in logps)
+    n = sum(sum(ex.loss_mask) for ex in examples)
+    tot = learner.all_reduce_sum(torch.tensor([s, float(n)], dtype=torch.float64))
+    return float(tot[0] / max(tot[1], 1.0))
