@@ -93,7 +93,7 @@ def _last_boxed(text: str) -> str | None:
 
 
 _FINAL_RE = re.compile(
-    r"(?:(?:final\s+answer|the\s+answer)\s*(?:is\s*:?|:|=)|(?:^|\n)\s*answer\s*:?)\s*(.+)",
+    r"(?:(?:final\s+answer|the\s+answer)\s*(?:is\s*:?|:|=)|(?:^|\n)\s*answer\b\s*:?)\s*(.+)",
     re.IGNORECASE)
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
@@ -665,6 +665,7 @@ class _SymbolicWorker:
     def __init__(self, startup_timeout_s: float) -> None:
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
+        self.owner_pid = os.getpid()
         self.ready = False
         self.buf = b""
 
@@ -694,7 +695,7 @@ class _SymbolicWorker:
         return line
 
     def kill(self) -> None:
-        if self.proc is not None:
+        if self.proc is not None and self.owner_pid == os.getpid():
             try:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
@@ -704,6 +705,8 @@ class _SymbolicWorker:
 
     def call(self, pred: str, gold: str, timeout_s: float) -> bool | None:
         """The worker's verdict, or None when it timed out or failed (then it is restarted)."""
+        if self.owner_pid != os.getpid():  # we are a forked child: the pipes belong to the parent
+            self.proc, self.ready, self.buf, self.owner_pid = None, False, b"", os.getpid()
         if self.proc is None or self.proc.poll() is not None:
             self._spawn()
         if not self.ready:
@@ -768,6 +771,9 @@ class Grader:
                     res = self._worker.call(p, g, timeout_s or self.timeout_s)
                     if res is None:
                         self.stats["timeouts"] += 1
+                        from loguru import logger  # rare path: keep the import off module load
+                        logger.warning("grading timed out after {} s (counted as not equal): {!r} vs {!r}",
+                                       timeout_s or self.timeout_s, p[:80], g[:80])
                 verdict = bool(res)
         with self._lock:
             if self.cache_size > 0:
