@@ -26,7 +26,7 @@ import sympy
 from sympy.parsing.sympy_parser import (implicit_multiplication, parse_expr,
                                         standard_transformations)
 
-from envs.grading import (REL_TOL, NeedSymbolic, _match_brace, compare_normalized,
+from envs.equivalence import (REL_TOL, NeedSymbolic, _match_brace, compare_normalized,
                           fast_relation_eq, fast_scalar_eq)
 
 _FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
