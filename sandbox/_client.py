@@ -1,0 +1,397 @@
+"""Host side of the worker protocol, shared by the local and docker backends.
+
+`WorkerClient` talks to one fork server; `Proc` is one session interpreter it started; `ProcSession`
+is the public Session on top (queueing, respawn after a death, stateless mode). Everything here is
+callback-driven on the event loop, so a trivial cell costs two small writes and two wake-ups.
+"""
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections import deque
+from typing import Awaitable, Callable
+
+from ._worker import Frames, pack
+from .base import ExecResult, ExecStatus, Limits, SandboxError, killed_status
+
+
+class Slots:
+    """At most `workers` cells run at once; at most `queue_size` calls wait, each for at most
+    `timeout_s`. A full queue or a long wait is an infrastructure failure with a clear message."""
+
+    def __init__(self, workers: int, queue_size: int, timeout_s: float):
+        self.workers, self.queue_size, self.timeout_s = workers, queue_size, timeout_s
+        self.free, self.waiting = workers, 0
+        self.waiters: deque[asyncio.Future] = deque()
+
+    @contextlib.asynccontextmanager
+    async def slot(self):
+        if self.free == 0:
+            if self.waiting >= self.queue_size:
+                raise SandboxError(f"sandbox queue full: {self.waiting} calls already wait for "
+                                   f"{self.workers} workers (raise workers or queue_size)")
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.append(fut)
+            self.waiting += 1
+            try:
+                await asyncio.wait_for(fut, self.timeout_s)  # resolved with the slot handed over
+            except asyncio.TimeoutError:
+                raise SandboxError(f"no sandbox worker became free within {self.timeout_s:g}s") from None
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._release()  # the slot arrived as we were cancelled: pass it on
+                raise
+            finally:
+                self.waiting -= 1
+        else:
+            self.free -= 1
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.free += 1
+
+
+class WorkerClient:
+    """One connection to a fork server: spawn session interpreters, kill them, learn their end."""
+
+    def __init__(self, sock: socket.socket, name: str):
+        self.sock, self.name = sock, name
+        self.loop = asyncio.get_running_loop()
+        self.frames, self.procs, self.next_sid = Frames(), {}, 1
+        self.hello: asyncio.Future = self.loop.create_future()
+        self.dead: str | None = None
+        sock.setblocking(False)
+        self.loop.add_reader(sock.fileno(), self._on_readable)
+
+    async def ready(self, timeout: float) -> dict:
+        try:
+            hello = await asyncio.wait_for(asyncio.shield(self.hello), timeout)
+        except asyncio.TimeoutError:
+            raise SandboxError(f"{self.name}: not ready after {timeout:g}s") from None
+        if hello.get("op") != "ready":
+            raise SandboxError(f"{self.name}: {hello.get('error', hello)}")
+        return hello
+
+    def _on_readable(self) -> None:
+        try:
+            data = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            return self._lost(f"{self.name} exited")
+        for msg, _ in self.frames.feed(data):
+            op = msg.get("op")
+            if op in ("ready", "fatal") and not self.hello.done():
+                self.hello.set_result(msg)
+            elif op == "exit" and msg.get("sid") in self.procs:
+                self.procs.pop(msg["sid"])._exited(msg.get("status"), bool(msg.get("oom")))
+
+    def _lost(self, reason: str) -> None:
+        if self.dead:
+            return
+        self.dead = reason
+        self.loop.remove_reader(self.sock.fileno())
+        if not self.hello.done():
+            self.hello.set_result({"op": "fatal", "error": reason})
+        for proc in self.procs.values():
+            proc._exited(None, False)  # unknown: the worker that knew is gone
+        self.procs.clear()
+
+    def _send(self, obj: dict, fds: tuple = ()) -> None:
+        data = pack(obj)
+        try:  # tiny messages into an almost empty buffer: a partial write means the worker is stuck
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            if self.sock.sendmsg([data], anc) != len(data):
+                raise OSError("short write")
+        except OSError as e:
+            self._lost(f"{self.name}: {e}")
+            raise SandboxError(f"{self.name} unreachable: {e}") from None
+
+    async def spawn(self, timeout: float) -> "Proc":
+        if self.dead:
+            raise SandboxError(f"{self.name} is gone: {self.dead}")
+        sid, self.next_sid = self.next_sid, self.next_sid + 1
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        proc = self.procs[sid] = Proc(self, sid, ours)
+        try:
+            self._send({"op": "spawn", "sid": sid}, (theirs.fileno(),))
+        finally:
+            theirs.close()
+        try:
+            await proc.wait_ready(timeout)
+        except BaseException:
+            await asyncio.shield(proc.kill())
+            raise
+        return proc
+
+    def kill(self, sid: int) -> None:
+        if not self.dead:
+            with contextlib.suppress(SandboxError):
+                self._send({"op": "kill", "sid": sid})
+
+    def close(self) -> None:
+        self._lost("closed")
+        self.sock.close()
+
+
+class Proc:
+    """One session interpreter: its control socket, and how it ended (from the worker)."""
+
+    def __init__(self, client: WorkerClient, sid: int, ctl: socket.socket):
+        self.client, self.sid, self.ctl = client, sid, ctl
+        self.loop = client.loop
+        self.frames, self.msgs = Frames(), deque()
+        self.wake: asyncio.Future | None = None
+        self.eof = False
+        self.exit: asyncio.Future = self.loop.create_future()  # -> (wait status | None, oom)
+        ctl.setblocking(False)
+        self.loop.add_reader(ctl.fileno(), self._on_ctl)
+
+    @property
+    def alive(self) -> bool:
+        return not self.eof and not self.exit.done()
+
+    def _on_ctl(self) -> None:
+        try:
+            data = self.ctl.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        try:
+            for msg, _ in self.frames.feed(data):
+                self.msgs.append(msg)
+        except ValueError:  # the code wrote garbage into our channel
+            self.msgs.append({"op": "corrupt"})
+            data = b""
+        if not data:
+            self._close_ctl()
+        self._deliver()
+
+    def _deliver(self) -> None:
+        if self.wake is not None and (self.msgs or self.eof):
+            wake, self.wake = self.wake, None
+            if not wake.done():
+                wake.set_result(self.msgs.popleft() if self.msgs else None)
+
+    def next_msg(self) -> asyncio.Future:
+        """The next message from the session; None once its channel is closed."""
+        self.wake = self.loop.create_future()
+        fut = self.wake
+        self._deliver()
+        return fut
+
+    def _exited(self, status: int | None, oom: bool) -> None:
+        if not self.exit.done():
+            self.exit.set_result((status, oom))
+        self._close_ctl()
+
+    def _close_ctl(self) -> None:
+        if self.ctl.fileno() >= 0:
+            self.loop.remove_reader(self.ctl.fileno())
+            self.ctl.close()
+        self.eof = True
+        self._deliver()
+
+    async def wait_ready(self, timeout: float) -> None:
+        try:
+            msg = await asyncio.wait_for(self.next_msg(), timeout)
+        except asyncio.TimeoutError:
+            raise SandboxError(f"session process not ready after {timeout:g}s") from None
+        if msg is None or msg.get("op") != "ready":
+            why = msg.get("error", msg) if msg else "it exited"
+            raise SandboxError(f"session process failed to start: {why}")
+
+    async def kill(self, timeout: float = 10.0) -> tuple[int | None, bool]:
+        """Kill the session (all its processes) and wait until the worker has reaped it."""
+        if not self.exit.done():
+            self.client.kill(self.sid)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.exit), timeout)
+        except asyncio.TimeoutError:
+            raise SandboxError(f"session process survived SIGKILL for {timeout:g}s") from None
+        finally:
+            self._close_ctl()
+
+    async def run_cell(self, code: str, wall: float, cap: int) -> ExecResult:
+        t0, loop = time.monotonic(), self.loop
+        payload = code.encode("utf-8", "surrogatepass")  # lone surrogates survive; compile rejects them
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        bufs, cut = {out_r: bytearray(), err_r: bytearray()}, {out_r: False, err_r: False}
+        done = loop.create_future()
+
+        def finish(kind: str, msg: dict | None = None) -> None:
+            if not done.done():
+                done.set_result((kind, msg))
+
+        def take(fd: int, chunk: bytes) -> None:
+            room = cap - len(bufs[fd])
+            bufs[fd] += chunk[:room]
+            if len(chunk) > room:
+                cut[fd] = True
+                finish("output_limit")
+
+        def on_pipe(fd: int) -> None:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if chunk:
+                take(fd, chunk)
+            else:
+                loop.remove_reader(fd)
+
+        try:
+            for fd in bufs:
+                os.set_blocking(fd, False)
+                loop.add_reader(fd, on_pipe, fd)
+            frame = pack({"op": "run"}, payload)
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (out_w, err_w)))]
+            try:
+                sent = self.ctl.sendmsg([frame], anc)
+            except OSError as e:
+                raise SandboxError(f"session process unreachable: {e}") from None
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            timer = loop.call_later(wall, finish, "timeout")
+            reply = self.next_msg()
+            reply.add_done_callback(lambda f: f.cancelled() or finish("reply", f.result()))
+            if sent < len(frame):  # large code: the rest streams while the deadline already runs
+                send_rest = asyncio.ensure_future(loop.sock_sendall(self.ctl, frame[sent:]))
+                send_rest.add_done_callback(lambda f: f.cancelled() or f.exception() and finish("reply", None))
+            kind, msg = await done
+            timer.cancel()
+            if kind == "reply" and msg is not None and msg.get("op") == "done":
+                status, oom, killed = None, False, False
+            else:
+                if not reply.done():
+                    reply.cancel()
+                    self.wake = None
+                status, oom = await self.kill()
+                killed = True
+            for fd in bufs:  # what is already in the pipes belongs to this cell
+                loop.remove_reader(fd)
+                while True:
+                    try:
+                        chunk = os.read(fd, 1 << 16)
+                    except BlockingIOError:
+                        break  # a lingering child still holds the pipe: we do not wait for it
+                    if not chunk:
+                        break
+                    take(fd, chunk)
+        finally:
+            for fd in bufs:
+                loop.remove_reader(fd)
+                os.close(fd)
+        out, err = (bytes(bufs[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
+        res = ExecResult(ExecStatus.OK, 0, None, out, err, cut[out_r], cut[err_r], time.monotonic() - t0)
+        if kind == "timeout":
+            res.status, res.exit_code, res.signal = ExecStatus.TIMEOUT, 128 + 9, signal.SIGKILL
+            res.error = f"wall-time limit {wall:g}s exceeded; the session was killed"
+        elif kind == "output_limit" or (res.stdout_truncated or res.stderr_truncated):
+            res.status = ExecStatus.OUTPUT_LIMIT
+            if killed:
+                res.exit_code, res.signal = 128 + 9, signal.SIGKILL
+            else:
+                res.exit_code = int(msg.get("exit_code", 1))
+            res.error = f"output over {cap} bytes per stream"
+        elif not killed:
+            res.exit_code = int(msg.get("exit_code", 1))
+            res.status = ExecStatus.OOM if msg.get("exc") == "MemoryError" else \
+                ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
+        elif msg is not None and msg.get("op") == "corrupt":
+            res.status, res.exit_code = ExecStatus.ERROR, None
+            res.error = "the code wrote into the sandbox's control channel; the session was killed"
+        elif status is None:
+            res.status, res.exit_code = ExecStatus.SANDBOX_ERROR, None
+            res.error = f"worker lost: {self.client.dead or 'no exit status'}"
+        elif os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            res.status, res.exit_code, res.signal = killed_status(sig, oom), 128 + sig, sig
+        else:
+            res.exit_code = os.WEXITSTATUS(status)  # the code called os._exit()
+            res.status = ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
+        return res
+
+
+class ProcSession:
+    """A Session over worker processes: stateful (one interpreter for all cells) or stateless.
+    An interpreter that died (timeout, crash, os._exit) is replaced at the next cell, with fresh
+    state; every internal failure becomes a sandbox_error result here, at one boundary."""
+
+    def __init__(self, spawn: Callable[[], Awaitable[Proc]], slots: Slots, limits: Limits,
+                 stateless: bool = False, on_close: Callable[[], Awaitable[None]] | None = None):
+        self.spawn, self.slots, self.limits, self.stateless = spawn, slots, limits, stateless
+        self.on_close = on_close
+        self.proc: Proc | None = None
+        self.lock = asyncio.Lock()
+        self.closed = False
+
+    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        t0 = time.monotonic()
+        async with self.lock:
+            if self.closed:
+                return ExecResult.infra_failure("session is closed")
+            try:
+                async with self.slots.slot():
+                    if self.proc is None or not self.proc.alive:
+                        self.proc = await self.spawn()
+                    res = await self.proc.run_cell(code, self.limits.wall_time(timeout),
+                                                   self.limits.max_output_bytes)
+                    if not self.proc.alive:
+                        await self._drop()
+                    elif self.stateless:  # teardown (~5 ms of kernel work) need not delay the result
+                        self._abandon()
+                    return res
+            except asyncio.CancelledError:
+                self._abandon()
+                raise
+            except Exception as e:  # noqa: BLE001 - the boundary: infrastructure failures become results
+                self._abandon()
+                msg = str(e) if isinstance(e, SandboxError) else f"internal error: {type(e).__name__}: {e}"
+                return ExecResult.infra_failure(msg, time.monotonic() - t0)
+
+    def _abandon(self) -> None:
+        if self.proc is not None:
+            self.proc.client.kill(self.proc.sid)
+            self.proc._close_ctl()
+            self.proc = None
+
+    async def _drop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            await proc.kill()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self._drop()
+        except SandboxError:
+            pass
+        finally:
+            if self.on_close is not None:
+                await self.on_close()
+
+    async def __aenter__(self) -> "ProcSession":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

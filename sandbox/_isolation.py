@@ -1,0 +1,324 @@
+"""Kernel isolation primitives for the local backend, via ctypes (stdlib only; runs in the worker).
+
+Namespaces (mount, pid, net, ipc, uts), an allow-listed read-only root, per-session cgroups
+(memory + pids, v1 or v2) and an optional seccomp filter through libseccomp. Every function
+raises OSError when the kernel refuses; the worker turns that into an infrastructure failure.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+SYS_PIVOT_ROOT = 155  # x86_64
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else os.fsencode(s)
+
+
+def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(_b(src), _b(dst), _b(fstype), flags, _b(data)), f"mount {dst}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), f"unshare {flags:#x}")
+
+
+def setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
+
+
+def sethostname(name: str) -> None:
+    _check(_libc.sethostname(name.encode(), len(name)), "sethostname")
+
+
+def bind_ro(src: str, dst: str) -> None:
+    mount(src, dst, None, MS_BIND | MS_REC)
+    mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def root_paths() -> tuple[list[str], list[str]]:
+    """What the code may see (read-only): system dirs plus this interpreter and its packages.
+    Home directories, /var, /run, /srv, project trees and the host's /tmp stay out. Returns
+    (paths to bind, paths to hide inside them)."""
+    want = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"]
+    for p in (sys.prefix, sys.base_prefix):
+        want += [p, os.path.realpath(p)]
+    paths: list[str] = []
+    for p in sorted(set(want), key=len):
+        if not any(p == q or p.startswith(q + "/") for q in paths):
+            paths.append(p)
+    # a venv's base interpreter may carry a large site-packages the venv does not use: hide it
+    hide = []
+    if sys.prefix != sys.base_prefix:
+        v = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        base_site = os.path.join(sys.base_prefix, "lib", v, "site-packages")
+        if os.path.isdir(base_site) and base_site not in sys.path:
+            hide.append(base_site)
+    return paths, hide
+
+
+def build_root(stage: str) -> None:
+    """Enter a private mount namespace whose root is a read-only tmpfs holding only root_paths().
+    Called once by the worker; each session then adds its own /tmp, /proc and namespaces."""
+    unshare(CLONE_NEWNS)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do propagates back to the host
+    mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
+    paths, hide = root_paths()
+    for path in paths:
+        dst = stage + path
+        if os.path.islink(path):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(path), dst)
+        elif os.path.isdir(path):
+            os.makedirs(dst, exist_ok=True)
+            bind_ro(path, dst)
+    for path in hide:
+        mount("tmpfs", stage + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+    dev = stage + "/dev"
+    os.makedirs(dev)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name in ("null", "zero", "full", "random", "urandom"):
+        open(f"{dev}/{name}", "w").close()
+        mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/shm")
+    mount(None, dev, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+    os.mkdir(stage + "/proc")
+    os.mkdir(stage + "/tmp")
+    os.chdir(stage)
+    try:  # pivot_root(".", ".") stacks the old root on top; detaching it makes it unreachable
+        _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+        _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    except OSError:  # e.g. an initramfs root; the code has no CAP_SYS_CHROOT to climb out
+        os.chroot(".")
+    os.chdir("/")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def enter_session_mounts(disk_mb: int, uid: int) -> None:
+    """In a fresh mount namespace: private /tmp (also /dev/shm) sized disk_mb, and a /proc that
+    shows only this session's pid namespace."""
+    opts = f"size={disk_mb}m,mode=0700,uid={uid},gid={uid}"
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+    mount("/tmp", "/dev/shm", None, MS_BIND)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+class Cgroups:
+    """Per-session memory and pids cgroups below a parent group owned by this worker."""
+
+    def __init__(self, parents: list[int], v2: bool, name: str, grandparents: list[int]):
+        self.parents, self.v2, self.name, self.grandparents = parents, v2, name, grandparents
+
+    @classmethod
+    def create(cls, name: str) -> "Cgroups | None":
+        """Make `name` below our own cgroup(s); None when cgroups cannot be used here."""
+        mounts = {}  # controller -> mount point ("" key: cgroup2)
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                pre, post = line.split(" - ", 1)
+                fstype, _src, opts = post.split()[:3]
+                if fstype == "cgroup":
+                    for c in opts.split(","):
+                        mounts.setdefault(c, pre.split()[4])
+                elif fstype == "cgroup2":
+                    mounts.setdefault("", pre.split()[4])
+        own = {}
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _id, ctrls, path = line.rstrip("\n").split(":", 2)
+                for c in ctrls.split(","):
+                    own[c] = path
+        try:
+            if "memory" in mounts and "pids" in mounts:  # cgroup v1
+                dirs = [mounts[c] + own[c] for c in ("memory", "pids")]
+                return cls._make(dirs, name, v2=False)
+            if "" in mounts:  # cgroup v2: needs memory+pids delegated to our own group
+                base = mounts[""] + own[""]
+                with open(os.path.join(base, "cgroup.controllers")) as f:
+                    if not {"memory", "pids"} <= set(f.read().split()):
+                        return None
+                with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
+                    f.write("+memory +pids")
+                group = cls._make([base], name, v2=True)
+                with open(os.path.join(base, name, "cgroup.subtree_control"), "w") as f:
+                    f.write("+memory +pids")
+                return group
+        except (OSError, KeyError):
+            return None
+        return None
+
+    @classmethod
+    def _make(cls, dirs: list[str], name: str, v2: bool) -> "Cgroups":
+        grand = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in dirs]
+        parents = []
+        for fd in grand:
+            try:
+                os.mkdir(name, dir_fd=fd)
+            except FileExistsError:
+                pass
+            parents.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd))
+        return cls(parents, v2, name, grand)
+
+    def make(self, sid: int, memory_mb: int, max_processes: int) -> list[int]:
+        """Create the session's groups with their limits; returns directory fds to join."""
+        fds = []
+        limits = {"memory.max": memory_mb << 20, "memory.swap.max": 0, "pids.max": max_processes} if self.v2 else \
+            {"memory.limit_in_bytes": memory_mb << 20, "memory.memsw.limit_in_bytes": memory_mb << 20,
+             "pids.max": max_processes}
+        for pfd in self.parents:
+            os.mkdir(f"s{sid}", dir_fd=pfd)
+            fd = os.open(f"s{sid}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=pfd)
+            fds.append(fd)
+            for key, value in limits.items():
+                try:
+                    _write_at(fd, key, str(value))
+                except FileNotFoundError:  # memsw/swap files exist only with swap accounting
+                    pass
+        return fds
+
+    def oom_kills(self, fds: list[int]) -> int:
+        key = "memory.events" if self.v2 else "memory.oom_control"
+        for fd in fds:
+            try:
+                return oom_count(fd, key)
+            except FileNotFoundError:
+                continue
+        return 0
+
+    def remove(self, sid: int) -> bool:
+        ok = True
+        for pfd in self.parents:
+            try:
+                os.rmdir(f"s{sid}", dir_fd=pfd)
+            except FileNotFoundError:
+                pass
+            except OSError:  # EBUSY while the kernel finishes tearing the session down
+                ok = False
+        return ok
+
+    def close(self) -> None:
+        for pfd, gfd in zip(self.parents, self.grandparents):
+            try:
+                os.rmdir(self.name, dir_fd=gfd)
+            except OSError:
+                pass
+            os.close(pfd)
+            os.close(gfd)
+
+
+def _write_at(dir_fd: int, name: str, value: str) -> None:
+    fd = os.open(name, os.O_WRONLY, dir_fd=dir_fd)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def join_cgroups(fds: list[int]) -> None:
+    for fd in fds:
+        _write_at(fd, "cgroup.procs", "0")  # "0" = the writing process
+        os.close(fd)
+
+
+def oom_count(dir_fd: int, name: str) -> int:
+    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        text = os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+
+# Kernel attack surface the code never needs. EPERM, as if unprivileged.
+_DENY = """ptrace process_vm_readv process_vm_writev keyctl add_key request_key bpf perf_event_open
+userfaultfd unshare setns mount umount2 pivot_root chroot move_mount open_tree fsopen fsmount fspick
+mount_setattr open_by_handle_at name_to_handle_at kexec_load kexec_file_load init_module finit_module
+delete_module reboot swapon swapoff acct quotactl syslog iopl ioperm io_uring_setup io_uring_enter
+io_uring_register""".split()
+
+
+class Seccomp:
+    """A deny-list filter built once in the worker and loaded by each session process."""
+
+    ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+
+    def __init__(self, block_network: bool):
+        name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+        lib = ctypes.CDLL(name, use_errno=True)  # OSError when absent: the caller skips seccomp
+        lib.seccomp_init.restype = ctypes.c_void_p
+        lib.seccomp_init.argtypes = [ctypes.c_uint32]
+        lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
+                                               ctypes.c_uint, ctypes.POINTER(_ArgCmp)]
+        self.lib, self.ctx = lib, lib.seccomp_init(self.ALLOW)
+        if not self.ctx:
+            raise OSError("seccomp_init failed")
+        for call in _DENY:
+            self._rule(call, errno.EPERM)
+        self._rule("clone", errno.EPERM, _ArgCmp(0, 7, CLONE_NEWUSER, CLONE_NEWUSER))  # no user namespaces
+        self._rule("clone3", errno.ENOSYS)  # flags are behind a pointer; libc falls back to clone
+        if block_network:  # only AF_UNIX (1) sockets: the namespace already has no network; belt and braces
+            self._rule("socket", errno.EAFNOSUPPORT, _ArgCmp(0, 1, 1, 0))
+        # compile once to BPF: seccomp_load() would recompile it in every session (~1 ms)
+        r, w = os.pipe()
+        try:
+            ret = lib.seccomp_export_bpf(ctypes.c_void_p(self.ctx), w)
+        finally:
+            os.close(w)
+        with os.fdopen(r, "rb") as f:
+            bpf = f.read()
+        lib.seccomp_release(ctypes.c_void_p(self.ctx))
+        if ret < 0:
+            raise OSError(-ret, f"seccomp_export_bpf: {os.strerror(-ret)}")
+        self.bpf = ctypes.create_string_buffer(bpf, len(bpf))
+        self.prog = _SockFprog(len(bpf) // 8, ctypes.addressof(self.bpf))
+
+    def _rule(self, call: str, err: int, *cmp: _ArgCmp) -> None:
+        nr = self.lib.seccomp_syscall_resolve_name(call.encode())
+        if nr < 0:
+            return  # unknown on this kernel/arch: nothing to block
+        arr = (_ArgCmp * len(cmp))(*cmp) if cmp else None
+        ret = self.lib.seccomp_rule_add_array(self.ctx, self.ERRNO | err, nr, len(cmp), arr)
+        if ret < 0:  # libseccomp returns -errno
+            raise OSError(-ret, f"seccomp rule {call}: {os.strerror(-ret)}")
+
+    def load(self) -> None:
+        """Install in the calling process (needs no_new_privs); inherited by all its children."""
+        _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(self.prog), 0, 0), "seccomp")

@@ -1,0 +1,454 @@
+"""The worker: a fork server that starts one isolated interpreter per session. Stdlib only.
+
+Run by the host as `python -I _worker.py '<json>'` (local) or as a container's entry point (docker).
+It imports numpy/sympy once, then forks. Per session (local mode) the child becomes pid 1 of new
+pid/net/mount/ipc/uts namespaces inside its own memory+pids cgroup, mounts a private tmpfs at /tmp,
+drops to an unprivileged uid with no capabilities, sets no_new_privs and a seccomp filter, and runs
+cells. Its death (any cause) makes the kernel kill every process of the session; the worker reaps it
+and reports the wait status. In docker mode the container is the boundary and a reaper that kills
+every process of the code's uid replaces the pid namespace.
+
+Wire format (host <-> worker, host <-> session): frames of `!II` (json length, payload length),
+a JSON header, then the payload. File descriptors (the session's control socket, each cell's
+stdout/stderr pipes) travel as SCM_RIGHTS with the first byte of a frame.
+"""
+from __future__ import annotations
+
+import array
+import builtins
+import io
+import json
+import linecache
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+import types
+
+HDR = struct.Struct("!II")
+MAX_HEADER = 1 << 20  # the host refuses bigger headers from a session (it may be tampered with)
+
+
+def pack(obj: dict, payload: bytes = b"") -> bytes:
+    head = json.dumps(obj).encode()
+    return HDR.pack(len(head), len(payload)) + head + payload
+
+
+def send(sock: socket.socket, obj: dict, payload: bytes = b"", fds: tuple = ()) -> None:
+    data = pack(obj, payload)
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg([data], anc)
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return bytes(buf)
+
+
+def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict | None, bytes, list[int]]:
+    """Blocking read of one frame -> (header, payload, fds); header None at end of stream."""
+    head, fds = b"", []
+    while len(head) < HDR.size:
+        chunk, anc, _flags, _addr = sock.recvmsg(HDR.size - len(head), socket.CMSG_SPACE(4 * maxfds) if maxfds else 0)
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += array.array("i", data[: len(data) - len(data) % 4])
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None, b"", []
+        head += chunk
+    hlen, plen = HDR.unpack(head)
+    body = _recv_exact(sock, hlen + plen)
+    if body is None:
+        return None, b"", fds
+    return json.loads(body[:hlen]), body[hlen:], fds
+
+
+class Frames:
+    """Incremental, non-blocking frame parser for the host side."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[dict, bytes]]:
+        self.buf += data
+        out = []
+        while len(self.buf) >= HDR.size:
+            hlen, plen = HDR.unpack_from(self.buf)
+            if hlen > MAX_HEADER or plen > MAX_HEADER:
+                raise ValueError(f"frame too large ({hlen}+{plen} bytes)")
+            if len(self.buf) < HDR.size + hlen + plen:
+                break
+            end = HDR.size + hlen
+            obj = json.loads(self.buf[HDR.size:end])
+            if not isinstance(obj, dict):
+                raise ValueError("frame header is not an object")
+            out.append((obj, bytes(self.buf[end:end + plen])))
+            del self.buf[:end + plen]
+        return out
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def run_cell(code: bytes, main: types.ModuleType, name: str) -> tuple[int, str | None]:
+    """Execute one cell like `python -c` would; returns (exit_code, exception class name)."""
+    try:
+        text = code.decode("utf-8", "replace")
+        linecache.cache[name] = (len(text), None, text.splitlines(True), name)  # source in tracebacks
+        compiled = compile(code, name, "exec", dont_inherit=True)
+        exec(compiled, main.__dict__)
+        return 0, None
+    except SystemExit as e:  # sys.exit() ends the cell, not the session (as in a notebook)
+        if e.code is None:
+            return 0, None
+        if isinstance(e.code, int):
+            return e.code & 0xFF, None
+        _print_safely(str(e.code))
+        return 1, None
+    except BaseException as e:  # noqa: BLE001 - the code's exceptions are its result
+        try:  # tb_next: leave out this function's frame
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        except BaseException:  # noqa: BLE001 - a broken __str__ or a closed stderr
+            pass
+        return 1, type(e).__name__
+
+
+def _print_safely(text: str) -> None:
+    try:
+        print(text, file=sys.stderr)
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+def _reset_stdio() -> None:
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - the code may have closed or replaced them
+            pass
+
+
+def serve_cells(ctl: socket.socket) -> None:
+    """The session's loop: one frame per cell (code + its stdout/stderr pipes), one reply."""
+    me = os.getpid()
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = [""]
+    devnull = os.open("/dev/null", os.O_RDWR)
+    # a throwaway cell now takes the copy-on-write faults that would otherwise slow the first real one
+    _reset_stdio()
+    run_cell(b"print(end='')", types.ModuleType("__warmup__"), "<warmup>")
+    _flush_stdio()
+    pack({"op": "done", "exit_code": 0, "exc": None})
+    send(ctl, {"op": "ready"})
+    for n in range(1, 1 << 62):
+        msg, code, fds = recv(ctl, maxfds=2)
+        if msg is None or len(fds) != 2:
+            os._exit(0)  # the host closed the session
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        os.close(fds[0])
+        os.close(fds[1])
+        _reset_stdio()
+        exit_code, exc = run_cell(code, main, f"<cell {n}>")
+        _flush_stdio()
+        if os.getpid() != me:  # a fork made by the cell fell through to here: it must not talk
+            os._exit(exit_code)
+        os.dup2(devnull, 1)  # the host sees EOF unless a lingering child still holds the pipes
+        os.dup2(devnull, 2)
+        send(ctl, {"op": "done", "exit_code": exit_code, "exc": exc})
+
+
+# ----------------------------------------------------------------------------- fork server
+
+
+class Worker:
+    def __init__(self, cfg: dict):
+        self.cfg, self.limits = cfg, cfg["limits"]
+        self.local = cfg["mode"] == "local"
+        self.pids: dict[int, int] = {}  # pid -> sid
+        self.sids: dict[int, int] = {}  # sid -> pid
+        self.cg_fds: dict[int, list[int]] = {}
+        self.cgroups = self.seccomp = None
+        self.oom_fd: int | None = None  # docker: the container's own memory cgroup
+
+    def setup(self) -> dict:
+        import _isolation as iso
+        self.iso = iso
+        for mod in self.cfg["preload"]:
+            try:
+                __import__(mod)
+            except ImportError:
+                pass
+        import gc
+        gc.collect()
+        gc.freeze()  # children's collections skip the preloaded objects: no walk, no copy-on-write
+        with open("/proc/self/status") as f:  # address space after preloading, for RLIMIT_AS
+            self.base_vm_mb = next(int(ln.split()[1]) >> 10 for ln in f if ln.startswith("VmSize:"))
+        if self.cfg.get("seccomp"):
+            try:
+                self.seccomp = iso.Seccomp(block_network=not self.limits["network"])
+            except OSError:
+                self.seccomp = None
+        if self.local:
+            self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+            self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+            iso.build_root(self.cfg["stage"])
+        else:
+            for path in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
+                try:
+                    self.oom_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+                    self.oom_kills()
+                    break
+                except OSError:
+                    self.oom_fd = None
+        return {"op": "ready", "cgroups": self.cgroups is not None, "seccomp": self.seccomp is not None,
+                "pid": os.getpid()}
+
+    def oom_kills(self, sid: int | None = None) -> int:
+        if self.cgroups is not None and sid is not None:
+            return self.cgroups.oom_kills(self.cg_fds.get(sid, []))
+        if self.oom_fd is not None:
+            for name in ("memory.oom_control", "memory.events"):
+                try:
+                    return self.iso.oom_count(self.oom_fd, name)
+                except FileNotFoundError:
+                    pass
+        return 0
+
+    def serve(self, sock: socket.socket) -> None:
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wfd)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        sel = selectors.DefaultSelector()
+        sel.register(sock, selectors.EVENT_READ)
+        sel.register(rfd, selectors.EVENT_READ)
+        self.sock, self.oom_base = sock, self.oom_kills()
+        while True:
+            for key, _ in sel.select():
+                if key.fileobj is sock:
+                    msg, _payload, fds = recv(sock, maxfds=1)
+                    if msg is None:
+                        return self.shutdown()
+                    if msg["op"] == "spawn" and len(fds) == 1:
+                        self.spawn(msg["sid"], fds[0])
+                    elif msg["op"] == "kill":
+                        self.kill(msg["sid"])
+                    for fd in fds:
+                        os.close(fd)
+                else:
+                    while os.read(rfd, 512) == 512:
+                        pass
+                    self.reap()
+
+    def uid(self, sid: int) -> int:
+        return self.cfg["uid_base"] + sid % 1000 if self.local else self.cfg["uid_base"]
+
+    def spawn(self, sid: int, ctl_fd: int) -> None:
+        try:
+            cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"]) if self.cgroups else []
+            if self.local:
+                self.iso.unshare(self.iso.CLONE_NEWPID)  # the next child is pid 1 of a new namespace
+            pid = os.fork()
+        except OSError as e:
+            send(socket.socket(fileno=os.dup(ctl_fd)), {"op": "failed", "error": f"spawn: {e}"})
+            return
+        if pid == 0:
+            try:
+                if ctl_fd != 3:  # a fixed place, so a failure below can still be reported
+                    os.dup2(ctl_fd, 3, inheritable=False)
+                ctl = self.enter(sid, cg)
+            except BaseException as e:  # noqa: BLE001 - report why isolation could not be set up
+                try:
+                    send(socket.socket(fileno=3), {"op": "failed", "error": f"{type(e).__name__}: {e}"})
+                finally:
+                    os._exit(70)
+            try:
+                serve_cells(ctl)  # returns only if the code broke our control channel
+            finally:
+                os._exit(70)
+        if self.local:
+            self.iso.setns(self.pidns, self.iso.CLONE_NEWPID)  # back: later children are not in it
+        self.cg_fds[sid] = cg  # kept to read the OOM count after the session ends
+        self.pids[pid], self.sids[sid] = sid, pid
+
+    def enter(self, sid: int, cg: list[int]) -> socket.socket:
+        """In the new child: isolate, drop privileges, return the control socket (fd 3)."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()  # own process group: killpg from the code reaches nobody else
+        lim, uid = self.limits, self.uid(sid)
+        if self.local:
+            iso = self.iso
+            iso.unshare(iso.CLONE_NEWNS | iso.CLONE_NEWIPC | iso.CLONE_NEWUTS
+                        | (0 if lim["network"] else iso.CLONE_NEWNET))
+            iso.sethostname("sandbox")
+            iso.enter_session_mounts(lim["disk_mb"], uid)
+            iso.join_cgroups(cg)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # under memory pressure the code dies first, never the worker
+        disk = lim["disk_mb"] << 20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self.cgroups is None:  # per uid; the pids cgroup is exact and per session
+            resource.setrlimit(resource.RLIMIT_NPROC, (lim["max_processes"], lim["max_processes"]))
+        if self.local and self.cgroups is None:  # no cgroup: cap each process's address space
+            vm = (self.base_vm_mb + lim["memory_mb"]) << 20
+            resource.setrlimit(resource.RLIMIT_AS, (vm, vm))
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(4, 1 << 20)  # the worker's sockets, cgroup and namespace fds stay out
+        os.chdir("/tmp")
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # all capabilities are gone from here on
+        self.iso.prctl(self.iso.PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
+        self.iso.prctl(self.iso.PR_SET_NO_NEW_PRIVS, 1)
+        if self.seccomp is not None:
+            self.seccomp.load()
+        return socket.socket(fileno=3)
+
+    def kill(self, sid: int) -> None:
+        pid = self.sids.get(sid)
+        if pid is not None:
+            if self.local:
+                os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies
+            else:
+                self.reap_uid()
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            sid = self.pids.pop(pid, None)
+            if sid is None:
+                continue  # an orphan reparented to us (docker: we are the container's init)
+            del self.sids[sid]
+            if not self.local:
+                self.reap_uid()
+            oom = self.oom_kills(sid) > (0 if self.local else self.oom_base)
+            self.oom_base = self.oom_kills()
+            if self.cgroups is not None:
+                for fd in self.cg_fds.pop(sid, []):
+                    os.close(fd)
+                for _ in range(100):
+                    if self.cgroups.remove(sid):
+                        break
+                    time.sleep(0.001)
+            try:
+                send(self.sock, {"op": "exit", "sid": sid, "status": status, "oom": oom})
+            except OSError:  # the host is gone: so are we
+                self.shutdown()
+                os._exit(0)
+
+    def reap_uid(self) -> None:
+        """Docker mode: kill every process of the code's uid and empty its writable dirs."""
+        uid = self.uid(0)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+                for _ in range(20):  # a pending SIGKILL stops fork, so few rounds catch a fork bomb
+                    try:
+                        os.kill(-1, signal.SIGKILL)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.002)
+                for d in ("/tmp", "/dev/shm"):
+                    _wipe(d)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+
+    def shutdown(self) -> None:
+        for pid in list(self.pids):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in list(self.pids):
+            os.waitpid(pid, 0)
+        if self.cgroups is not None:
+            for sid in list(self.cg_fds):
+                self.cgroups.remove(sid)
+            self.cgroups.close()
+
+
+def _wipe(path: str) -> None:
+    def fix(func, p, _exc):  # a dir the code made unreadable: make it ours again, retry
+        os.chmod(os.path.dirname(p) or p, 0o700)
+        if os.path.isdir(p) and not os.path.islink(p):
+            os.chmod(p, 0o700)
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            os.unlink(p)
+
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                os.chmod(entry.path, 0o700)
+                shutil.rmtree(entry.path, onerror=fix)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)  # for _isolation; removed below so the code cannot import our modules
+    worker = Worker(cfg)
+    if cfg["mode"] == "local":
+        sock = socket.socket(fileno=cfg["fd"])
+    else:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(cfg["listen"])
+        listener.listen(1)
+        sock, _ = listener.accept()
+        listener.close()
+    try:
+        hello = worker.setup()
+    except Exception as e:  # noqa: BLE001 - e.g. no privileges for namespaces
+        send(sock, {"op": "fatal", "error": f"{type(e).__name__}: {e}"})
+        sys.exit(1)
+    sys.path.remove(here)
+    send(sock, hello)
+    worker.serve(sock)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Types shared by every backend: limits, results, errors and the Sandbox/Session protocols."""
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from enum import Enum
+from typing import AsyncContextManager, Protocol
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one call (one cell) may use. Every backend enforces all of these or says which it cannot."""
+
+    wall_time_s: float = 5.0  # per cell; a caller timeout may shorten it, never lengthen it
+    memory_mb: int = 1024  # all processes of a session together (local: cgroup; docker: container)
+    max_output_bytes: int = 65536  # per stream (stdout, stderr); exceeding it kills the cell
+    disk_mb: int = 256  # size of the private writable directory (and the largest single file)
+    max_processes: int = 64  # processes + threads alive at once in a session (fork bombs stop here)
+    network: bool = False  # False: no network at all, loopback included
+
+    def __post_init__(self) -> None:
+        for name in ("wall_time_s", "memory_mb", "max_output_bytes", "disk_mb", "max_processes"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name}={value!r}: must be > 0")
+
+    def wall_time(self, timeout: float | None) -> float:
+        """The effective wall-time limit: a caller timeout can only shorten the configured one."""
+        if timeout is None or timeout <= 0:
+            return self.wall_time_s
+        return min(self.wall_time_s, float(timeout))
+
+
+class ExecStatus(str, Enum):
+    OK = "ok"  # the cell ran to the end (or exited with code 0)
+    ERROR = "error"  # uncaught exception, syntax error or non-zero exit: the code's fault
+    TIMEOUT = "timeout"  # killed at the wall-time limit
+    OOM = "oom"  # killed by the memory limit, or raised MemoryError
+    KILLED = "killed"  # died from a signal it brought on itself (segfault, abort, ...)
+    OUTPUT_LIMIT = "output_limit"  # killed for writing more than max_output_bytes
+    SANDBOX_ERROR = "sandbox_error"  # the infrastructure failed; never the code's fault
+
+
+@dataclass
+class ExecResult:
+    status: ExecStatus
+    exit_code: int | None  # process-style: 0 ok, 1 uncaught exception, 128+N when killed by signal N
+    signal: int | None  # the signal that ended the cell, if any
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_s: float
+    error: str = ""  # infrastructure detail (sandbox_error) or why we killed it; never the code's output
+
+    @property
+    def ok(self) -> bool:
+        return self.status == ExecStatus.OK
+
+    @classmethod
+    def infra_failure(cls, error: str, duration_s: float = 0.0) -> "ExecResult":
+        return cls(ExecStatus.SANDBOX_ERROR, None, None, "", "", False, False, duration_s, error)
+
+
+class SandboxError(Exception):
+    """The infrastructure failed (worker, engine, transport). At the API boundary it becomes
+    status=sandbox_error; it is never raised for anything the code under test did."""
+
+
+def killed_status(sig: int, oom: bool) -> ExecStatus:
+    """Status for a cell that ended by a signal we did not send."""
+    if oom and sig == _signal.SIGKILL:
+        return ExecStatus.OOM
+    return ExecStatus.KILLED
+
+
+class Session(Protocol):
+    async def run(self, code: str, timeout: float | None = None) -> ExecResult: ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> "Session": ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class Sandbox(Protocol):
+    def session(self, stateless: bool = False) -> AsyncContextManager[Session]: ...
+
+    async def run(self, code: str, timeout: float | None = None) -> ExecResult: ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> "Sandbox": ...
+
+    async def __aexit__(self, *exc: object) -> None: ...

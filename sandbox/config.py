@@ -1,0 +1,92 @@
+"""Sandbox configuration: plain typed dataclasses with documented defaults."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .base import Limits
+
+
+@dataclass
+class DockerConfig:
+    image: str = "stare-sandbox:latest"  # built offline by `python -m sandbox.docker.build`
+    cpus: float = 1.0  # CPU quota per container; a hog cannot starve the trainer
+    warm: int = 2  # idle containers kept started, so a new session does not wait ~0.5 s for one
+    base_url: str = ""  # Docker engine address; "" = DOCKER_HOST or the local socket
+
+    def __post_init__(self) -> None:
+        if self.cpus <= 0:
+            raise ValueError(f"cpus={self.cpus!r}: must be > 0")
+        if self.warm < 0:
+            raise ValueError(f"warm={self.warm!r}: must be >= 0")
+
+
+@dataclass
+class E2BConfig:
+    api_key: str = ""  # "" = the E2B_API_KEY environment variable
+    domain: str = ""  # "" = E2B_DOMAIN or e2b.app; set it for a self-hosted deployment
+    template: str = ""  # "" = the SDK's default code-interpreter template
+    sandbox_timeout_s: int = 600  # lifetime of one cloud sandbox (one per session)
+    request_timeout_s: float = 30.0  # connect/control-plane timeout of each HTTP request
+    retries: int = 2  # extra attempts after a transport error where a retry cannot re-run code
+    sandbox_url: str = ""  # talk to this code-interpreter URL directly (self-hosted or test stand-in)
+    debug: bool = False  # SDK debug mode: no control-plane calls (used with sandbox_url)
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError(f"retries={self.retries!r}: must be >= 0")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s={self.request_timeout_s!r}: must be > 0")
+
+
+@dataclass
+class SandboxConfig:
+    backend: Literal["local", "docker", "e2b"] = "local"  # local = namespaces+cgroups on this host
+    limits: Limits = field(default_factory=Limits)  # per-cell limits, enforced by every backend
+    workers: int = 2  # cells executing at once; more calls wait in the queue (one per core is right)
+    queue_size: int = 1024  # calls allowed to wait for a worker; beyond it a call fails at once
+    queue_timeout_s: float = 600.0  # a call that waited this long for a worker fails (sandbox_error)
+    preload: list[str] = field(default_factory=lambda: ["numpy", "sympy"])  # imported once by workers
+    env: list[str] = field(default_factory=list)  # extra "KEY=VALUE" variables the code sees
+    env_passthrough: list[str] = field(default_factory=list)  # host variable names copied in
+    seccomp: bool = True  # local: add a seccomp filter when libseccomp is present (defence in depth)
+    spawn_timeout_s: float = 30.0  # a worker/container that is not ready by then is an infra failure
+    docker: DockerConfig = field(default_factory=DockerConfig)
+    e2b: E2BConfig = field(default_factory=E2BConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limits, dict):  # loaded from YAML
+            self.limits = Limits(**self.limits)
+        if isinstance(self.docker, dict):
+            self.docker = DockerConfig(**self.docker)
+        if isinstance(self.e2b, dict):
+            self.e2b = E2BConfig(**self.e2b)
+        if self.backend not in ("local", "docker", "e2b"):
+            raise ValueError(f"backend={self.backend!r}: must be one of 'local', 'docker', 'e2b'")
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers!r}: must be >= 1")
+        if self.queue_size < 0:
+            raise ValueError(f"queue_size={self.queue_size!r}: must be >= 0")
+        if self.queue_timeout_s <= 0 or self.spawn_timeout_s <= 0:
+            raise ValueError("queue_timeout_s and spawn_timeout_s: must be > 0")
+        for item in self.env:
+            if "=" not in item:
+                raise ValueError(f"env={item!r}: entries must be 'KEY=VALUE'")
+
+    def code_env(self, host_env: dict[str, str]) -> dict[str, str]:
+        """The environment the code sees: a fixed minimal set plus what the config allows in."""
+        env = {
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONIOENCODING": "utf-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "MPLBACKEND": "Agg",
+            # one thread per BLAS: many sessions share few cores, and threads count as processes
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        env.update({k: host_env[k] for k in self.env_passthrough if k in host_env})
+        env.update(item.split("=", 1) for item in self.env)
+        return env

@@ -1,0 +1,175 @@
+"""Local backend: kernel isolation on this host, with a warm fork server.
+
+Guarantees (each has an adversarial test in tests/sandbox/test_sandbox_local.py):
+- Wall time: a cell past its limit is SIGKILLed together with every process it started (the
+  session is pid 1 of its own pid namespace, so setsid/double-fork do not escape). status=timeout.
+- Memory: all processes of a session share one memory cgroup of `memory_mb` (no swap); the
+  kernel OOM-kills inside it. status=oom. Without usable cgroups: RLIMIT_AS per process (weaker).
+- Processes: pids cgroup of `max_processes` (threads count); fork bombs stop there.
+- Disk: the only writable place is a private tmpfs of `disk_mb` at /tmp (also /dev/shm), gone
+  with the session; RLIMIT_FSIZE caps single files. The rest of the tree is read-only.
+- Output: stdout/stderr are read while the cell runs; past `max_output_bytes` per stream the cell
+  is killed. status=output_limit, with what was read so far.
+- Network: a new network namespace without configured interfaces (loopback is down), and (with
+  libseccomp) a filter allowing only AF_UNIX sockets.
+- Secrets: the code sees a fresh minimal environment, an allow-listed read-only root (system dirs
+  and this interpreter; no home directories, project tree, /var, /run or host /tmp), its own /proc
+  (only its own processes) and runs as an unprivileged uid with no capabilities and
+  no_new_privs. Optional seccomp denies ptrace, mount, user namespaces, bpf, keyctl, io_uring...
+- Robustness: the host never parses the code's output to decide anything; the status comes from
+  a separate control channel and from the kernel (wait status, cgroup OOM counter). A dead session
+  interpreter is replaced at the next cell (its state is lost); a dead worker is restarted.
+Not covered: kernel exploits (use Docker or a VM for hostile code at scale); CPU time is bounded
+only by wall time; the code can forge its own cell's status by writing into its control socket
+(it cannot affect other sessions). Needs root (namespaces, cgroups, setuid).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+
+from ._client import Proc, ProcSession, Slots, WorkerClient
+from .base import ExecResult, SandboxError
+from .config import SandboxConfig
+
+WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+UID_BASE = 200_000  # session uids: UID_BASE + 1000 * (worker pid % 500) + sid % 1000; no host user has these
+
+
+class LocalSandbox:
+    def __init__(self, cfg: SandboxConfig | None = None):
+        self.cfg = cfg or SandboxConfig()
+        self.limits = self.cfg.limits
+        self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
+        self.worker: WorkerClient | None = None
+        self.popen: subprocess.Popen | None = None
+        self.stage: str | None = None
+        self.info: dict = {}  # what the worker could set up: {"cgroups": bool, "seccomp": bool}
+        self.spares: list[Proc] = []  # started, isolated, never used: a session takes one at once
+        self.refill: asyncio.Task | None = None
+        self.starting: asyncio.Lock | None = None
+        self.closed = False
+
+    async def start(self) -> None:
+        await self._ensure_worker()
+
+    async def _ensure_worker(self) -> WorkerClient:
+        if self.closed:
+            raise SandboxError("sandbox is closed")
+        if self.worker is not None and not self.worker.dead:
+            return self.worker
+        self.starting = self.starting or asyncio.Lock()
+        async with self.starting:
+            if self.worker is None or self.worker.dead:
+                self._stop_worker()  # a dead worker is replaced; its sessions restart on next use
+                self.worker = await self._start_worker()
+        return self.worker
+
+    async def _start_worker(self) -> WorkerClient:
+        if os.geteuid() != 0:
+            raise SandboxError("the local sandbox needs root (namespaces, cgroups, setuid); use docker")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.stage = tempfile.mkdtemp(prefix="stare-sandbox-")  # mount point of the worker's root
+        args = {"mode": "local", "fd": theirs.fileno(), "stage": self.stage, "limits": asdict(self.limits),
+                "preload": list(self.cfg.preload), "seccomp": self.cfg.seccomp,
+                "uid_base": UID_BASE + 1000 * (os.getpid() % 500)}
+        env = self.cfg.code_env(dict(os.environ))
+        env["PATH"] = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
+        env.setdefault("USER", "sandbox")
+        try:
+            self.popen = subprocess.Popen([sys.executable, "-I", WORKER_PY, json.dumps(args)], env=env,
+                                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            raise SandboxError(f"cannot start the sandbox worker: {e}") from None
+        finally:
+            theirs.close()
+        client = WorkerClient(ours, "sandbox worker")
+        self.info = await client.ready(self.cfg.spawn_timeout_s)
+        return client
+
+    def _stop_worker(self) -> None:
+        """Runs on the loop: closing our end makes the worker kill its sessions and exit."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        for proc in self.spares:
+            proc._close_ctl()
+        self.spares.clear()
+        self._reap_worker()
+
+    def _reap_worker(self) -> None:
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+            self.popen = None
+        if self.stage is not None:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
+
+    async def _spawn(self) -> Proc:
+        worker = await self._ensure_worker()
+        while self.spares:
+            proc = self.spares.pop()
+            if proc.alive and proc.client is worker:
+                self._refill()
+                return proc
+        try:
+            proc = await worker.spawn(self.cfg.spawn_timeout_s)
+        except SandboxError:
+            if not worker.dead:
+                raise
+            worker = await self._ensure_worker()  # it died under us: one retry on a fresh one
+            proc = await worker.spawn(self.cfg.spawn_timeout_s)
+        self._refill()
+        return proc
+
+    def _refill(self) -> None:
+        """Keep `workers` spare interpreters ready, started in the background."""
+        if self.refill is None or self.refill.done():
+            self.refill = asyncio.ensure_future(self._refill_loop())
+
+    async def _refill_loop(self) -> None:
+        try:
+            while not self.closed and len(self.spares) < self.cfg.workers:
+                worker = await self._ensure_worker()
+                self.spares.append(await worker.spawn(self.cfg.spawn_timeout_s))
+        except SandboxError:
+            pass  # the next real spawn reports it
+
+    def session(self, stateless: bool = False) -> ProcSession:
+        return ProcSession(self._spawn, self.slots, self.limits, stateless)
+
+    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        async with self.session(stateless=True) as s:
+            return await s.run(code, timeout)
+
+    async def close(self) -> None:
+        self.closed = True
+        if self.refill is not None:
+            self.refill.cancel()
+            await asyncio.gather(self.refill, return_exceptions=True)
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        for proc in self.spares:
+            proc._close_ctl()
+        self.spares.clear()
+        await asyncio.get_running_loop().run_in_executor(None, self._reap_worker)
+
+    async def __aenter__(self) -> "LocalSandbox":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,140 @@
+"""Sandbox latency and throughput, measured side by side with a `python -c` subprocess per call.
+
+    python scripts/bench_sandbox.py [--n 300] [--docker auto|on|off]
+
+Cases: (a) `print(1+1)`, (b) `import sympy; print(sympy.factorint(2**64+1))`. Each call of the
+sandbox is a fresh session (`sandbox.run`), so every call pays for a new isolated interpreter.
+Last line: RESULT trivial_speedup=.. sympy_speedup=.. trivial_calls_per_s=.. (+ docker figures).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sandbox import SandboxConfig, make_sandbox  # noqa: E402
+
+TRIVIAL = "print(1+1)"
+SYMPY = "import sympy; print(sympy.factorint(2**64+1))"
+EXPECT = {TRIVIAL: "2\n", SYMPY: "{274177: 1, 67280421310721: 1}\n"}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def baseline(code: str, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        out.append(time.perf_counter() - t)
+        assert p.stdout == EXPECT[code], p
+    return out
+
+
+async def sequential(sb, code: str, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        r = await sb.run(code)
+        out.append(time.perf_counter() - t)
+        assert r.status == "ok" and r.stdout == EXPECT[code], r
+    return out
+
+
+async def throughput(sb, code: str, n: int) -> float:
+    t = time.perf_counter()
+    results = await asyncio.gather(*(sb.run(code) for _ in range(n)))
+    dt = time.perf_counter() - t
+    bad = [r for r in results if r.status != "ok"]
+    assert not bad, bad[:3]
+    return n / dt
+
+
+async def session_cells(sb, code: str, n: int) -> list[float]:
+    out = []
+    async with sb.session() as s:
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await s.run(code)
+            out.append(time.perf_counter() - t)
+            assert r.status == "ok", r
+    return out
+
+
+def line(name: str, xs: list[float]) -> None:
+    print(f"{name:<34} p50 {pct(xs, 0.5) * 1e3:8.2f} ms  p99 {pct(xs, 0.99) * 1e3:8.2f} ms  "
+          f"{len(xs) / sum(xs):8.1f} calls/s (sequential, n={len(xs)})")
+
+
+async def bench_backend(cfg: SandboxConfig, n: int, label: str) -> dict:
+    async with make_sandbox(cfg) as sb:
+        await sequential(sb, TRIVIAL, 5)  # warm
+        triv = await sequential(sb, TRIVIAL, n)
+        line(f"{label} (a) trivial", triv)
+        sym = await sequential(sb, SYMPY, max(10, n // 5))
+        line(f"{label} (b) sympy", sym)
+        cells = await session_cells(sb, TRIVIAL, n)
+        line(f"{label} trivial cell, one session", cells)
+        cps = await throughput(sb, TRIVIAL, 2 * n)
+        print(f"{label} {cfg.workers} workers, {2 * n} concurrent trivial calls: {cps:.1f} calls/s")
+    return {"triv": pct(triv, 0.5), "sym": pct(sym, 0.5), "cps": cps, "cell": pct(cells, 0.5)}
+
+
+def docker_ready(cfg: SandboxConfig) -> str:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.images.get(cfg.docker.image)
+        return ""
+    except Exception as e:  # noqa: BLE001 - any failure means "no engine here"
+        return f"{type(e).__name__}: {e}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=300, help="sequential calls per case (sympy: n/5)")
+    ap.add_argument("--baseline-n", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--docker", choices=["auto", "on", "off"], default="auto")
+    args = ap.parse_args()
+
+    b_triv = baseline(TRIVIAL, args.baseline_n)
+    line("baseline python -c (a) trivial", b_triv)
+    b_sym = baseline(SYMPY, max(5, args.baseline_n // 2))
+    line("baseline python -c (b) sympy", b_sym)
+    local = asyncio.run(bench_backend(SandboxConfig(workers=args.workers), args.n, "local"))
+    result = {
+        "trivial_speedup": pct(b_triv, 0.5) / local["triv"],
+        "sympy_speedup": pct(b_sym, 0.5) / local["sym"],
+        "trivial_calls_per_s": local["cps"],
+        "local_trivial_p50_ms": local["triv"] * 1e3,
+        "local_cell_p50_ms": local["cell"] * 1e3,
+        "baseline_trivial_p50_ms": pct(b_triv, 0.5) * 1e3,
+    }
+    dcfg = SandboxConfig(backend="docker", workers=args.workers)
+    why = docker_ready(dcfg) if args.docker != "off" else "disabled"
+    if not why:
+        dock = asyncio.run(bench_backend(dcfg, max(20, args.n // 5), "docker"))
+        result.update(docker_trivial_speedup=pct(b_triv, 0.5) / dock["triv"],
+                      docker_sympy_speedup=pct(b_sym, 0.5) / dock["sym"],
+                      docker_calls_per_s=dock["cps"], docker_trivial_p50_ms=dock["triv"] * 1e3)
+    elif args.docker == "on":
+        sys.exit(f"docker requested but unavailable: {why}")
+    else:
+        print(f"docker: skipped ({why})")
+    print("RESULT " + " ".join(f"{k}={v:.1f}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()
