@@ -68,7 +68,7 @@ _UNIT_WORDS = (
 )
 _UNIT_EXP = r"(?:\^\{?[23]\}?|²|³)?"
 _UNIT_TAIL_RE = re.compile(
-    r"^(.*?)(?:(?<=[\d}])\s*|\s+)(" + _UNIT_WORDS + _UNIT_EXP + r"(?:\s+" + _UNIT_WORDS + _UNIT_EXP + r")*)\.?$",
+    r"^(.*?)(\s*)(" + _UNIT_WORDS + _UNIT_EXP + r"(?:\s+" + _UNIT_WORDS + _UNIT_EXP + r")*)\.?$",
     re.IGNORECASE)
 
 
@@ -81,6 +81,7 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|bigg|Bigg|big|Big)(?![a-zA-Z])", "", s)
     s = re.sub(r"\\(?:displaystyle|textstyle|limits|nolimits|rm|bf|it)(?![a-zA-Z])", "", s)
+    s = re.sub(r",\\!\s*", ",", s)  # "11,\\! 111" is a thousands separator
     s = s.replace("{,}", ",").replace("\\!", "")
     s = re.sub(r"(?<!\\)\\[,;:>]", "", s)
     s = re.sub(r"\\(?:qquad|quad|space)(?![a-zA-Z])|(?<!\\)\\ |~", " ", s)
@@ -106,13 +107,22 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"^(?:[a-zA-Z]\s*)?\\in\s*", "", s)  # "x \in [0, 1)" -> "[0, 1)"
     s = s.rstrip(" .;,")
     m = _UNIT_TAIL_RE.match(s)
-    if m and re.search(r"\d", m.group(1)) and \
-            not re.search(r"[a-zA-Z]", re.sub(r"\\(?:frac|sqrt|pi|times|cdot)", "", m.group(1))):
+    if m and _is_unit_tail(m.group(1), m.group(2), m.group(3)):
         s = m.group(1).strip()
     s = re.sub(r"^\+\s*(?=[\d\\])", "", s)
     if _THOUSANDS_RE.match(s) or re.fullmatch(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
         s = s.replace(",", "").replace(" ", "")  # "7,425,000" / "1 000"
     return s
+
+
+def _is_unit_tail(head: str, sep: str, unit: str) -> bool:
+    """"15 cm", "15cm", "36\\pi m": a number then units. Not "6m" or "2n": one glued letter is a
+    variable, not a unit."""
+    if not re.search(r"\d", head) or re.search(r"[a-zA-Z]", re.sub(r"\\(?:frac|sqrt|pi|times|cdot)", "", head)):
+        return False
+    if not sep:
+        return bool(re.search(r"[\d}]$", head)) and len(re.match(r"[a-zA-Z]*", unit).group(0)) >= 2
+    return True
 
 
 def _squash(s: str) -> str:
@@ -315,7 +325,7 @@ def _items(parts: list[str]) -> list:
     """Parse container items, splicing "a \\pm b" into its two values ({1 \\pm 2, 5} has 3 items)."""
     out = []
     for p in parts:
-        node = parse_structure(p)
+        node = parse_structure(normalize_answer(p))
         if node[0] == "set" and len(node) == 3:
             out.extend(node[1])
         else:
@@ -382,7 +392,8 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kp == "rel" or kg == "rel":
         if kp == "rel" and kg == "rel":
             if _is_assignment(p) and _is_assignment(g) and _squash(p[1][0]) == _squash(g[1][0]):
-                return compare_structures(parse_structure(p[1][-1]), parse_structure(g[1][-1]),
+                return compare_structures(parse_structure(normalize_answer(p[1][-1])),
+                                          parse_structure(normalize_answer(g[1][-1])),
                                           scalar_eq, relation_eq)
             if _is_assignment(p) and _is_assignment(g) and len(p[1]) >= 3:
                 return compare_structures(parse_structure(p[1][-1]), g, scalar_eq, relation_eq)
@@ -391,7 +402,7 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
             return _squash("".join(p[1])) == _squash("".join(g[1])) and p[2] == g[2]
         rel, other, rel_is_pred = (p, g, True) if kp == "rel" else (g, p, False)
         if _is_assignment(rel):
-            value = parse_structure(rel[1][-1])
+            value = parse_structure(normalize_answer(rel[1][-1]))
             return compare_structures(value, other, scalar_eq, relation_eq) if rel_is_pred else \
                 compare_structures(other, value, scalar_eq, relation_eq)
         iv = _as_interval(rel)

@@ -39,6 +39,7 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("1000", r"\boxed{1{,}000}", True, "thousands"),
     ("14916", r"Therefore $\boxed{14{,}916}$ is our answer.", True, "thousands"),
     ("12000023", r"\boxed{12,\!000,\!023}", True, "thousands"),
+    ("11,\\! 111,\\! 111,\\! 100", r"\boxed{11111111100}", True, "thousands"),
     ("1000.99", r"\boxed{1,000.99}", True, "thousands"),
     ("16386.20", r"worth $\boxed{\$16,\!386.20}$ at the end", True, "thousands"),
     ("1000", r"\boxed{10,000}", False, "thousands"),
@@ -101,6 +102,9 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("6", r"\boxed{6 \text{ hours}}", True, "units"),
     ("5", r"\boxed{50 \text{ cm}}", False, "units"),
     ("18", r"\boxed{\$1.80}", False, "units"),
+    ("15", r"\boxed{15cm}", True, "units"),
+    ("6m", r"\boxed{6}", False, "units"),  # a glued letter is a variable, not metres
+    ("\\frac{270}7\\text{ degrees}", r"\boxed{x = \frac{270}{7}}", True, "units"),
     ("\\text{Evelyn}", r"Therefore, $\boxed{\text{Evelyn}}$ is our answer.", True, "text"),
     ("\\text{Evelyn}", r"Therefore, $\boxed{\text{Briana}}$ is our answer.", False, "text"),
     ("\\text{odd}", r"\boxed{\text{Odd}}", True, "text"),
