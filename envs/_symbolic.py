@@ -374,9 +374,10 @@ def main() -> None:
     except Exception:
         pass
     signal.signal(signal.SIGALRM, _on_alarm)
+    out, sys.stdout = sys.stdout, sys.stderr  # stray prints (warnings) must not corrupt the protocol
     symbolic_equivalent("\\sqrt{2}x", "2^{1/2}x")  # warm the caches before saying ready
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    out.write("ready\n")
+    out.flush()
     for line in sys.stdin:
         try:
             req = json.loads(line)
@@ -387,8 +388,8 @@ def main() -> None:
             equal = False
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        sys.stdout.write(json.dumps({"equal": bool(equal)}) + "\n")
-        sys.stdout.flush()
+        out.write(json.dumps({"equal": bool(equal)}) + "\n")
+        out.flush()
 
 
 if __name__ == "__main__":

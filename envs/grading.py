@@ -234,7 +234,8 @@ class _SymbolicWorker:
             return None
         try:
             return bool(json.loads(line)["equal"])
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
+            self.kill()  # out of step with the worker: start over rather than misread answers
             return None
 
 
