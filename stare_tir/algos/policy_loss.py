@@ -123,19 +123,19 @@ def policy_loss(
         raise ValueError(f"dual_clip_c={dual_clip_c!r}: must be > 1 or None")
     if clip_low < 0 or clip_low >= 1 or clip_high < 0:
         raise ValueError(f"clip_low={clip_low!r}, clip_high={clip_high!r}: need 0 <= clip_low < 1, clip_high >= 0")
-    adv = advantages.detach()
+    # -A, built once; STARE's omega scales it in place (omega == 1 leaves every bit unchanged).
+    neg_adv = -advantages.detach()  # [B, T]
     if token_weights is not None:
-        # STARE reweights the advantage; omega == 1 leaves every bit of A (x * 1.0 == x).
-        adv = adv * token_weights.detach()
+        neg_adv.mul_(token_weights.detach())
     # Clamp the log-ratio so exp never overflows on a wild token; +-20 is far outside any clip.
     log_ratio = (logprobs - old_logprobs.detach()).clamp(-20.0, 20.0)  # [B, T]
     ratio = torch.exp(log_ratio)
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_unclipped = neg_adv * ratio
+    loss_clipped = neg_adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss_tok = torch.maximum(loss_unclipped, loss_clipped)  # [B, T]
-    neg = adv < 0
+    neg = neg_adv > 0  # A < 0
     if dual_clip_c is not None:
-        loss_dual = -adv * dual_clip_c
+        loss_dual = neg_adv * dual_clip_c
         dual_active = neg & (loss_tok > loss_dual)
         loss_tok = torch.where(dual_active, loss_dual, loss_tok)
     if tis_weights is not None:
@@ -150,7 +150,7 @@ def policy_loss(
         lr = log_ratio.detach()
         sums = [
             mf.sum(),
-            ((adv > 0) & (r > 1.0 + clip_high) & m).sum(),
+            ((neg_adv < 0) & (r > 1.0 + clip_high) & m).sum(),
             (neg & (r < 1.0 - clip_low) & m).sum(),
             (dual_active & m).sum() if dual_clip_c is not None else mf.new_zeros(()),
             (lr * mf).sum(),

@@ -91,30 +91,27 @@ _SAMPLE = 32768
 
 
 def _top_positions(vals: Tensor, k: int) -> Tensor:
-    """Positions of exactly k largest entries of vals [n] (ties -> lower position), ascending."""
-    n = vals.numel()
-    t = torch.kthvalue(vals, n - k + 1).values  # the k-th largest value (quickselect, O(n))
-    above = vals > t  # [n] bool
-    n_gt = int(torch.count_nonzero(above))
-    on = vals == t  # [n] bool, everything sitting exactly on the threshold
-    n_eq = int(torch.count_nonzero(on))
-    if n_gt + n_eq == k:
-        return torch.nonzero(above | on).squeeze(1)  # nothing on the threshold was left out
-    # Ties straddle the threshold: keep all above it, then the first (k - n_gt) ties by
-    # position, so the set never depends on the selection algorithm's internal order.
-    ties = torch.nonzero(on).squeeze(1)[: k - n_gt]
-    return torch.cat([torch.nonzero(above).squeeze(1), ties])
+    """Positions of exactly k largest entries of vals [n] (ties -> lower position)."""
+    top, pos = torch.topk(vals, k, sorted=False)  # partial selection, O(n)
+    t = top.min()  # the k-th largest value
+    at_or_above = vals >= t  # [n] bool
+    if int(torch.count_nonzero(at_or_above)) == k:
+        return pos  # no tie straddles the threshold: the set is unique
+    # Ties straddle the threshold: keep all above it, then the first ties by position, so the
+    # set never depends on topk's internal order.
+    above = torch.nonzero(vals > t).squeeze(1)
+    ties = torch.nonzero(vals == t).squeeze(1)[: k - above.numel()]
+    return torch.cat([above, ties])
 
 
 def _select_top_sampled(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor | None:
     """_select_top for large N via a strided sample; None when the sample cannot bound the
     threshold (the caller then uses the full set, with the same result).
 
-    A strided sample of the candidates (~_SAMPLE/2 values) estimates the rank-k value; two
-    bounds t_lo <= t_hi sit ~4 sigma of sampling noise below and above it. Tokens > t_hi
-    are certainly selected, tokens < t_lo certainly not; the exact choice is made inside the
-    band [t_lo, t_hi] (a few thousand tokens). Every token equal to the final threshold lies in
-    the band, so ties resolve exactly as on the full set.
+    A strided sample of the candidates (~_SAMPLE/2 values) estimates the rank-k value; t_lo
+    sits ~4 sigma of sampling noise below it. Only candidates >= t_lo (about 1.1 k) are
+    compacted and selected exactly; every token equal to the final threshold is >= t_lo, so
+    ties resolve exactly as on the full set. Few large passes, few kernel launches.
     """
     n = s.numel()
     stride = n // _SAMPLE
@@ -123,27 +120,16 @@ def _select_top_sampled(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor 
     if m_c == 0:
         return None
     r = math.ceil(k * m_c / n_cand)  # expected rank (from the top) of the threshold in the sample
-    margin = 4 * math.isqrt(r) + 16
-    r_lo, r_hi = r + margin, r - margin
+    r_lo = r + 4 * math.isqrt(r) + 16
     if r_lo >= m_c:
         return None  # the threshold is too deep into the candidates for a useful bound
     t_lo = torch.kthvalue(sample, m_c - r_lo + 1).values  # r_lo-th largest
     near = s >= t_lo  # [N] bool
     near &= cand  # in place: one fewer [N] buffer
-    sub = torch.nonzero(near).squeeze(1)  # [~k + band], ascending flat indices
+    sub = torch.nonzero(near).squeeze(1)  # [~1.1 k], ascending flat indices
     if sub.numel() < k:
         return None  # unlucky sample: t_lo was above the true threshold
-    v = s[sub]
-    if r_hi >= 1:
-        t_hi = torch.kthvalue(sample, m_c - r_hi + 1).values  # r_hi-th largest
-        hi = v > t_hi  # [|sub|] bool
-        n_hi = int(torch.count_nonzero(hi))
-        if n_hi <= k:
-            band = torch.nonzero(~hi).squeeze(1)  # ascending positions with t_lo <= v <= t_hi
-            need = k - n_hi  # <= |band| because |sub| >= k
-            chosen = band[_top_positions(v[band], need)] if need > 0 else band[:0]
-            return sub[torch.cat([torch.nonzero(hi).squeeze(1), chosen])]
-    return sub[_top_positions(v, k)]
+    return sub[_top_positions(s[sub], k)]
 
 
 def _select_top(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor:
