@@ -45,18 +45,33 @@ __all__ = ["grade_answer", "extract_answer", "answers_equivalent", "normalize_an
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 
 
+def _brace_pairs(text: str) -> dict[int, int]:
+    """Index of each '{' -> index of its matching '}' (one linear pass; \\{ \\} do not count)."""
+    pairs, stack = {}, []
+    for i, c in enumerate(text):
+        if c in "{}" and i > 0 and text[i - 1] == "\\":
+            continue
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i
+    return pairs
+
+
 def _find_boxed(text: str) -> list[tuple[int, int, str]]:
     """All \\boxed{...}/\\fbox{...} (and `\\boxed 5`) as (start, end, content), in order."""
     found = []
-    for m in _BOXED_RE.finditer(text):
+    pairs: dict[int, int] | None = None
+    for m in list(_BOXED_RE.finditer(text))[-64:]:  # the last ones matter; bounded work on junk
         j = m.end()
         if j < len(text) and text[j] == "{":
-            k = _match_brace(text, j)
+            pairs = _brace_pairs(text) if pairs is None else pairs
+            k = pairs.get(j, -1)
             if k < 0:
                 continue
             found.append((m.start(), k + 1, text[j + 1:k]))
-        else:  # "\boxed 5" form: the next token
-            t = re.match(r"[^\s$.,;]+", text[j:])
+        else:  # "\\boxed 5" form: the next token
+            t = re.match(r"[^\s$.,;]+", text[j:j + 200])
             if t:
                 found.append((m.start(), j + t.end(), t.group(0)))
     return found

@@ -159,6 +159,14 @@ def test_pathological_inputs_return_quickly():
         g.close()
 
 
+@pytest.mark.parametrize("text", ["\\boxed{" * 20000, "{" * 100000, "the answer is " * 8000,
+                                  "\\boxed{" + "{" * 30000 + "}" * 30000 + "}", "\\boxed{1} " * 20000])
+def test_extraction_is_linear_on_adversarial_text(text):
+    t0 = time.monotonic()
+    grade_answer(text, "5")
+    assert time.monotonic() - t0 < 2.0
+
+
 def test_model_text_cannot_execute_code_in_the_grader(tmp_path):
     marker = tmp_path / "pwned"
     evil = rf"\boxed{{__import__('os').system('touch {marker}')}}"
