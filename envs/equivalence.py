@@ -507,12 +507,32 @@ def fast_relation_eq(pp: list, po: list, gp: list, go: list) -> bool:
     raise NeedSymbolic("relation")
 
 
+MAX_STRUCT_CHARS = 1000  # longest eval gold is 210 chars; longer answers compare as strings only
+MAX_DEPTH = 12  # bracket nesting beyond this compares as strings only
+
+
+def _depth(s: str) -> int:
+    depth = best = 0
+    for c in s:
+        if c in _OPEN:
+            depth += 1
+            best = max(best, depth)
+        elif c in _CLOSE:
+            depth -= 1
+    return best
+
+
 def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:
     """Full comparison of two normalized answers with the given scalar/relation comparators."""
     if _squash(pred) == _squash(gold):
         return True
-    if compare_structures(parse_structure(pred), parse_structure(gold), scalar_eq, relation_eq):
-        return True
+    if max(len(pred), len(gold)) > MAX_STRUCT_CHARS or max(_depth(pred), _depth(gold)) > MAX_DEPTH:
+        return False  # no real answer is this long or deep: spare the structure walk
+    try:
+        if compare_structures(parse_structure(pred), parse_structure(gold), scalar_eq, relation_eq):
+            return True
+    except RecursionError:
+        return False
     # Decimal comma ("1000,99" for 1000.99) when the other side is a decimal number.
     a, b = _squash(pred), _squash(gold)
     if re.fullmatch(r"-?\d+,\d+", a) and re.fullmatch(r"-?\d*\.\d+", b) or \

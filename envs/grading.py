@@ -276,7 +276,10 @@ class Grader:
         self.stats = {"calls": 0, "symbolic_calls": 0, "timeouts": 0}
 
     def equivalent(self, pred: str, gold: str, *, timeout_s: float | None = None) -> bool:
-        p, g = normalize_answer(pred), normalize_answer(gold)
+        try:
+            p, g = normalize_answer(pred), normalize_answer(gold)
+        except Exception:  # (defensive: normalization is regex-only) never crash the caller
+            return False
         key = (p, g)
         with self._lock:
             self.stats["calls"] += 1
@@ -297,6 +300,10 @@ class Grader:
                         logger.warning("grading timed out after {} s (counted as not equal): {!r} vs {!r}",
                                        timeout_s or self.timeout_s, p[:80], g[:80])
                 verdict = bool(res)
+        except Exception as e:  # a grader bug must never crash training: count it as "not equal"
+            from loguru import logger
+            logger.warning("grading failed ({!r}); counted as not equal: {!r} vs {!r}", e, p[:80], g[:80])
+            verdict = False
         with self._lock:
             if self.cache_size > 0:
                 self._cache[key] = verdict

@@ -160,7 +160,9 @@ def test_pathological_inputs_return_quickly():
 
 
 @pytest.mark.parametrize("text", ["\\boxed{" * 20000, "{" * 100000, "the answer is " * 8000,
-                                  "\\boxed{" + "{" * 30000 + "}" * 30000 + "}", "\\boxed{1} " * 20000])
+                                  "\\boxed{" + "{" * 30000 + "}" * 30000 + "}", "\\boxed{1} " * 20000,
+                                  "\\boxed{" + "\\{" * 5000 + "\\}" * 5000 + "}", "\\boxed{" + "1," * 50000 + "}",
+                                  "\\boxed{" + "x=" * 30000 + "1}"])
 def test_extraction_is_linear_on_adversarial_text(text):
     t0 = time.monotonic()
     grade_answer(text, "5")
