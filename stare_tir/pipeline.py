@@ -1,0 +1,159 @@
+"""The whole job behind `scripts/train_tir.py`: cold-start SFT -> RL -> evaluation -> summary.
+
+Each stage leaves its output in the run directory, so a rerun (or `--resume`) skips what is done:
+  <run_dir>/config.yaml          the resolved config
+  <run_dir>/sft/traces.jsonl     cold-start traces (the synthetic task's are made by the sandbox)
+  <run_dir>/sft/model/           SFT checkpoint (HF format), the RL stage's starting point
+  <run_dir>/checkpoints/         RL checkpoints (DeepSpeed: model, optimizer, scheduler, state)
+  <run_dir>/metrics.jsonl        one row per RL step (+ evaluation rows)
+  <run_dir>/final/               final policy (HF format)
+  <run_dir>/plots/curves.png     reward/accuracy, entropy with target band, gate, tools, length
+  <run_dir>/summary.json         before/after accuracy, entropy, tool use, seconds per phase
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from loguru import logger
+
+from stare_tir.sft import SFTConfig
+
+
+@dataclass
+class ColdStartConfig:
+    # Run the cold-start SFT stage before RL (off when model.path already is an SFT checkpoint).
+    enabled: bool = True
+    # "arithmetic": make Retool traces of the synthetic task by running their code in the sandbox;
+    # otherwise a JSONL file of {"messages": [...]} or {"text": ...} rows.
+    traces: str = "arithmetic"
+    # Number of synthetic traces to make.
+    num_traces: int = 600
+    # Share of synthetic traces that call the tool (the rest answer directly, often wrongly for a
+    # tiny model): leaves RL room to learn when the tool pays off.
+    tool_fraction: float = 0.5
+    # Optimisation settings of the SFT stage.
+    train: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if self.num_traces < 1:
+            raise ValueError(f"num_traces={self.num_traces!r}: must be >= 1")
+        if not 0.0 <= self.tool_fraction <= 1.0:
+            raise ValueError(f"tool_fraction={self.tool_fraction!r}: must be in [0, 1]")
+
+
+def make_synthetic_traces(cfg: Any, out_path: Path) -> list[dict]:
+    """Cold-start traces of the arithmetic task, their code run in a real sandbox session."""
+    from envs.arithmetic import amake_sft_traces, make_problems
+    from sandbox import make_sandbox
+
+    problems = make_problems(cfg.sft.num_traces, seed=cfg.data.seed + 1, split="train")
+
+    async def go() -> list[dict]:
+        async with make_sandbox(cfg.sandbox) as sandbox:
+            return await amake_sft_traces(problems, sandbox, tool_fraction=cfg.sft.tool_fraction,
+                                          seed=cfg.data.seed, cfg=cfg.env)
+
+    traces = asyncio.run(go())
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text("".join(json.dumps(t) + "\n" for t in traces))
+    logger.info(f"sft: wrote {len(traces)} traces ({sum(t['uses_tool'] for t in traces)} with a tool call) "
+                f"to {out_path}")
+    return traces
+
+
+def sft_stage(cfg: Any, base_model: str, run_dir: Path) -> tuple[str, dict]:
+    """Cold-start SFT (skipped when its checkpoint exists); returns (model path, summary)."""
+    from stare_tir.sft import run_sft
+
+    out = run_dir / "sft" / "model"
+    if (out / "config.json").is_file():
+        logger.info(f"sft: reusing {out}")
+        return str(out), {"reused": True}
+    if cfg.sft.traces == "arithmetic":
+        data: Any = make_synthetic_traces(cfg, run_dir / "sft" / "traces.jsonl")
+    else:
+        data = Path(cfg.sft.traces)
+        if not data.is_file():
+            raise FileNotFoundError(f"sft.traces={cfg.sft.traces!r}: no such JSONL file "
+                                    "(use 'arithmetic' for the synthetic task, or a path)")
+    summary = run_sft(cfg.sft.train, base_model, data, out)
+    return str(out), summary
+
+
+def run_pipeline(cfg: Any, resume: bool = False) -> dict[str, Any]:
+    """SFT -> RL -> summary table and plots. `cfg` is a `stare_tir.trainer.TrainConfig`."""
+    from stare_tir.config import save_config
+    from stare_tir.tracking import plot_runs, read_metrics
+    from stare_tir.trainer import resolve_model_path, train_rl
+
+    run_dir = Path(cfg.trainer.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    logger.add(run_dir / "train.log", level="INFO", enqueue=False)
+    times: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    model_path = resolve_model_path(cfg)
+    times["build_model"] = time.perf_counter() - t0
+
+    sft_summary: Optional[dict] = None
+    if cfg.sft.enabled:
+        t0 = time.perf_counter()
+        model_path, sft_summary = sft_stage(cfg, model_path, run_dir)
+        times["sft"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rl = train_rl(cfg, model_path, run_dir, resume=resume)
+    times["rl"] = time.perf_counter() - t0
+
+    rows = read_metrics(run_dir)
+    train_rows = [r for r in rows if "entropy/batch" in r]
+    before = rl["eval_before"] or next((r for r in rows if r.get("step") == 0 and "eval/acc" in r), {})
+    after = rl["eval_after"]
+    plot = plot_runs([run_dir], run_dir / "plots" / "curves.png",
+                     band=0.05) if train_rows else None
+    summary = {
+        "run_dir": str(run_dir),
+        "acc_before_rl": before.get("eval/acc"),
+        "acc_after_rl": after.get("eval/acc"),
+        "tool_calls_before_rl": before.get("eval/tool_calls"),
+        "tool_calls_after_rl": after.get("eval/tool_calls"),
+        "entropy_first_step": train_rows[0]["entropy/batch"] if train_rows else None,
+        "entropy_last_step": train_rows[-1]["entropy/batch"] if train_rows else None,
+        "gate_on_fraction": (sum(r.get("stare/gate_on", 0.0) for r in train_rows) / len(train_rows))
+        if train_rows else None,
+        "steps": rl["steps"],
+        "dropped": rl["dropped"],
+        "sft": sft_summary,
+        "seconds": times,
+        "plot": str(plot) if plot else None,
+        "final_model": str(run_dir / "final"),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print(format_summary(summary))
+    return summary
+
+
+def format_summary(s: dict) -> str:
+    def f(x: Any, fmt: str = "{:.3f}") -> str:
+        return "-" if x is None else fmt.format(x)
+
+    lines = [
+        "",
+        "                      before RL    after RL",
+        f"held-out accuracy     {f(s['acc_before_rl']):>9}   {f(s['acc_after_rl']):>9}",
+        f"tool calls / answer   {f(s['tool_calls_before_rl'], '{:.2f}'):>9}   {f(s['tool_calls_after_rl'], '{:.2f}'):>9}",
+        f"policy entropy        {f(s['entropy_first_step']):>9}   {f(s['entropy_last_step']):>9}",
+        f"STARE gate on: {f(s['gate_on_fraction'], '{:.0%}')} of {s['steps']} steps;  "
+        f"seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in s["seconds"].items()),
+        f"plots: {s['plot']}",
+        f"final model: {s['final_model']}",
+        "",
+    ]
+    return "\n".join(lines)

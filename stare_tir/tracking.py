@@ -1,0 +1,136 @@
+"""Metrics out of the loop: one JSONL row per step, optional TensorBoard and W&B, and plots.
+
+The JSONL file is the source of truth (resumable: a resumed run truncates rows past its checkpoint
+so curves never hold a step twice); TensorBoard and W&B are mirrors enabled by config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+from loguru import logger
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):  # 0-d tensors / numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
+    return value
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl (+ optional TensorBoard / W&B mirrors)."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str | None = None,
+                 run_name: str | None = None, config: dict | None = None) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tb = None
+        self._wandb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+            except ImportError:
+                logger.warning("tensorboard is not installed (pip install tensorboard): mirror disabled")
+        if wandb_project:
+            try:
+                import wandb
+
+                self._wandb = wandb.init(project=wandb_project, name=run_name, config=config, resume="allow")
+            except ImportError:
+                logger.warning("wandb is not installed (pip install wandb): mirror disabled")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows with step > `step` (written after the checkpoint a resumed run starts from)."""
+        if not self.path.exists():
+            return
+        rows = [r for r in read_metrics(self.path) if r.get("step", -1) <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Rows of a metrics.jsonl (a run dir or the file itself); a torn last line is ignored."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a run killed mid-write leaves at most one partial line
+    return rows
+
+
+# (metric key, panel title) for the standard dashboard; missing keys are skipped.
+PLOT_PANELS = [
+    (("reward/mean", "acc/train"), "Reward and train accuracy"),
+    (("eval/acc",), "Held-out accuracy"),
+    (("entropy/batch",), "Policy entropy (target band shaded)"),
+    (("stare/gate_on",), "STARE gate on (fraction of steps, running)"),
+    (("rollout/tool_calls",), "Tool calls per trajectory"),
+    (("rollout/response_len",), "Response length (tokens)"),
+]
+
+
+def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float = 0.05) -> Path:
+    """Overlay the standard curves of one or more runs into one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(Path(d).name, read_metrics(d)) for d in run_dirs]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (keys, title) in zip(axes.flat, PLOT_PANELS):
+        for name, rows in runs:
+            for key in keys:
+                pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+                if not pts:
+                    continue
+                xs, ys = zip(*pts)
+                if key == "stare/gate_on":  # running fraction reads better than a 0/1 square wave
+                    acc, ys = 0.0, list(ys)
+                    for i, y in enumerate(ys):
+                        acc += y
+                        ys[i] = acc / (i + 1)
+                ax.plot(xs, ys, label=f"{name} {key}" if len(keys) > 1 else name)
+            if keys == ("entropy/batch",):
+                targets = [r["entropy/target"] for r in rows if isinstance(r.get("entropy/target"), (int, float))]
+                if targets:
+                    t = targets[-1]
+                    ax.axhspan(t - band, t + band, alpha=0.15, color="gray")
+                    ax.axhline(t, ls="--", lw=0.8, color="gray")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return out_path

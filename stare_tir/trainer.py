@@ -1,0 +1,604 @@
+"""The RL loop: rollouts -> rewards -> filters -> advantages -> recompute -> STARE -> update -> sync.
+
+`train(cfg)` reads top to bottom. One step is `rl_step`; everything it calls is a small function
+or a component built once in `build_components`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal, Optional
+
+import torch
+from loguru import logger
+from tqdm import tqdm
+
+from envs.retool import RetoolConfig, make_retool_env_factory
+from sandbox import SandboxConfig, make_sandbox
+from stare_tir.algos.advantage import get_advantage_estimator
+from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights, stare_token_weights_scoped
+from stare_tir.config import save_config, to_dict
+from stare_tir.data import DataConfig, PromptSampler, load_split
+from stare_tir.learner import Learner, LearnerConfig
+from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
+from stare_tir.rollout.trajectory import Trajectory
+from stare_tir.pipeline import ColdStartConfig
+from stare_tir.tracking import MetricsLog
+
+
+@dataclass
+class ModelConfig:
+    # HF model directory or hub id; "tiny" builds (once, cached) a tiny Qwen2 with a real tokenizer.
+    path: str = "tiny"
+    # Shape of the built tiny model (only when path == "tiny").
+    tiny_size: Literal["tiny", "small", "base"] = "tiny"
+
+
+@dataclass
+class AlgoConfig:
+    # grpo: symmetric clip, no dynamic sampling. grpo_ds: clip-higher, token-mean, dynamic sampling
+    # (DAPO-style). stare: grpo_ds + STARE token reweighting (variant and gate in `stare`).
+    name: Literal["grpo", "grpo_ds", "stare"] = "stare"
+    # Group-normalise advantages by the group std (GRPO) or only centre them (Dr. GRPO).
+    norm_adv_by_std: bool = True
+    clip_low: float = 0.2
+    # Upper clip; ignored (set to clip_low) for plain grpo.
+    clip_high: float = 0.28
+    # Dual-clip bound for negative advantages (None disables).
+    dual_clip_c: Optional[float] = 3.0
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    # Truncated importance sampling cap for rollout/trainer logprob mismatch (None: off).
+    tis_cap: Optional[float] = None
+    # Refill rounds when too few groups have non-equal rewards (grpo_ds / stare only).
+    dynamic_sampling_rounds: int = 3
+    # Drop trajectories with a void turn (neither code nor answer) from the loss.
+    filter_void_turns: bool = False
+    # Drop trajectories cut by the token budget from the loss (DAPO overlong filtering).
+    filter_overlong: bool = False
+    # Policy-gradient passes over each batch (1 = on-policy; old logprobs still recomputed).
+    ppo_epochs: int = 1
+    stare: StareConfig = field(default_factory=StareConfig)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.clip_low < 1.0:
+            raise ValueError(f"clip_low={self.clip_low!r}: must be in (0, 1)")
+        if not 0.0 < self.clip_high < 1.0:
+            raise ValueError(f"clip_high={self.clip_high!r}: must be in (0, 1)")
+        if self.dynamic_sampling_rounds < 1:
+            raise ValueError(f"dynamic_sampling_rounds={self.dynamic_sampling_rounds!r}: must be >= 1")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"ppo_epochs={self.ppo_epochs!r}: must be >= 1")
+
+    @property
+    def use_stare(self) -> bool:
+        return self.name == "stare" and self.stare.enabled
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        return self.name in ("grpo_ds", "stare")
+
+    @property
+    def effective_clip_high(self) -> float:
+        return self.clip_low if self.name == "grpo" else self.clip_high
+
+
+@dataclass
+class TrainerConfig:
+    # RL steps (one optimizer step per PPO epoch each).
+    steps: int = 40
+    # Prompts (GRPO groups) per step; each is rolled out rollout.n_per_prompt times.
+    prompts_per_step: int = 16
+    # Held-out evaluation every N steps (0: only before and after training).
+    eval_every: int = 10
+    # Samples per held-out problem in periodic evaluation.
+    eval_n: int = 1
+    # Checkpoint every N steps (and at the end); --resume continues from the latest.
+    save_every: int = 10
+    # Checkpoints kept on disk (oldest deleted first).
+    keep_checkpoints: int = 2
+    # Output directory: config.yaml, metrics.jsonl, checkpoints/, plots/, logs.
+    run_dir: str = "runs/tiny_cpu"
+    seed: int = 0
+    # Rollout backend: hf (in-process, CPU or one GPU) or sglang (servers at rollout.sglang.urls).
+    backend: Literal["hf", "sglang"] = "hf"
+    # Stop with an error after this many consecutive non-finite steps (each one is skipped).
+    max_nonfinite_steps: int = 3
+    tensorboard: bool = False
+    wandb_project: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "eval_n", "save_every", "keep_checkpoints",
+                     "max_nonfinite_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every={self.eval_every!r}: must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    env: RetoolConfig = field(default_factory=RetoolConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sft: ColdStartConfig = field(default_factory=ColdStartConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks of one step (small functions; the loop below reads top to bottom)
+
+
+def drop_for_update(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[list[Trajectory], dict]:
+    """Remove trajectories that must not reach the loss; every drop is counted by reason.
+
+    sandbox_error: the infrastructure failed, the code did not; scoring it would bias advantages.
+    void turns / overlong: optional DAPO-style filters.
+    """
+    kept, counts = [], {"sandbox_error": 0, "void_turn": 0, "overlong": 0}
+    for t in trajs:
+        if t.sandbox_error:
+            counts["sandbox_error"] += 1
+        elif algo.filter_void_turns and t.void_turns > 0:
+            counts["void_turn"] += 1
+        elif algo.filter_overlong and t.finish_reason == "max_tokens":
+            counts["overlong"] += 1
+        else:
+            kept.append(t)
+    return kept, counts
+
+
+def informative_groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
+    """Groups (same group_id) with at least two members and non-equal rewards."""
+    groups: dict[Any, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(t)
+    return [g for g in groups.values() if len(g) >= 2 and len({t.reward for t in g}) > 1]
+
+
+def group_advantages(trajs: list[Trajectory], norm_by_std: bool) -> tuple[list[float], dict]:
+    """GRPO advantages: reward normalised inside each group, one scalar per trajectory."""
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)  # [N]
+    group_ids = torch.tensor([hash(t.group_id) for t in trajs], dtype=torch.long)  # [N]
+    adv, metrics = get_advantage_estimator("grpo" if norm_by_std else "drgrpo")(rewards, group_ids)
+    return adv.tolist(), metrics
+
+
+def batch_entropy(learner: Learner, trajs: list[Trajectory], entropies: list[torch.Tensor]) -> float:
+    """Token-mean entropy over model-written tokens of the whole global batch (all ranks)."""
+    total = torch.zeros(2, dtype=torch.float64)  # [sum of entropy, token count]
+    for t, ent in zip(trajs, entropies):
+        mask = torch.tensor(t.loss_mask, dtype=torch.float64)
+        total[0] += float((ent.double() * mask).sum())
+        total[1] += float(mask.sum())
+    total = learner.all_reduce_sum(total)
+    return float(total[0] / total[1].clamp(min=1))
+
+
+def stare_weights(
+    learner: Learner, trajs: list[Trajectory], advantages: list[float], old_logprobs: list[torch.Tensor],
+    controller: StareController, cfg: StareConfig,
+) -> tuple[list[torch.Tensor] | None, dict]:
+    """omega per trajectory (None while the gate is off: the update is then exactly GRPO's).
+
+    Surprisal is -log pi from this step's recompute pass; selection runs over every model token of
+    the global batch (all micro-batches, all ranks) or, with scope=micro_batch, inside each
+    micro-batch of the update plan, as in the reference implementation.
+    """
+    if not controller.gate_on:
+        return None, {"stare/reweighted_frac": 0.0, "stare/mean_weight": 1.0}
+    masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]
+    surprisal = [-lp for lp in old_logprobs]
+    adv_tok = [torch.full_like(lp, a) for lp, a in zip(old_logprobs, advantages)]
+    kw = dict(top_p=cfg.top_p, w=controller.w, m=controller.m, variant=cfg.variant)
+    if cfg.scope == "batch":
+        flat = lambda xs: torch.cat([x.reshape(-1) for x in xs]) if xs else torch.zeros(0)  # noqa: E731
+        s_all, mine = learner.all_gather_flat(flat(surprisal))
+        a_all, _ = learner.all_gather_flat(flat(adv_tok))
+        m_all, _ = learner.all_gather_flat(flat(masks).float())
+        omega_all, metrics = stare_token_weights(s_all, a_all, mask=m_all > 0.5, **kw)
+        omega_flat = omega_all[mine]
+        return list(torch.split(omega_flat, [len(t.response_ids) for t in trajs])), metrics
+    plan = learner.micro_batch_plan(trajs)
+    omegas: list[torch.Tensor | None] = [None] * len(trajs)
+    parts, metrics = stare_token_weights_scoped(
+        [torch.cat([surprisal[i] for i in idx]) for idx in plan],
+        [torch.cat([adv_tok[i] for i in idx]) for idx in plan],
+        masks=[torch.cat([masks[i] for i in idx]) for idx in plan], scope="micro_batch", **kw)
+    for idx, part in zip(plan, parts):
+        for i, w in zip(idx, torch.split(part, [len(trajs[i].response_ids) for i in idx])):
+            omegas[i] = w
+    return omegas, metrics  # type: ignore[return-value]
+
+
+def rollout_stats(trajs: list[Trajectory]) -> dict[str, float]:
+    n = max(len(trajs), 1)
+    finish: dict[str, int] = {}
+    for t in trajs:
+        finish[t.finish_reason or "none"] = finish.get(t.finish_reason or "none", 0) + 1
+    out = {
+        "reward/mean": sum(t.reward for t in trajs) / n,
+        "acc/train": sum(bool(t.info.get("correct")) for t in trajs) / n,
+        "rollout/response_len": sum(t.num_model_tokens for t in trajs) / n,
+        "rollout/total_len": sum(len(t.response_ids) for t in trajs) / n,
+        "rollout/turns": sum(t.num_turns for t in trajs) / n,
+        "rollout/tool_calls": sum(t.tool_calls for t in trajs) / n,
+        "rollout/tool_use_frac": sum(t.tool_calls > 0 for t in trajs) / n,
+        "rollout/timeout_rate": sum(t.timeouts for t in trajs) / max(sum(t.tool_calls for t in trajs), 1),
+        "rollout/code_error_rate": sum(t.info.get("stats", {}).get("code_errors", 0) for t in trajs)
+        / max(sum(t.tool_calls for t in trajs), 1),
+        "rollout/sandbox_error_rate": sum(t.sandbox_error for t in trajs) / n,
+        "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
+    }
+    out.update({f"finish/{k}": v / n for k, v in finish.items()})
+    return out
+
+
+def logprob_mismatch(trajs: list[Trajectory], old_logprobs: list[torch.Tensor]) -> dict[str, float]:
+    """Rollout (sampler) vs recomputed (learner) log-probs on model tokens: drift to watch."""
+    diffs = []
+    for t, lp in zip(trajs, old_logprobs):
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        diffs.append((torch.tensor(t.rollout_logprobs) - lp)[mask])
+    d = torch.cat(diffs) if diffs else torch.zeros(0)
+    if d.numel() == 0:
+        return {}
+    return {"mismatch/abs_mean": float(d.abs().mean()), "mismatch/max": float(d.abs().max()),
+            "mismatch/k3": float((torch.exp(d) - 1 - d).mean())}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: components built once, then the loop
+
+
+@dataclass
+class Run:
+    """Everything one training run holds; built by `build_run`, used by `rl_step`."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    tokenizer: Any
+    learner: Learner
+    backend: Any
+    engine: RolloutEngine
+    controller: StareController
+    sampler: PromptSampler
+    eval_problems: list[dict]
+    log: MetricsLog
+    step: int = 0
+    nonfinite_in_row: int = 0
+    dropped_total: dict = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def rollout_settings(engine: RolloutEngine, **changes: Any) -> Iterator[None]:
+    """Temporarily change the engine's sampling settings (one engine owns the event loop that the
+    backend and sandbox live on, so evaluation reuses it with other settings)."""
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, **changes)
+    try:
+        yield
+    finally:
+        engine.cfg = saved
+
+
+def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajectory], dict]:
+    """Roll out prompts until the batch holds `prompts_per_step` usable groups (dynamic sampling).
+
+    Returns (trajectories for the update, every trajectory rolled out, metrics). Every rank takes
+    the same prompts from the sampler and keeps its own round-robin share, so the data position
+    is identical on all ranks and in checkpoints.
+    """
+    cfg, algo = run.cfg, run.cfg.algo
+    want = cfg.trainer.prompts_per_step
+    groups: list[list[Trajectory]] = []
+    rolled: list[Trajectory] = []
+    drops = {"sandbox_error": 0, "void_turn": 0, "overlong": 0, "equal_reward_groups": 0}
+    rounds = algo.dynamic_sampling_rounds if algo.dynamic_sampling else 1
+    for rnd in range(rounds):
+        need = want - int(run.learner.all_reduce_sum(torch.tensor([float(len(groups))])).item())
+        if need <= 0:
+            break
+        problems = run.learner.shard(run.sampler.take(need))
+        # Seeds derive from (step, round): a resumed run samples exactly what an uninterrupted one would.
+        seed = cfg.trainer.seed * 100_003 + step * 101 + rnd
+        with rollout_settings(run.engine, seed=seed):
+            trajs, _ = run.engine.run(problems, cfg.rollout.n_per_prompt)
+        for t in trajs:  # unique group ids across rounds and ranks
+            t.group_id = (rnd * want + t.group_id) * run.learner.world_size + run.learner.rank
+        rolled += trajs
+        kept, counts = drop_for_update(trajs, algo)
+        for k, v in counts.items():
+            drops[k] += v
+        if algo.dynamic_sampling:
+            good = informative_groups(kept)
+            drops["equal_reward_groups"] += len({t.group_id for t in kept}) - len(good)
+            groups += good
+        else:
+            by_gid: dict[int, list[Trajectory]] = {}
+            for t in kept:
+                by_gid.setdefault(t.group_id, []).append(t)
+            groups += list(by_gid.values())
+    share = -(-want // run.learner.world_size)  # ceil: at most this many groups per rank
+    batch = [t for g in groups[:share] for t in g]
+    metrics = {f"dropped/{k}": v for k, v in drops.items()}
+    metrics["batch/groups"] = float(len(groups[:share]))
+    metrics["batch/trajectories"] = float(len(batch))
+    metrics["batch/sampling_rounds"] = float(rnd + 1)
+    return batch, rolled, metrics
+
+
+def rl_step(run: Run, step: int) -> dict:
+    """One RL step; returns its metrics row."""
+    cfg, algo, learner = run.cfg, run.cfg.algo, run.learner
+    t0 = time.perf_counter()
+    batch, rolled, metrics = collect_batch(run, step)
+    metrics.update(rollout_stats(rolled))
+    t_rollout = time.perf_counter() - t0
+
+    if not batch:
+        logger.warning(f"step {step}: no usable group in {len(rolled)} trajectories; no update")
+        metrics.update({"time/rollout": t_rollout, "update/skipped_empty": 1.0})
+        return metrics
+
+    advantages, adv_metrics = group_advantages(batch, algo.norm_adv_by_std)
+    metrics.update(adv_metrics)
+
+    t1 = time.perf_counter()
+    old_logprobs, entropies = learner.compute_logprobs_entropy(batch)
+    entropy = batch_entropy(learner, batch, entropies)
+    metrics.update({"entropy/batch": entropy, "entropy/target": algo.stare.target_entropy})
+    metrics.update(logprob_mismatch(batch, old_logprobs))
+    t_recompute = time.perf_counter() - t1
+
+    omega = None
+    if algo.use_stare:
+        run.controller.update(entropy)
+        omega, stare_metrics = stare_weights(learner, batch, advantages, old_logprobs, run.controller, algo.stare)
+        metrics.update(run.controller.metrics())
+        metrics.update(stare_metrics)
+        metrics["stare/gate_on"] = float(run.controller.gate_on)
+
+    t2 = time.perf_counter()
+    for epoch in range(algo.ppo_epochs):
+        update = learner.train_step(
+            batch, advantages, omega, old_logprobs, clip_low=algo.clip_low,
+            clip_high=algo.effective_clip_high, dual_clip_c=algo.dual_clip_c, loss_agg=algo.loss_agg,
+            tis_cap=algo.tis_cap)
+        metrics.update({f"update/{k}": v for k, v in update.items()})
+        if update["step_skipped"]:
+            break
+    t_update = time.perf_counter() - t2
+
+    if update["step_skipped"]:
+        run.nonfinite_in_row += 1
+        metrics["update/nonfinite_in_row"] = float(run.nonfinite_in_row)
+        logger.warning(f"step {step}: non-finite loss or gradient, update skipped "
+                       f"({run.nonfinite_in_row} in a row, limit {cfg.trainer.max_nonfinite_steps})")
+        if run.nonfinite_in_row >= cfg.trainer.max_nonfinite_steps:
+            raise FloatingPointError(
+                f"{run.nonfinite_in_row} consecutive steps had a non-finite loss or gradient; stopping. "
+                "Lower learner.lr, raise learner.grad_clip, or check the data; the last good checkpoint "
+                f"is under {run.run_dir / 'checkpoints'}")
+    else:
+        run.nonfinite_in_row = 0
+
+    t3 = time.perf_counter()
+    sync_weights(run)
+    t_sync = time.perf_counter() - t3
+
+    n_tokens = sum(len(t.response_ids) for t in rolled)
+    metrics.update({
+        "time/rollout": t_rollout, "time/recompute": t_recompute, "time/update": t_update,
+        "time/sync": t_sync, "time/step": time.perf_counter() - t0,
+        "throughput/rollout_tokens_per_s": n_tokens / max(t_rollout, 1e-9),
+    })
+    return metrics
+
+
+def sync_weights(run: Run) -> None:
+    """Push the learner's weights to the rollout backend (collective under ZeRO-3)."""
+    weights = run.learner.export_weights()
+    if run.backend is not None:
+        run.backend.update_weights(weights)
+    else:
+        for _ in weights:  # other ranks still take part in the gathers
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (the `latest` pointer is written only after a save ends)."""
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    return path if path.is_dir() else None
+
+
+def save_checkpoint(run: Run, step: int) -> Path:
+    ckpt_root = run.run_dir / "checkpoints"
+    path = ckpt_root / f"step_{step:06d}"
+    client_state = {
+        "step": step,
+        "sampler": run.sampler.state_dict(),
+        "controller": run.controller.state_dict(),
+        "nonfinite_in_row": run.nonfinite_in_row,
+        "dropped_total": run.dropped_total,
+    }
+    run.learner.save_checkpoint(path, client_state)
+    if run.learner.rank == 0:
+        tmp = ckpt_root / "latest.tmp"
+        tmp.write_text(path.name)
+        tmp.replace(ckpt_root / "latest")  # atomic: a kill mid-save leaves the previous pointer
+        old = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
+        for stale in old[: -run.cfg.trainer.keep_checkpoints]:
+            import shutil
+
+            shutil.rmtree(stale, ignore_errors=True)
+    logger.info(f"checkpoint: {path}")
+    return path
+
+
+def resume_from(run: Run, path: Path) -> None:
+    state = run.learner.load_checkpoint(path)
+    run.step = int(state["step"])
+    run.sampler.load_state_dict(state["sampler"])
+    run.controller.load_state_dict(state["controller"])
+    run.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
+    run.dropped_total = dict(state.get("dropped_total", {}))
+    run.log.truncate_after(run.step)  # rows of the interrupted step are written again
+    sync_weights(run)
+    logger.info(f"resumed from {path} at step {run.step}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation on held-out problems (the same code path as scripts/eval_aime.py)
+
+
+def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
+    """Accuracy and tool use on the held-out problems with the live rollout backend."""
+    from stare_tir.evaluate import evaluate_problems
+
+    problems = run.learner.shard(run.eval_problems)
+    n = run.cfg.trainer.eval_n
+    with rollout_settings(run.engine, seed=run.cfg.trainer.seed + 7, progress=False):
+        metrics, _ = evaluate_problems(run.engine, problems, n, dataset="heldout", pass_ks=[1])
+    out = {
+        "eval/acc": metrics[f"avg@{n}"],
+        "eval/tool_calls": metrics["mean_tool_calls"],
+        "eval/response_len": metrics["mean_generated_tokens"],
+        "eval/answer_rate": metrics["answer_rate"],
+    }
+    # Average over ranks, weighted by their share of problems.
+    n = float(len(problems))
+    red = run.learner.all_reduce_sum(torch.tensor([v * n for v in out.values()] + [n], dtype=torch.float64))
+    out = {k: float(red[i] / red[-1].clamp(min=1)) for i, k in enumerate(out)}
+    logger.info(f"eval ({tag}): acc={out['eval/acc']:.3f} tool_calls={out['eval/tool_calls']:.2f}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a run, and the loop
+
+
+def resolve_model_path(cfg: TrainConfig) -> str:
+    """'tiny' -> the cached tiny checkpoint; otherwise a readable HF dir or hub id."""
+    if cfg.model.path == "tiny":
+        from stare_tir.tiny import ensure_tiny_checkpoint
+
+        return str(ensure_tiny_checkpoint(size=cfg.model.tiny_size))
+    path = Path(cfg.model.path)
+    if path.exists() and not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={cfg.model.path!r} exists but holds no config.json: point it at a Hugging Face "
+            "model directory (save_pretrained output) or a hub id")
+    return cfg.model.path
+
+
+def make_backend(cfg: TrainConfig, model_path: str, tokenizer: Any) -> Any:
+    if cfg.trainer.backend == "hf":
+        from stare_tir.rollout.backends.hf import HFBackend
+
+        return HFBackend(model_path, tokenizer, cfg.rollout.hf)
+    from stare_tir.rollout.backends.sglang import SGLangBackend
+
+    return SGLangBackend(cfg.rollout.sglang, urls=cfg.trainer.sglang_urls)
+
+
+def build_run(cfg: TrainConfig, model_path: str, run_dir: Path) -> Run:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    learner_cfg = dataclasses.replace(cfg.learner, total_steps=cfg.learner.total_steps or cfg.trainer.steps)
+    learner = Learner(model_path, learner_cfg, tokenizer)
+    backend = make_backend(cfg, model_path, tokenizer)
+    sandbox = make_sandbox(cfg.sandbox)
+    engine = RolloutEngine(backend, tokenizer, make_retool_env_factory(sandbox, cfg.env), cfg.rollout)
+    engine.run_coroutine(sandbox.__aenter__())  # the sandbox lives on the engine's event loop
+    engine.sandbox = sandbox  # closed in close_run
+    return Run(
+        cfg=cfg, run_dir=run_dir, tokenizer=tokenizer, learner=learner, backend=backend, engine=engine,
+        controller=StareController.from_config(cfg.algo.stare),
+        sampler=PromptSampler(load_split(cfg.data, "train"), seed=cfg.data.seed),
+        eval_problems=load_split(cfg.data, "eval"),
+        log=MetricsLog(run_dir, tensorboard=cfg.trainer.tensorboard, wandb_project=cfg.trainer.wandb_project,
+                       run_name=run_dir.name, config=to_dict(cfg)) if learner.rank == 0 else _NullLog(),
+    )
+
+
+class _NullLog:
+    """Metrics sink of ranks other than 0."""
+
+    def log(self, step: int, metrics: dict) -> None: ...
+    def truncate_after(self, step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def close_run(run: Run) -> None:
+    sandbox = getattr(run.engine, "sandbox", None)
+    if sandbox is not None:
+        run.engine.run_coroutine(sandbox.__aexit__(None, None, None))
+    run.engine.close()
+    if run.backend is not None:
+        run.backend.close()
+    run.log.close()
+
+
+def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """The RL stage: returns {"eval_before", "eval_after", "steps"}."""
+    run = build_run(cfg, model_path, run_dir)
+    try:
+        ckpt = latest_checkpoint(run_dir) if resume else None
+        if ckpt is not None:
+            resume_from(run, ckpt)
+        eval_before = None
+        if run.step == 0:
+            eval_before = evaluate_heldout(run, "before RL")
+            run.log.log(0, eval_before)
+        bar = tqdm(total=cfg.trainer.steps, initial=run.step, desc="RL", unit="step",
+                   disable=run.learner.rank != 0)
+        while run.step < cfg.trainer.steps:
+            step = run.step + 1
+            metrics = rl_step(run, step)
+            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.steps:
+                metrics.update(evaluate_heldout(run, f"step {step}"))
+            run.step = step
+            for k, v in metrics.items():
+                if k.startswith("dropped/"):
+                    run.dropped_total[k] = run.dropped_total.get(k, 0) + v
+            run.log.log(step, metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.2f}",
+                            H=f"{metrics.get('entropy/batch', float('nan')):.3f}",
+                            gate=int(metrics.get("stare/gate_on", 0)))
+            logger.info(_step_line(step, metrics))
+            if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps:
+                save_checkpoint(run, step)
+        bar.close()
+        eval_after = evaluate_heldout(run, "after RL")
+        run.log.log(run.step, eval_after)
+        run.learner.save_hf(run_dir / "final")
+        return {"eval_before": eval_before, "eval_after": eval_after, "steps": run.step,
+                "dropped": dict(run.dropped_total)}
+    finally:
+        close_run(run)
+
+
+def _step_line(step: int, m: dict) -> str:
+    g = lambda k: m.get(k, float("nan"))  # noqa: E731
+    return (f"step {step}: reward {g('reward/mean'):+.3f} acc {g('acc/train'):.3f} "
+            f"H {g('entropy/batch'):.3f} gate {int(g('stare/gate_on') or 0)} "
+            f"tools {g('rollout/tool_calls'):.2f} len {g('rollout/response_len'):.0f} "
+            f"groups {int(g('batch/groups'))} loss {g('update/loss'):+.4f} "
+            f"t {g('time/step'):.1f}s")
