@@ -1,0 +1,149 @@
+"""The backend protocol: token ids in, sampled token ids + their logprobs out.
+
+Every backend (in-process Hugging Face, SGLang over HTTP or in-process) answers one call,
+`generate(prompt_ids, sampling, stop)`, for one sequence. Batching is the backend's business:
+callers simply keep many `generate` calls in flight (asyncio) and the backend runs them together.
+
+Stop strings are matched on *decoded text* while the token ids are kept exactly as sampled: with
+a real BPE a stop string can end inside a token (">\\n\\n" holds the ">" of "</code>") or span
+several tokens ("</", "code", ">"). Generation stops after the token that completes the stop
+string and that token is returned whole; nothing is trimmed or re-tokenized. `StopChecker` is the
+one implementation of that rule; the HF backend and the SGLang stand-in both use it (SGLang itself
+applies the same rule on its decoded tail).
+
+No torch import here: this module is light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Optional, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings."""
+
+    # Softmax temperature; 0 means greedy (argmax). RL samples at 1.0 so the rollout distribution
+    # is the policy the learner differentiates.
+    temperature: float = 1.0
+    # Nucleus sampling mass; 1.0 disables it.
+    top_p: float = 1.0
+    # Keep only the k most likely tokens; -1 disables it.
+    top_k: int = -1
+    # Upper bound on the tokens this call may sample (the engine clamps it to the trajectory's
+    # remaining budget).
+    max_new_tokens: int = 512
+    # Per-request RNG seed, for reproducible samples where the backend supports it (None: the
+    # backend's own stream).
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k={self.top_k!r}: must be -1 (off) or >= 1")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: must be >= 0")
+
+
+@dataclass
+class Generation:
+    """One generate() result.
+
+    token_ids: the sampled ids, in order, including the EOS token or the token that completed a
+        stop string (never trimmed).
+    logprobs: log-probability of each sampled id under the sampling distribution (same length).
+    finish_reason: "eos" (an EOS id was sampled), "stop" (a stop string appeared in the decoded
+        output), "length" (max_new_tokens reached).
+    stop_text: the stop string that matched when finish_reason == "stop".
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    stop_text: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"token_ids has {len(self.token_ids)} ids but logprobs has {len(self.logprobs)}"
+            )
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the rollout engine needs from an inference backend."""
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]
+    ) -> Generation:
+        """Sample a continuation of `prompt_ids` until EOS, a stop string or max_new_tokens."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new policy weights (HF parameter names) from the learner."""
+        ...
+
+    def update_weights_from_disk(self, path: str) -> None:
+        """Load new policy weights from an HF checkpoint directory."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend's resources."""
+        ...
+
+
+def fast_decoder(tokenizer: Any):
+    """A fast `ids -> str` function that keeps special tokens (for stop-string matching).
+
+    Uses the Rust tokenizer directly when there is one (about 4x cheaper than the Python wrapper;
+    the decode runs once per sampled token).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda ids: backend.decode(list(ids), skip_special_tokens=False)
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+class StopChecker:
+    """Detects the first stop string in a growing sequence of sampled tokens.
+
+    Call `feed(tokens)` after every new token with all tokens sampled so far in this call; it
+    returns the stop string whose first occurrence ends inside the newest token, else None.
+
+    Why a window suffices: an occurrence that was not there one token ago must end in the newest
+    token; every token decodes to at least one byte, so the occurrence lies within the last
+    `len(stop in bytes)` tokens. One extra token of left context is decoded so that a character
+    split across tokens decodes whole. A cheap pre-filter skips the window decode unless the
+    newest token's text contains a stop string's last character (or is a partial UTF-8 piece).
+    """
+
+    def __init__(self, decode, stops: Iterable[str]) -> None:
+        self.stops = [s for s in dict.fromkeys(stops) if s]
+        self._decode = decode
+        self._window = max((len(s.encode("utf-8")) for s in self.stops), default=0) + 1
+        self._last_chars = {s[-1] for s in self.stops}
+        self._piece_cache: dict[int, bool] = {}
+
+    def _may_end_stop(self, token_id: int) -> bool:
+        hit = self._piece_cache.get(token_id)
+        if hit is None:
+            piece = self._decode([token_id])
+            hit = "\ufffd" in piece or any(c in piece for c in self._last_chars)
+            self._piece_cache[token_id] = hit
+        return hit
+
+    def feed(self, tokens: list[int]) -> Optional[str]:
+        if not self.stops or not tokens or not self._may_end_stop(tokens[-1]):
+            return None
+        text = self._decode(tokens[-self._window :])
+        found = [(text.find(s), s) for s in self.stops if s in text]
+        if not found:
+            return None
+        # Several stops can complete on the same token: report the one that starts first.
+        return min(found)[1]

@@ -1,0 +1,325 @@
+"""The rollout engine: problems in, multi-turn token-level trajectories out.
+
+For every (problem, sample) the engine runs one small state machine, many of them concurrently:
+
+    PROMPT  chat template applied once per problem -> prompt_ids
+    GEN     backend.generate(prompt_ids + response_ids, budget) until a stop string, EOS or the
+            turn budget; the sampled ids and logprobs are appended as they are (loss_mask=1)
+    STEP    env.step(decoded text of this turn only)
+              done                  -> finish ("answer", or the env's reason)
+              turn cut by budget    -> finish "max_tokens" (before STEP: a cut turn is not run)
+              EOS without done      -> finish "eos"
+              max_turns reached     -> finish "max_turns"
+              observation           -> tokenized once as plain text, appended (loss_mask=0),
+                                       cut to the remaining budget (-> "max_tokens")
+            back to GEN
+    END     env.reward(decoded response) -> reward; env.close()
+
+Each turn's max_new_tokens is clamped to min(max_new_tokens_per_turn, tokens left of
+max_total_tokens), so no trajectory ever exceeds its budget. Trajectories run as asyncio tasks
+(at most `max_concurrency` at once): while some wait for their sandbox, the backend batches the
+others' generation, so sandbox time overlaps generation time.
+
+Token-in/token-out: the engine never decodes and re-encodes model tokens. Text is decoded only to
+hand it to the env (turn text) and to grade (the full response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from stare_tir.rollout.backends.base import Backend, Generation, SamplingParams
+from stare_tir.rollout.backends.hf import HFBackendConfig
+from stare_tir.rollout.backends.sglang import SGLangConfig
+from stare_tir.rollout.trajectory import FINISH_REASONS, Trajectory
+
+
+@dataclass
+class RolloutConfig:
+    """How trajectories are sampled (and which backend settings apply)."""
+
+    # Samples per problem (the GRPO group size); `generate(problems, n=None)` uses it.
+    n_per_prompt: int = 8
+    # Model turns per trajectory (each code call costs one turn; the final answer is one more).
+    max_turns: int = 8
+    # Response tokens per trajectory (model + observation tokens, prompt excluded); each turn's
+    # budget is clamped to what is left, so this bounds the learner's sequence length.
+    max_total_tokens: int = 4096
+    # Upper bound on one model turn (a runaway turn cannot eat the whole budget at once).
+    max_new_tokens_per_turn: int = 1024
+    # Sampling temperature (RL: 1.0, the distribution the learner differentiates; 0 = greedy).
+    temperature: float = 1.0
+    # Nucleus sampling (1.0 = off). Logprobs are reported under the truncated distribution.
+    top_p: float = 1.0
+    # Top-k sampling (-1 = off).
+    top_k: int = -1
+    # Base seed: each turn gets a seed derived from (seed, group, sample, turn) where the backend
+    # honours per-request seeds. None: the backend's own RNG stream.
+    seed: Optional[int] = None
+    # Trajectories in flight at once (bounds open sandbox sessions and memory; the HF backend
+    # batches up to its own max_batch_size of them).
+    max_concurrency: int = 256
+    # Stop strings added to the env's own (e.g. the env's "</code>").
+    stop_strings: list[str] = field(default_factory=list)
+    # Show a tqdm progress bar while a batch rolls out.
+    progress: bool = True
+    # In-process Hugging Face backend settings (used when the trainer picks backend "hf").
+    hf: HFBackendConfig = field(default_factory=HFBackendConfig)
+    # SGLang backend settings (used when the trainer picks backend "sglang").
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("n_per_prompt", "max_turns", "max_total_tokens", "max_new_tokens_per_turn",
+                     "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        self.sampling(1)  # validates temperature / top_p / top_k
+
+    def sampling(self, max_new_tokens: int, seed: Optional[int] = None) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=max_new_tokens, seed=seed)
+
+
+def encode_plain(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` as plain text: special-token strings inside it stay ordinary text.
+
+    Used for observations: if code prints "<|im_end|>", the model must see those characters, never
+    the control token (which would end its turn or forge a chat message).
+    """
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+def _derive_seed(base: Optional[int], group: int, sample: int, turn: int) -> Optional[int]:
+    if base is None:
+        return None
+    x = (base * 0x9E3779B1 + group * 0x85EBCA77 + sample * 0xC2B2AE3D + turn * 0x27D4EB2F)
+    return x % (1 << 62)
+
+
+# An env's StepResult.info["reason"] when it ends a trajectory -> our finish reason.
+_DONE_REASONS = {"answer": "answer", "max_tool_calls": "max_turns", "sandbox_error": "error"}
+
+
+def _finish_when_done(gen: Generation, info: dict) -> str:
+    explicit = info.get("finish_reason")
+    if explicit in FINISH_REASONS:
+        return explicit
+    mapped = _DONE_REASONS.get(info.get("reason"))
+    if mapped is not None:
+        return mapped
+    # The env ended the episode without an answer (e.g. a turn with no code): the model simply
+    # stopped talking.
+    return "eos" if gen.finish_reason == "eos" or info.get("reason") == "no_code" else "answer"
+
+
+class RolloutEngine:
+    """Turns problems into trajectories with `backend` and one env per trajectory.
+
+    backend: implements `stare_tir.rollout.backends.base.Backend`.
+    tokenizer: the policy's HF tokenizer (chat template, decoding, observation tokenization).
+    env_factory: problem dict -> Env (one per trajectory; see `envs.base.Env`).
+    """
+
+    def __init__(self, backend: Backend, tokenizer: Any, env_factory: Callable[[dict], Any],
+                 cfg: Optional[RolloutConfig] = None) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.cfg = cfg or RolloutConfig()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.last_stats: dict = {}
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, problems: list[dict], n: Optional[int] = None) -> list[Trajectory]:
+        """`n` trajectories per problem (default cfg.n_per_prompt), ordered problem-major.
+
+        group_id is the index of the problem in `problems`; rewards are filled by env.reward.
+        Per-batch statistics are left in `self.last_stats`.
+        """
+        n = self.cfg.n_per_prompt if n is None else n
+        if n < 1:
+            raise ValueError(f"n={n!r}: must be >= 1")
+        sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        prompts: dict[int, list[int]] = {}
+        bar = _progress(len(problems) * n, self.cfg.progress)
+        t0 = time.perf_counter()
+        counters = Counter()
+
+        async def one(group: int, sample: int) -> Trajectory:
+            async with sem:
+                traj = await self._rollout(problems[group], group, sample, prompts)
+            counters["model_tokens"] += traj.num_model_tokens
+            counters["turns"] += traj.num_turns
+            if bar is not None:
+                bar.update(1)
+                wall = max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix(tok_s=f"{counters['model_tokens'] / wall:.0f}",
+                                turns=f"{counters['turns'] / bar.n:.2f}", refresh=False)
+            return traj
+
+        try:
+            trajs = await asyncio.gather(*(one(g, s) for g in range(len(problems)) for s in range(n)))
+        finally:
+            if bar is not None:
+                bar.close()
+        self.last_stats = rollout_stats(trajs, time.perf_counter() - t0)
+        return list(trajs)
+
+    def run(self, problems: list[dict], n: Optional[int] = None) -> tuple[list[Trajectory], dict]:
+        """Synchronous wrapper: (trajectories, per-batch stats)."""
+        trajs = self.run_coroutine(self.generate(problems, n))
+        return trajs, self.last_stats
+
+    def run_coroutine(self, coro):
+        """Run `coro` on the engine's event loop, which persists across calls.
+
+        Async resources used by envs (a sandbox and its worker tasks) are bound to the loop that
+        started them: start them here (`engine.run_coroutine(sandbox.__aenter__())`) so they stay
+        valid for every `run()`.
+        """
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        """Close the engine's event loop (the backend and the sandbox are closed by their owners)."""
+        if self._loop is not None and not self._loop.is_closed():
+            loop = self._loop
+            try:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    # ------------------------------------------------------------------ one trajectory
+
+    def _prompt_ids(self, env: Any) -> list[int]:
+        text = self.tokenizer.apply_chat_template(env.initial_messages(), tokenize=False,
+                                                  add_generation_prompt=True)
+        # The template's control tokens (<|im_start|>, ...) must become their special ids here.
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def _rollout(self, problem: dict, group: int, sample: int,
+                       prompts: dict[int, list[int]]) -> Trajectory:
+        env = self.env_factory(problem)
+        if group not in prompts:  # chat template once per problem, shared by its samples
+            prompts[group] = self._prompt_ids(env)
+        traj = Trajectory(prompt_ids=list(prompts[group]), problem_id=str(problem.get("id", "")),
+                          group_id=group)
+        timing = {"gen_s": 0.0, "env_s": 0.0}
+        try:
+            try:
+                await self._episode(env, traj, group, sample, timing)
+            except Exception as exc:  # env or backend failure: keep the record, flag it
+                traj.finish_reason = "error"
+                traj.info["error"] = f"{type(exc).__name__}: {exc}"
+            traj.text = self.tokenizer.decode(traj.response_ids, skip_special_tokens=True)
+            traj.sandbox_error = bool(getattr(env, "sandbox_error", False))
+            env_stats = dict(getattr(env, "stats", {}) or {})
+            traj.tool_calls = int(env_stats.get("tool_calls", 0))
+            traj.void_turns = int(env_stats.get("void_turns", 0))
+            traj.timeouts = int(env_stats.get("timeouts", 0))
+            traj.info["env_stats"] = env_stats
+            traj.info.update(timing)
+            if traj.finish_reason != "error":
+                try:
+                    reward, info = env.reward(traj.text)
+                    traj.reward = float(reward)
+                    traj.info.update(info)
+                except Exception as exc:
+                    traj.finish_reason = "error"
+                    traj.info["error"] = f"reward: {type(exc).__name__}: {exc}"
+        finally:
+            try:
+                await env.close()
+            except Exception as exc:  # closing must never lose the trajectory
+                traj.info["close_error"] = f"{type(exc).__name__}: {exc}"
+        return traj
+
+    async def _episode(self, env: Any, traj: Trajectory, group: int, sample: int,
+                       timing: dict) -> None:
+        cfg = self.cfg
+        stops = list(dict.fromkeys(list(getattr(env, "stop_strings", []) or []) + cfg.stop_strings))
+        while True:
+            left = cfg.max_total_tokens - len(traj.response_ids)
+            if left <= 0:
+                traj.finish_reason = "max_tokens"
+                return
+            budget = min(cfg.max_new_tokens_per_turn, left)
+            sampling = cfg.sampling(budget, _derive_seed(cfg.seed, group, sample, traj.num_turns))
+            t = time.perf_counter()
+            gen = await self.backend.generate(traj.prompt_ids + traj.response_ids, sampling, stops)
+            timing["gen_s"] += time.perf_counter() - t
+            traj.append(gen.token_ids, gen.logprobs, "model")
+            traj.num_turns += 1
+            if gen.finish_reason == "length":
+                # Cut by its budget: a half-written turn is not executed.
+                traj.finish_reason = "max_tokens"
+                return
+            turn_text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            t = time.perf_counter()
+            step = await env.step(turn_text)
+            timing["env_s"] += time.perf_counter() - t
+            if step.done:
+                traj.finish_reason = _finish_when_done(gen, step.info or {})
+                return
+            if gen.finish_reason == "eos":
+                traj.finish_reason = "eos"
+                return
+            if traj.num_turns >= cfg.max_turns:
+                traj.finish_reason = "max_turns"
+                return
+            if step.observation:
+                obs = encode_plain(self.tokenizer, step.observation)
+                left = cfg.max_total_tokens - len(traj.response_ids)
+                traj.append(obs[:left], None, "obs")
+                if len(obs) >= left:
+                    traj.finish_reason = "max_tokens"
+                    return
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="rollout", unit="traj", leave=False, dynamic_ncols=True)
+
+
+def rollout_stats(trajs: list[Trajectory], wall_s: float) -> dict:
+    """Per-batch statistics: throughput, turns, tool use, time split, finish reasons."""
+    n = max(len(trajs), 1)
+    model_tokens = sum(t.num_model_tokens for t in trajs)
+    obs_tokens = sum(len(t.response_ids) for t in trajs) - model_tokens
+    stats = {
+        "trajectories": len(trajs),
+        "wall_s": wall_s,
+        "model_tokens": model_tokens,
+        "obs_tokens": obs_tokens,
+        "tokens_per_s": model_tokens / max(wall_s, 1e-9),
+        "response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
+        "turns_mean": sum(t.num_turns for t in trajs) / n,
+        "tool_calls_mean": sum(t.tool_calls for t in trajs) / n,
+        "tool_calls": sum(t.tool_calls for t in trajs),
+        "timeouts": sum(t.timeouts for t in trajs),
+        "void_turns": sum(t.void_turns for t in trajs),
+        "sandbox_errors": sum(t.sandbox_error for t in trajs),
+        "errors": sum(t.finish_reason == "error" for t in trajs),
+        "reward_mean": sum(t.reward for t in trajs) / n,
+        # Summed over trajectories (they overlap in time, so these can exceed wall_s).
+        "gen_time_s": sum(t.info.get("gen_s", 0.0) for t in trajs),
+        "env_time_s": sum(t.info.get("env_s", 0.0) for t in trajs),
+    }
+    reasons = Counter(t.finish_reason for t in trajs)
+    for reason in FINISH_REASONS:
+        stats[f"finish/{reason}"] = reasons.get(reason, 0) / n
+    return stats
