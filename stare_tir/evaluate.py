@@ -21,15 +21,20 @@ neither as right nor as wrong, and a rerun retries it, just as training excludes
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import time
+import zlib
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Sequence
 
 from loguru import logger
+
+from envs.retool import RetoolConfig, make_retool_env_factory
+from sandbox import SandboxConfig
+from stare_tir.rollout.engine import RolloutConfig
 
 # The six benchmarks of the STARE paper's table, by the loader's short names.
 SIX_BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
@@ -62,8 +67,9 @@ class EvalConfig:
     # Samples handed to the engine per call; rows are flushed to disk after each chunk, so this
     # bounds the work a crash can lose, while staying large enough to keep the backend busy.
     chunk_size: int = 512
-    # Base seed for sampling (sample i of problem p gets a derived seed where the backend honours it).
-    seed: int = 0
+    # Base sampling seed, for reproducible runs where the backend honours per-request seeds
+    # (each chunk of samples derives its own). None: the backend's own random stream.
+    seed: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -162,9 +168,9 @@ def answers_equivalent(a: str, b: str) -> bool:
     """Two extracted answers name the same value, as judged by the training grader."""
     if a.strip() == b.strip():
         return True
-    from envs.grading import grade_answer
+    from envs.grading import answers_equivalent as grader_equivalent
 
-    return bool(grade_answer("\\boxed{" + a + "}", b))
+    return bool(grader_equivalent(a, b))
 
 
 def _rate(num: float, den: float) -> float:
@@ -319,6 +325,42 @@ def _rewrite_clean(path: Path, rows: list[dict]) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def eval_rollout_config(cfg: EvalConfig, base: Any) -> Any:
+    """The rollout config `base` (a `RolloutConfig`) with the evaluation's sampling settings."""
+    changes: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p,
+                               "seed": cfg.seed}
+    for ours, theirs in (("max_turns", "max_turns"), ("max_tokens", "max_total_tokens"),
+                         ("max_tokens_per_turn", "max_new_tokens_per_turn")):
+        if getattr(cfg, ours) is not None:
+            changes[theirs] = getattr(cfg, ours)
+    return replace(base, **changes)
+
+
+@contextlib.contextmanager
+def _engine_config(engine: Any, cfg: Any) -> Iterator[None]:
+    """Run `engine` with another RolloutConfig for a while, then restore its own.
+
+    Why swap instead of building a second engine: the engine owns the event loop that the
+    sandbox's worker tasks are bound to, so evaluation must run on the same engine instance
+    (the trainer's, during training) and only its sampling settings may differ.
+    """
+    saved = engine.cfg
+    engine.cfg = cfg
+    try:
+        yield
+    finally:
+        engine.cfg = saved
+
+
+def _chunk_seed(engine: Any, tag: str) -> contextlib.AbstractContextManager:
+    """A per-chunk sampling seed derived from the engine's seed, so that two chunks (e.g. before
+    and after a resume) never replay the same random streams; no-op without a seed."""
+    if getattr(engine.cfg, "seed", None) is None:
+        return contextlib.nullcontext()
+    seed = (engine.cfg.seed * 1_000_003 + zlib.crc32(tag.encode())) % (1 << 31)
+    return _engine_config(engine, replace(engine.cfg, seed=seed))
+
+
 def evaluate_problems(
     engine: Any,
     problems: Sequence[dict],
@@ -332,8 +374,8 @@ def evaluate_problems(
 ) -> tuple[dict[str, Any], list[dict]]:
     """Sample `n` responses per problem with `engine` and score them.
 
-    engine: a `RolloutEngine` (anything with `run(problems, n) -> (trajectories, stats)`), built
-        with the eval sampling settings (see `build_eval_engine`).
+    engine: a `RolloutEngine` (anything with `run(problems, n) -> (trajectories, stats)` and a
+        `cfg`), used with its current sampling settings (`evaluate` sets the eval's).
     out_path: JSONL file of per-sample rows. Samples already in it are skipped (resume), new ones
         are appended after every chunk of `chunk_size` samples. None: nothing is written.
     Returns (metrics, rows) with one row per (problem, sample index < n), sorted.
@@ -359,7 +401,8 @@ def evaluate_problems(
     for start in range(0, len(todo), chunk_size):
         chunk = todo[start : start + chunk_size]
         # Each sample is its own 1-sample group: group_id is then the index into `chunk`.
-        trajs, _ = engine.run([p for p, _ in chunk], 1)
+        with _chunk_seed(engine, f"{dataset}/{chunk[0][0]['id']}/{chunk[0][1]}/{start}"):
+            trajs, _ = engine.run([p for p, _ in chunk], 1)
         if len(trajs) != len(chunk):
             raise RuntimeError(f"engine returned {len(trajs)} trajectories for {len(chunk)} samples")
         rows = []
@@ -395,33 +438,44 @@ def evaluate(
     out_dir: str | Path | None = None,
     *,
     datasets: Optional[dict[str, list[dict]]] = None,
+    meta: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """Evaluate on every dataset of `cfg` (or the given in-memory `datasets`); return the summary.
 
+    engine: a `RolloutEngine` whose env factory builds the env to evaluate in (the trainer passes
+        its own engine). For the duration of the call its config is the eval's
+        (`eval_rollout_config`: temperature, top-p, seed and any budget overrides); it is restored
+        afterwards.
     Writes `<out_dir>/<dataset>.jsonl` (per sample, resumable) and `<out_dir>/summary.json`, and
-    logs a table. With out_dir=None nothing is written and nothing is resumed (trainer smoke use).
+    logs a table. With out_dir=None nothing is written and nothing is resumed.
+    meta: extra top-level entries of the summary (e.g. the model name, the training step).
+    Summary: {"datasets": {name: metrics}, "six_benchmark_avg": {...} or None, "eval_config", **meta}.
     """
     from envs.data import load_problems
 
+    if isinstance(datasets, (list, tuple)):
+        raise TypeError("datasets: pass {name: problems}; dataset names go in cfg.datasets")
     if datasets is None:
         datasets = {name: load_problems(name, limit=cfg.limit) for name in cfg.datasets}
     elif cfg.limit is not None:
         datasets = {name: probs[: cfg.limit] for name, probs in datasets.items()}
     out = Path(out_dir) if out_dir is not None else None
     per_dataset: dict[str, dict] = {}
-    for name, problems in datasets.items():
-        key = dataset_key(name)
-        n = cfg.n if cfg.n is not None else default_n(key)
-        metrics, _ = evaluate_problems(
-            engine, problems, n, dataset=key,
-            out_path=out / f"{key}.jsonl" if out is not None else None,
-            pass_ks=cfg.pass_ks, chunk_size=cfg.chunk_size,
-        )
-        per_dataset[key] = metrics
+    with _engine_config(engine, eval_rollout_config(cfg, engine.cfg)):
+        for name, problems in datasets.items():
+            key = dataset_key(name)
+            n = cfg.n if cfg.n is not None else default_n(key)
+            metrics, _ = evaluate_problems(
+                engine, problems, n, dataset=key,
+                out_path=out / f"{key}.jsonl" if out is not None else None,
+                pass_ks=cfg.pass_ks, chunk_size=cfg.chunk_size,
+            )
+            per_dataset[key] = metrics
     summary: dict[str, Any] = {
         "datasets": per_dataset,
         "six_benchmark_avg": benchmark_average(per_dataset),
         "eval_config": asdict(cfg),
+        **(meta or {}),
     }
     logger.info("\n" + format_table(summary))
     if out is not None:
@@ -454,3 +508,111 @@ def format_table(summary: dict) -> str:
     fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
+
+
+# ----------------------------------------------------------------------------------------------
+# The eval script: build everything from one config, run, close
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalRunConfig:
+    """Everything `scripts/eval_aime.py` needs (sections reuse the training components' configs)."""
+
+    # HF model directory (e.g. a training run's exported checkpoint) or hub id; "tiny" builds (once,
+    # cached) the tiny random CPU model of the default training run.
+    model: str = "tiny"
+    # Tokenizer directory or hub id; "" uses the model's own.
+    tokenizer: str = ""
+    # Rollout backend: hf (in-process transformers, CPU or one GPU) or sglang (running servers at
+    # rollout.sglang.urls; the model is whatever they serve, `model` then only names the run).
+    backend: Literal["hf", "sglang"] = "hf"
+    # Output directory; "" = runs/eval/<model name>. Rerunning into the same directory resumes.
+    out_dir: str = ""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # Engine settings (concurrency, backend tuning); eval.* sampling settings override its own.
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: RetoolConfig = field(default_factory=RetoolConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model='': name an HF model directory, a hub id or 'tiny'")
+        if self.backend == "sglang" and not self.rollout.sglang.urls:
+            raise ValueError("backend='sglang': set rollout.sglang.urls (--sglang-url) to the "
+                             "servers' URLs")
+
+
+def default_out_dir(model: str) -> Path:
+    """runs/eval/<last path part of the model>, so the same command resumes the same run."""
+    name = Path(model.rstrip("/")).name or "model"
+    return Path("runs") / "eval" / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _config_changes(a, b, f"{prefix}{k}.")
+        elif a != b:
+            keys.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return keys
+
+
+def build_backend(cfg: EvalRunConfig, model_path: str, tokenizer: Any) -> Any:
+    """The rollout backend named by cfg.backend, with the rollout section's backend settings."""
+    if cfg.backend == "hf":
+        from stare_tir.rollout.backends.hf import HFBackend
+
+        return HFBackend(model_path, tokenizer, cfg.rollout.hf)
+    from stare_tir.rollout.backends.sglang import SGLangBackend
+
+    return SGLangBackend(cfg.rollout.sglang.urls, cfg.rollout.sglang)
+
+
+def run_eval(cfg: EvalRunConfig) -> dict[str, Any]:
+    """Build tokenizer, backend, sandbox and engine from `cfg`, evaluate, close; return the summary."""
+    from transformers import AutoTokenizer
+
+    from sandbox import make_sandbox
+    from stare_tir.config import save_config, to_dict
+    from stare_tir.rollout.engine import RolloutEngine
+
+    model_path = cfg.model
+    if model_path == "tiny":
+        from stare_tir.tiny import ensure_tiny_checkpoint
+
+        model_path = str(ensure_tiny_checkpoint())
+    elif Path(model_path).exists() and not (Path(model_path) / "config.json").is_file():
+        raise FileNotFoundError(f"model={model_path!r} exists but holds no config.json: point it "
+                                "at a Hugging Face model directory or a hub id")
+    out = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.model)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "config.yaml"
+    if saved.exists():
+        import yaml
+
+        changes = _config_changes(yaml.safe_load(saved.read_text()) or {}, to_dict(cfg))
+        if changes:
+            logger.warning(f"{out}: settings differ from the run being resumed; rows already "
+                           f"written keep the old ones: " + "; ".join(changes))
+    save_config(cfg, saved)
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_path)
+    backend = build_backend(cfg, model_path, tokenizer)
+    sandbox = make_sandbox(cfg.sandbox)
+    engine = RolloutEngine(backend, tokenizer, make_retool_env_factory(sandbox, cfg.env), cfg.rollout)
+    try:
+        # The sandbox's worker tasks must live on the engine's event loop (see RolloutEngine).
+        engine.run_coroutine(sandbox.__aenter__())
+        try:
+            summary = evaluate(engine, cfg.eval, out,
+                               meta={"model": cfg.model, "backend": cfg.backend})
+        finally:
+            engine.run_coroutine(sandbox.__aexit__(None, None, None))
+    finally:
+        engine.close()
+        backend.close()
+    logger.info(f"wrote {out / 'summary.json'} and per-sample rows in {out}")
+    return summary
