@@ -313,7 +313,9 @@ class Worker:
         disk = lim["disk_mb"] << 20
         resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if self.cgroups is None:  # per uid; the pids cgroup is exact and per session
+        # a fixed 8 MB stack: C-level runaway recursion is a prompt SIGSEGV on every host
+        resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+        if self.local and self.cgroups is None:  # per uid (ours is unique); docker: the pids limit
             resource.setrlimit(resource.RLIMIT_NPROC, (lim["max_processes"], lim["max_processes"]))
         if self.local and self.cgroups is None:  # no cgroup: cap each process's address space
             vm = (self.base_vm_mb + lim["memory_mb"]) << 20
@@ -352,7 +354,7 @@ class Worker:
             if sid is None:
                 continue  # an orphan reparented to us (docker: we are the container's init)
             del self.sids[sid]
-            if not self.local:
+            if not self.local and not self.sids:  # (a newer session may already run: then kill() did it)
                 self.reap_uid()
             oom = self.oom_kills(sid) > (0 if self.local else self.oom_base)
             self.oom_base = self.oom_kills()
@@ -377,12 +379,13 @@ class Worker:
             try:
                 os.setresgid(uid, uid, uid)
                 os.setresuid(uid, uid, uid)
-                for _ in range(20):  # a pending SIGKILL stops fork, so few rounds catch a fork bomb
-                    try:
+                deadline = time.monotonic() + 5
+                while _live_processes(uid) and time.monotonic() < deadline:
+                    try:  # everything we may signal: our uid; a pending SIGKILL also stops fork bombs
                         os.kill(-1, signal.SIGKILL)
                     except ProcessLookupError:
-                        break
-                    time.sleep(0.002)
+                        pass
+                    time.sleep(0.001)
                 for d in ("/tmp", "/dev/shm"):
                     _wipe(d)
             finally:
@@ -401,6 +404,21 @@ class Worker:
             for sid in list(self.cg_fds):
                 self.cgroups.remove(sid)
             self.cgroups.close()
+
+
+def _live_processes(uid: int) -> bool:
+    """Any process of `uid` that is not a zombie (kill() still 'succeeds' on zombies)?"""
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid != me:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    status = f.read()
+            except OSError:
+                continue
+            if f"\nUid:\t{uid}\t" in status and "\nState:\tZ" not in status:
+                return True
+    return False
 
 
 def _wipe(path: str) -> None:

@@ -1,4 +1,4 @@
-"""Shared helpers for the sandbox tests."""
+"""Shared fixtures for the sandbox tests: a started sandbox per backend, process probes."""
 from __future__ import annotations
 
 import os
@@ -6,10 +6,38 @@ import time
 
 import pytest
 
-from sandbox import Limits
+from sandbox import DockerConfig, Limits, SandboxConfig, SandboxError, SyncSandbox
 
-# Small limits so every adversarial test is quick; each test states what it attacks.
+# Small limits so every adversarial test ends fast; each test states what it attacks.
 TEST_LIMITS = Limits(wall_time_s=3.0, memory_mb=256, max_output_bytes=4096, disk_mb=16, max_processes=32)
+
+
+def open_sandbox(backend: str, **overrides) -> SyncSandbox:
+    """A started sandbox; skips (with the reason) when the backend cannot run on this machine."""
+    if backend == "local" and os.geteuid() != 0:
+        pytest.skip("the local sandbox needs root (namespaces, cgroups, setuid)")
+    cfg = SandboxConfig(backend=backend, limits=TEST_LIMITS, workers=2, docker=DockerConfig(warm=2))
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    try:
+        return SyncSandbox(cfg)
+    except SandboxError as e:
+        if backend == "docker":
+            pytest.skip(f"no Docker engine or image here ({e}); `bash .ci/docker_up.sh` provides both")
+        raise
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("local", marks=pytest.mark.xdist_group("sandbox-local")),
+    pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.xdist_group("sandbox-docker")]),
+])
+def box(request):
+    """Both backends, each attacked by the same tests."""
+    os.environ["STARE_TEST_SECRET"] = "hunter2"  # must never reach the code
+    sb = open_sandbox(request.param)
+    sb.backend = request.param
+    yield sb
+    sb.close()
 
 
 def processes_with(marker: str) -> list[int]:
@@ -27,7 +55,7 @@ def processes_with(marker: str) -> list[int]:
 
 
 def wait_gone(marker: str, timeout: float = 5.0) -> list[int]:
-    """Processes still alive with `marker` after `timeout` (teardown is asynchronous by ms)."""
+    """Processes still alive with `marker` after `timeout` (teardown may lag by milliseconds)."""
     deadline = time.monotonic() + timeout
     while (left := processes_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -39,16 +67,17 @@ class Procs:
     wait_gone = staticmethod(wait_gone)
 
 
+@pytest.fixture(scope="module")
+def make_box():
+    """open_sandbox(backend, **config_overrides) for tests that need their own configuration."""
+    return open_sandbox
+
+
 @pytest.fixture
 def procs() -> Procs:
     return Procs()
 
 
 @pytest.fixture
-def limits() -> Limits:
-    return TEST_LIMITS
-
-
-@pytest.fixture
 def marker(request) -> str:
-    return f"stare-marker-{os.getpid()}-{request.node.name}-{time.monotonic_ns()}"
+    return f"stare-marker-{os.getpid()}-{time.monotonic_ns()}"

@@ -1,0 +1,210 @@
+"""Docker backend: one container per session, from the locally built image, reused once clean.
+
+Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine):
+- No network (`--network none`), read-only root, a private tmpfs /tmp of `disk_mb`, no
+  capabilities except SETUID/SETGID (used once per session to drop to uid 65534),
+  no-new-privileges, Docker's default seccomp profile, a CPU quota.
+- Memory: the container's cgroup, `memory_mb` + 128 MB for the preloaded worker whose pages the
+  session shares copy-on-write. Processes: `--pids-limit` of `max_processes` + 8.
+- The same worker as the local backend runs inside as the container's init and forks one
+  interpreter per session; wall time, output caps and statuses come from the same host-side code.
+- Reuse: when a session ends (or its interpreter dies) a reaper running as uid 65534 SIGKILLs every
+  process of that uid and empties /tmp and /dev/shm, then the container goes back to a warm pool of
+  `docker.warm`. A container whose worker died is removed, never reused.
+The Engine API is used through the docker SDK; cells and results travel over a Unix socket in a
+host directory mounted at /ctl (root-only, so the code cannot reach it).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import asdict
+
+from ._client import Proc, ProcSession, Slots, WorkerClient
+from .base import ExecResult, SandboxError
+from .config import SandboxConfig
+
+WORKER_OVERHEAD_MB = 128  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
+CODE_UID = 65534
+
+
+class _Container:
+    def __init__(self, obj, ctl_dir: str, client: WorkerClient):
+        self.obj, self.ctl_dir, self.client = obj, ctl_dir, client
+
+
+class _Lease:
+    """The container one session holds from its first cell until it closes."""
+
+    def __init__(self, sandbox: "DockerSandbox"):
+        self.sandbox, self.container = sandbox, None
+
+    async def spawn(self) -> Proc:
+        c = self.container
+        if c is None or c.client.dead:
+            if c is not None:
+                await self.sandbox._remove(c)
+            c = self.container = await self.sandbox._lease()
+        return await c.client.spawn(self.sandbox.cfg.spawn_timeout_s)
+
+    async def release(self) -> None:
+        c, self.container = self.container, None
+        if c is not None:
+            await self.sandbox._release(c)
+
+
+class DockerSandbox:
+    def __init__(self, cfg: SandboxConfig | None = None):
+        self.cfg = cfg or SandboxConfig(backend="docker")
+        self.limits = self.cfg.limits
+        self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
+        self.api = None
+        self.dir: str | None = None
+        self.idle: list[_Container] = []
+        self.live: set[_Container] = set()
+        self.filling: asyncio.Task | None = None
+        self.closed = False
+        self.label = f"{os.getpid()}-{id(self):x}"  # finds every container of ours at close
+
+    async def _call(self, fn, *args, **kwargs):
+        """The docker SDK blocks: run it off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
+
+    async def start(self) -> None:
+        import docker
+
+        image = self.cfg.docker.image
+        try:
+            if self.cfg.docker.base_url:
+                self.api = docker.DockerClient(base_url=self.cfg.docker.base_url, timeout=60)
+            else:
+                self.api = await self._call(docker.from_env, timeout=60)
+            await self._call(self.api.ping)
+            await self._call(self.api.images.get, image)
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"docker image {image} not found: build it with `python -m sandbox.docker.build`") from None
+        except Exception as e:  # noqa: BLE001 - any engine problem is an infrastructure failure
+            raise SandboxError(f"docker engine unavailable: {type(e).__name__}: {e}") from None
+        self.dir = tempfile.mkdtemp(prefix="stare-docker-")
+        self._fill()
+
+    async def _new(self) -> _Container:
+        lim = self.limits
+        ctl = tempfile.mkdtemp(dir=self.dir)  # 0700, root: the code (uid 65534) cannot enter it
+        args = {"mode": "docker", "listen": "/ctl/worker.sock", "limits": asdict(lim), "preload": list(self.cfg.preload),
+                "seccomp": False, "uid_base": CODE_UID}
+        mem = f"{lim.memory_mb + WORKER_OVERHEAD_MB}m"
+        obj = None
+        try:
+            obj = await self._call(
+                self.api.containers.create, self.cfg.docker.image, [json.dumps(args)],
+                network_mode="none", read_only=True, mem_limit=mem, memswap_limit=mem,
+                pids_limit=lim.max_processes + 8, nano_cpus=int(self.cfg.docker.cpus * 1e9),
+                tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.disk_mb}m,uid={CODE_UID},gid={CODE_UID},mode=0700"},
+                shm_size=f"{lim.disk_mb}m", volumes={ctl: {"bind": "/ctl", "mode": "rw"}},
+                cap_drop=["ALL"], cap_add=["SETUID", "SETGID"], security_opt=["no-new-privileges"],
+                environment=self.cfg.code_env(dict(os.environ)), hostname="sandbox", user="0:0",
+                labels={"stare-sandbox": self.label})
+            await self._call(obj.start)
+        except Exception as e:  # noqa: BLE001
+            if obj is not None:
+                await self._call(obj.remove, force=True)
+            shutil.rmtree(ctl, ignore_errors=True)
+            raise SandboxError(f"cannot start a sandbox container: {type(e).__name__}: {e}") from None
+        path, deadline = os.path.join(ctl, "worker.sock"), time.monotonic() + self.cfg.spawn_timeout_s
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            while True:
+                try:
+                    sock.connect(path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if time.monotonic() > deadline:
+                        raise SandboxError(f"container {obj.short_id}: worker socket never appeared") from None
+                    await asyncio.sleep(0.02)
+            client = WorkerClient(sock, f"container {obj.short_id}")
+            c = _Container(obj, ctl, client)
+            self.live.add(c)
+            await client.ready(max(0.1, deadline - time.monotonic()))
+        except BaseException:
+            sock.close()
+            await self._call(obj.remove, force=True)
+            shutil.rmtree(ctl, ignore_errors=True)
+            raise
+        return c
+
+    def _fill(self) -> None:
+        if not self.closed and (self.filling is None or self.filling.done()):
+            self.filling = asyncio.ensure_future(self._fill_loop())
+
+    async def _fill_loop(self) -> None:
+        try:
+            while not self.closed and len(self.idle) < self.cfg.docker.warm:
+                self.idle.append(await self._new())
+        except SandboxError:
+            pass  # the next lease reports it
+
+    async def _lease(self) -> _Container:
+        if self.closed:
+            raise SandboxError("sandbox is closed")
+        while self.idle:
+            c = self.idle.pop()
+            if not c.client.dead:
+                self._fill()
+                return c
+            await self._remove(c)
+        c = await self._new()
+        self._fill()
+        return c
+
+    async def _release(self, c: _Container) -> None:
+        if not self.closed and not c.client.dead and len(self.idle) < self.cfg.docker.warm:
+            self.idle.append(c)  # the worker has already reaped and wiped the session
+        else:
+            await self._remove(c)
+
+    async def _remove(self, c: _Container) -> None:
+        self.live.discard(c)
+        c.client.close()
+        try:
+            await self._call(c.obj.remove, force=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        shutil.rmtree(c.ctl_dir, ignore_errors=True)
+
+    def session(self, stateless: bool = False) -> ProcSession:
+        lease = _Lease(self)
+        return ProcSession(lease.spawn, self.slots, self.limits, stateless, on_close=lease.release)
+
+    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        async with self.session(stateless=True) as s:
+            return await s.run(code, timeout)
+
+    async def close(self) -> None:
+        self.closed = True
+        if self.filling is not None:
+            self.filling.cancel()
+            await asyncio.gather(self.filling, return_exceptions=True)
+        self.idle.clear()
+        await asyncio.gather(*(self._remove(c) for c in list(self.live)), return_exceptions=True)
+        if self.api is not None:  # also those a cancelled start left behind
+            try:
+                left = await self._call(self.api.containers.list, all=True, filters={"label": f"stare-sandbox={self.label}"})
+                await asyncio.gather(*(self._call(c.remove, force=True) for c in left), return_exceptions=True)
+            except Exception:  # noqa: BLE001 - the engine went away: nothing left to clean
+                pass
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    async def __aenter__(self) -> "DockerSandbox":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
