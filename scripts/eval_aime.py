@@ -100,6 +100,10 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not (args.model or args.config or any(o.startswith("model=") for o in args.overrides)):
+        print("error: name the model to evaluate with --model PATH_OR_HF_ID ('tiny' for the tiny "
+              "CPU model)", file=sys.stderr)
+        return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
     from stare_tir.config import ConfigError, load_config
     from stare_tir.evaluate import EvalRunConfig, run_eval
