@@ -149,6 +149,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):  # YAML 1.1 reads "3e-3" as a string; a user means the number
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     return key.split("."), value
 
 

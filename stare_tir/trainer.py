@@ -513,7 +513,10 @@ def make_backend(cfg: TrainConfig, model_path: str, tokenizer: Any) -> Any:
         return HFBackend(model_path, tokenizer, cfg.rollout.hf)
     from stare_tir.rollout.backends.sglang import SGLangBackend
 
-    return SGLangBackend(cfg.rollout.sglang, urls=cfg.trainer.sglang_urls)
+    if not cfg.rollout.sglang.urls:
+        raise ValueError("trainer.backend=sglang needs rollout.sglang.urls (one or more SGLang server "
+                         "URLs, e.g. rollout.sglang.urls=[http://127.0.0.1:30000])")
+    return SGLangBackend(cfg.rollout.sglang.urls, cfg.rollout.sglang)
 
 
 def build_run(cfg: TrainConfig, model_path: str, run_dir: Path) -> Run:
@@ -597,8 +600,9 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
 
 def _step_line(step: int, m: dict) -> str:
     g = lambda k: m.get(k, float("nan"))  # noqa: E731
+    gate = int(m.get("stare/gate_on", 0.0))
     return (f"step {step}: reward {g('reward/mean'):+.3f} acc {g('acc/train'):.3f} "
-            f"H {g('entropy/batch'):.3f} gate {int(g('stare/gate_on') or 0)} "
+            f"H {g('entropy/batch'):.3f} gate {gate} "
             f"tools {g('rollout/tool_calls'):.2f} len {g('rollout/response_len'):.0f} "
-            f"groups {int(g('batch/groups'))} loss {g('update/loss'):+.4f} "
+            f"groups {int(m.get('batch/groups', 0))} loss {g('update/loss'):+.4f} "
             f"t {g('time/step'):.1f}s")

@@ -80,3 +80,4 @@ def test_save_round_trip(tmp_path):
 def test_parse_override_values():
     assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
     assert parse_override("x=hello world") == (["x"], "hello world")
+    assert parse_override("lr=3e-3") == (["lr"], 0.003)
