@@ -111,3 +111,28 @@ def test_missing_model_is_an_error() -> None:
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60,
                        cwd=ROOT)
     assert r.returncode == 2 and "--model" in r.stderr
+
+
+@pytest.mark.slow
+def test_sglang_backend_run_against_the_standin_server(tmp_path: Path) -> None:
+    # The GPU path (backend=sglang) end to end on CPU: SGLang's HTTP API served by the stand-in.
+    from stare_tir.evaluate import run_eval
+    from stare_tir.rollout.backends.sglang_standin import launch_standin
+    from stare_tir.tiny import ensure_tiny_checkpoint
+
+    proc, url = launch_standin(str(ensure_tiny_checkpoint()))
+    try:
+        cfg = load_config(EvalRunConfig, None, [
+            "model=tiny", "backend=sglang", f"rollout.sglang.urls=[{json.dumps(url)}]",
+            "eval.datasets=[aime25]", "eval.limit=1", "eval.n=2", "eval.max_turns=2",
+            "eval.max_tokens=40", "eval.max_tokens_per_turn=24", f"out_dir={json.dumps(str(tmp_path))}",
+            "env.prompt=short", "rollout.progress=false",
+        ])
+        summary = run_eval(cfg)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    m = summary["datasets"]["aime25"]
+    assert summary["backend"] == "sglang" and m["problems"] == 1 and m["samples"] == 2
+    rows = read_rows(tmp_path / "aime25.jsonl")
+    assert len(rows) == 2 and all(0 < r["generated_tokens"] <= 40 for r in rows)

@@ -143,3 +143,16 @@ def test_default_n_and_config_checks() -> None:
         EvalConfig(top_p=0.0)
     with pytest.raises(ValueError, match="n=0"):
         EvalConfig(n=0)
+
+
+def test_majority_vote_with_the_training_grader() -> None:
+    from stare_tir.evaluate import answers_equivalent
+
+    # "\frac{1}{2}" and "0.5" are one answer for the grader: 2 votes beat "3" (also 2, seen later)
+    # only because the cluster is formed first; "1/2" joins it to make a clear majority.
+    preds = ["\\frac{1}{2}", "3", "0.5", "3", "1/2", None]
+    verdicts = [True, False, True, False, True, False]
+    assert majority_vote(preds, verdicts, answers_equivalent)
+    assert not majority_vote(["3", "\\frac{1}{2}", "3", "0.5"], [False, True, False, True],
+                             answers_equivalent)
+    assert answers_equivalent("\\dfrac{3}{4}", "0.75") and not answers_equivalent("34", "43")
