@@ -235,13 +235,13 @@ def dataset_metrics(
 
 
 def benchmark_average(per_dataset: dict[str, dict]) -> Optional[dict[str, float]]:
-    """Unweighted mean over the six paper benchmarks of avg@N and pass@1, if all six ran."""
+    """Unweighted mean over the six paper benchmarks of avg@N and maj@N, if all six ran."""
     if not all(name in per_dataset for name in SIX_BENCHMARKS):
         return None
     six = [per_dataset[name] for name in SIX_BENCHMARKS]
     return {
         "avg@n": sum(m[f"avg@{m['n']}"] for m in six) / len(six),
-        "pass@1": sum(m["pass@1"] for m in six) / len(six),
+        "maj@n": sum(m[f"maj@{m['n']}"] for m in six) / len(six),
     }
 
 
@@ -311,13 +311,10 @@ def _latest_by_key(rows: Iterable[dict]) -> dict[tuple[str, int], dict]:
     return {(str(r["problem_id"]), int(r["sample_idx"])): r for r in rows}
 
 
-def _rewrite_clean(path: Path, rows: list[dict]) -> None:
-    """Drop a torn tail before appending, so the file stays valid JSONL."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+def _append_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,8 +383,13 @@ def evaluate_problems(
         raise ValueError(f"{dataset}: problem id {dup!r} appears more than once")
     path = Path(out_path) if out_path is not None else None
     old_rows = read_rows(path) if path is not None else []
-    if path is not None and old_rows and len(old_rows) != sum(1 for _ in path.open()):
-        _rewrite_clean(path, old_rows)
+    if path is not None and path.exists() and not path.read_text().endswith("\n"):
+        # Every row is written with its newline, so a missing one means a torn last write:
+        # rewrite the file without it, or the next append would glue two rows together.
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        _append_rows(tmp, old_rows)
+        tmp.replace(path)
     latest = _latest_by_key(old_rows)
     done = {key for key, row in latest.items() if not row.get("sandbox_error")}
 
@@ -405,17 +407,10 @@ def evaluate_problems(
             trajs, _ = engine.run([p for p, _ in chunk], 1)
         if len(trajs) != len(chunk):
             raise RuntimeError(f"engine returned {len(trajs)} trajectories for {len(chunk)} samples")
-        rows = []
-        for pos, traj in enumerate(trajs):
-            gid = getattr(traj, "group_id", pos)
-            problem, idx = chunk[gid if gid is not None else pos]
-            rows.append(trajectory_row(traj, problem, idx, dataset))
+        rows = [trajectory_row(t, chunk[t.group_id][0], chunk[t.group_id][1], dataset)
+                for t in trajs]
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                f.flush()
+            _append_rows(path, rows)
         new_rows += rows
         logger.info(f"{dataset}: {start + len(chunk)}/{len(todo)} samples "
                     f"({time.time() - t0:.1f}s)")

@@ -121,7 +121,7 @@ def problems() -> list[dict]:
     return [by_id[i] for i in PROBLEM_IDS]
 
 
-def run_eval(tokenizer, backend, problems, out_dir, n: int, **eval_kw) -> dict:
+def run_eval(tokenizer, backend, problems, out_dir, n: int, datasets=("aime24",)) -> dict:
     """The evaluation as the script runs it: real engine, RetoolEnv, local sandbox, grader."""
     sandbox = make_sandbox(SandboxConfig(workers=2))
     env_cfg = RetoolConfig(code_timeout_s=1.0)
@@ -130,8 +130,8 @@ def run_eval(tokenizer, backend, problems, out_dir, n: int, **eval_kw) -> dict:
     engine = RolloutEngine(backend, tokenizer, make_retool_env_factory(sandbox, env_cfg), rollout)
     engine.run_coroutine(sandbox.__aenter__())
     try:
-        cfg = EvalConfig(datasets=["aime24"], n=n, pass_ks=[1, 2, 4], chunk_size=3, **eval_kw)
-        return evaluate(engine, cfg, out_dir, datasets={"aime24": problems})
+        cfg = EvalConfig(datasets=list(datasets), n=n, pass_ks=[1, 2, 4], chunk_size=3)
+        return evaluate(engine, cfg, out_dir, datasets={name: problems for name in datasets})
     finally:
         engine.run_coroutine(sandbox.__aexit__(None, None, None))
         engine.close()
@@ -214,3 +214,13 @@ def test_resume_skips_finished_samples(tokenizer, problems, tmp_path: Path) -> N
     summary = run_eval(tokenizer, fourth, problems, tmp_path, n=3)
     assert fourth.first_turns == 4
     assert summary["datasets"]["aime24"]["samples"] == 12
+
+
+def test_six_benchmark_average_when_all_six_ran(tokenizer, problems, tmp_path: Path) -> None:
+    six = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
+    summary = run_eval(tokenizer, ScriptedBackend(tokenizer), problems[:2], tmp_path, n=1,
+                       datasets=six)
+    assert set(summary["datasets"]) == set(six)
+    assert summary["six_benchmark_avg"] == {"avg@n": 1.0, "maj@n": 1.0}
+    assert all((tmp_path / f"{name}.jsonl").is_file() for name in six)
+    assert json.loads((tmp_path / "summary.json").read_text())["six_benchmark_avg"]["avg@n"] == 1.0

@@ -128,8 +128,9 @@ def test_dataset_metrics_excludes_sandbox_failures() -> None:
 
 def test_benchmark_average_needs_all_six() -> None:
     names = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
-    per = {name: {"n": 4, "avg@4": i / 10, "pass@1": i / 10} for i, name in enumerate(names)}
-    assert benchmark_average(per) == pytest.approx({"avg@n": 0.25, "pass@1": 0.25})
+    per = {name: {"n": 32 if i < 3 else 4, f"avg@{32 if i < 3 else 4}": i / 10,
+                  f"maj@{32 if i < 3 else 4}": 1 - i / 10} for i, name in enumerate(names)}
+    assert benchmark_average(per) == pytest.approx({"avg@n": 0.25, "maj@n": 0.75})
     del per["minerva"]
     assert benchmark_average(per) is None
     flat = summary_metrics({"datasets": {"aime24": {"n": 4, "avg@4": 0.5, "finish_reasons": {}}},
@@ -148,11 +149,11 @@ def test_default_n_and_config_checks() -> None:
 def test_majority_vote_with_the_training_grader() -> None:
     from stare_tir.evaluate import answers_equivalent
 
-    # "\frac{1}{2}" and "0.5" are one answer for the grader: 2 votes beat "3" (also 2, seen later)
-    # only because the cluster is formed first; "1/2" joins it to make a clear majority.
+    # "\frac{1}{2}", "0.5" and "1/2" are one answer for the grader: 3 votes against 2 for "3".
     preds = ["\\frac{1}{2}", "3", "0.5", "3", "1/2", None]
     verdicts = [True, False, True, False, True, False]
     assert majority_vote(preds, verdicts, answers_equivalent)
+    # 2 against 2: the answer seen first ("3") wins the tie.
     assert not majority_vote(["3", "\\frac{1}{2}", "3", "0.5"], [False, True, False, True],
                              answers_equivalent)
     assert answers_equivalent("\\dfrac{3}{4}", "0.75") and not answers_equivalent("34", "43")
