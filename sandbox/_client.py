@@ -1,8 +1,7 @@
 """Host side of the worker protocol, shared by the local and docker backends.
 
-`WorkerClient` talks to one fork server; `Proc` is one session interpreter it started; `ProcSession`
-is the public Session on top (queueing, respawn after a death, stateless mode). Everything here is
-callback-driven on the event loop, so a trivial cell costs two small writes and two wake-ups.
+`WorkerClient` talks to one fork server; `Proc` is one session interpreter it started. Everything
+here is callback-driven on the event loop, so a trivial cell costs two small writes and two wake-ups.
 """
 from __future__ import annotations
 
@@ -14,54 +13,9 @@ import signal
 import socket
 import time
 from collections import deque
-from typing import Awaitable, Callable
 
-from ._worker import Frames, pack
-from .base import ExecResult, ExecStatus, Limits, SandboxError, killed_status
-
-
-class Slots:
-    """At most `workers` cells run at once; at most `queue_size` calls wait, each for at most
-    `timeout_s`. A full queue or a long wait is an infrastructure failure with a clear message."""
-
-    def __init__(self, workers: int, queue_size: int, timeout_s: float):
-        self.workers, self.queue_size, self.timeout_s = workers, queue_size, timeout_s
-        self.free, self.waiting = workers, 0
-        self.waiters: deque[asyncio.Future] = deque()
-
-    @contextlib.asynccontextmanager
-    async def slot(self):
-        if self.free == 0:
-            if self.waiting >= self.queue_size:
-                raise SandboxError(f"sandbox queue full: {self.waiting} calls already wait for "
-                                   f"{self.workers} workers (raise workers or queue_size)")
-            fut = asyncio.get_running_loop().create_future()
-            self.waiters.append(fut)
-            self.waiting += 1
-            try:
-                await asyncio.wait_for(fut, self.timeout_s)  # resolved with the slot handed over
-            except asyncio.TimeoutError:
-                raise SandboxError(f"no sandbox worker became free within {self.timeout_s:g}s") from None
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self._release()  # the slot arrived as we were cancelled: pass it on
-                raise
-            finally:
-                self.waiting -= 1
-        else:
-            self.free -= 1
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-        self.free += 1
+from ._proto import Frames, pack
+from .base import ExecResult, ExecStatus, SandboxError, killed_status
 
 
 class WorkerClient:
@@ -328,70 +282,3 @@ class Proc:
             res.exit_code = os.WEXITSTATUS(status)  # the code called os._exit()
             res.status = ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
         return res
-
-
-class ProcSession:
-    """A Session over worker processes: stateful (one interpreter for all cells) or stateless.
-    An interpreter that died (timeout, crash, os._exit) is replaced at the next cell, with fresh
-    state; every internal failure becomes a sandbox_error result here, at one boundary."""
-
-    def __init__(self, spawn: Callable[[], Awaitable[Proc]], slots: Slots, limits: Limits,
-                 stateless: bool = False, on_close: Callable[[], Awaitable[None]] | None = None):
-        self.spawn, self.slots, self.limits, self.stateless = spawn, slots, limits, stateless
-        self.on_close = on_close
-        self.proc: Proc | None = None
-        self.lock = asyncio.Lock()
-        self.closed = False
-
-    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        t0 = time.monotonic()
-        async with self.lock:
-            if self.closed:
-                return ExecResult.infra_failure("session is closed")
-            try:
-                async with self.slots.slot():
-                    if self.proc is None or not self.proc.alive:
-                        self.proc = await self.spawn()
-                    res = await self.proc.run_cell(code, self.limits.wall_time(timeout),
-                                                   self.limits.max_output_bytes)
-                    if not self.proc.alive:
-                        await self._drop()
-                    elif self.stateless:  # teardown (~5 ms of kernel work) need not delay the result
-                        self._abandon()
-                    return res
-            except asyncio.CancelledError:
-                self._abandon()
-                raise
-            except Exception as e:  # noqa: BLE001 - the boundary: infrastructure failures become results
-                self._abandon()
-                msg = str(e) if isinstance(e, SandboxError) else f"internal error: {type(e).__name__}: {e}"
-                return ExecResult.infra_failure(msg, time.monotonic() - t0)
-
-    def _abandon(self) -> None:
-        if self.proc is not None:
-            self.proc.client.kill(self.proc.sid)
-            self.proc._close_ctl()
-            self.proc = None
-
-    async def _drop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            await proc.kill()
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            await self._drop()
-        except SandboxError:
-            pass
-        finally:
-            if self.on_close is not None:
-                await self.on_close()
-
-    async def __aenter__(self) -> "ProcSession":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -4,185 +4,25 @@ Run by the host as `python -I _worker.py '<json>'` (local) or as a container's e
 It imports numpy/sympy once, then forks. Per session (local mode) the child becomes pid 1 of new
 pid/net/mount/ipc/uts namespaces inside its own memory+pids cgroup, mounts a private tmpfs at /tmp,
 drops to an unprivileged uid with no capabilities, sets no_new_privs and a seccomp filter, and runs
-cells. Its death (any cause) makes the kernel kill every process of the session; the worker reaps it
-and reports the wait status. In docker mode the container is the boundary and a reaper that kills
-every process of the code's uid replaces the pid namespace.
-
-Wire format (host <-> worker, host <-> session): frames of `!II` (json length, payload length),
-a JSON header, then the payload. File descriptors (the session's control socket, each cell's
-stdout/stderr pipes) travel as SCM_RIGHTS with the first byte of a frame.
+cells (_cells.py). Its death (any cause) makes the kernel kill every process of the session; the
+worker reaps it and reports the wait status. In docker mode the container is the boundary and a
+reaper that kills every process of the code's uid replaces the pid namespace.
 """
 from __future__ import annotations
 
-import array
-import builtins
-import io
 import json
-import linecache
 import os
 import resource
 import selectors
 import shutil
 import signal
 import socket
-import struct
 import sys
 import time
-import traceback
-import types
 
-HDR = struct.Struct("!II")
-MAX_HEADER = 1 << 20  # the host refuses bigger headers from a session (it may be tampered with)
-
-
-def pack(obj: dict, payload: bytes = b"") -> bytes:
-    head = json.dumps(obj).encode()
-    return HDR.pack(len(head), len(payload)) + head + payload
-
-
-def send(sock: socket.socket, obj: dict, payload: bytes = b"", fds: tuple = ()) -> None:
-    data = pack(obj, payload)
-    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg([data], anc)
-    if sent < len(data):
-        sock.sendall(data[sent:])
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            return None
-        got += k
-    return bytes(buf)
-
-
-def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict | None, bytes, list[int]]:
-    """Blocking read of one frame -> (header, payload, fds); header None at end of stream."""
-    head, fds = b"", []
-    while len(head) < HDR.size:
-        chunk, anc, _flags, _addr = sock.recvmsg(HDR.size - len(head), socket.CMSG_SPACE(4 * maxfds) if maxfds else 0)
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += array.array("i", data[: len(data) - len(data) % 4])
-        if not chunk:
-            for fd in fds:
-                os.close(fd)
-            return None, b"", []
-        head += chunk
-    hlen, plen = HDR.unpack(head)
-    body = _recv_exact(sock, hlen + plen)
-    if body is None:
-        return None, b"", fds
-    return json.loads(body[:hlen]), body[hlen:], fds
-
-
-class Frames:
-    """Incremental, non-blocking frame parser for the host side."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[dict, bytes]]:
-        self.buf += data
-        out = []
-        while len(self.buf) >= HDR.size:
-            hlen, plen = HDR.unpack_from(self.buf)
-            if hlen > MAX_HEADER or plen > MAX_HEADER:
-                raise ValueError(f"frame too large ({hlen}+{plen} bytes)")
-            if len(self.buf) < HDR.size + hlen + plen:
-                break
-            end = HDR.size + hlen
-            obj = json.loads(self.buf[HDR.size:end])
-            if not isinstance(obj, dict):
-                raise ValueError("frame header is not an object")
-            out.append((obj, bytes(self.buf[end:end + plen])))
-            del self.buf[:end + plen]
-        return out
-
-
-# ----------------------------------------------------------------------------- cells
-
-
-def run_cell(code: bytes, main: types.ModuleType, name: str) -> tuple[int, str | None]:
-    """Execute one cell like `python -c` would; returns (exit_code, exception class name)."""
-    try:
-        text = code.decode("utf-8", "replace")
-        linecache.cache[name] = (len(text), None, text.splitlines(True), name)  # source in tracebacks
-        compiled = compile(code, name, "exec", dont_inherit=True)
-        exec(compiled, main.__dict__)
-        return 0, None
-    except SystemExit as e:  # sys.exit() ends the cell, not the session (as in a notebook)
-        if e.code is None:
-            return 0, None
-        if isinstance(e.code, int):
-            return e.code & 0xFF, None
-        _print_safely(str(e.code))
-        return 1, None
-    except BaseException as e:  # noqa: BLE001 - the code's exceptions are its result
-        try:  # tb_next: leave out this function's frame
-            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-        except BaseException:  # noqa: BLE001 - a broken __str__ or a closed stderr
-            pass
-        return 1, type(e).__name__
-
-
-def _print_safely(text: str) -> None:
-    try:
-        print(text, file=sys.stderr)
-    except BaseException:  # noqa: BLE001
-        pass
-
-
-def _reset_stdio() -> None:
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", line_buffering=True)
-
-
-def _flush_stdio() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001 - the code may have closed or replaced them
-            pass
-
-
-def serve_cells(ctl: socket.socket) -> None:
-    """The session's loop: one frame per cell (code + its stdout/stderr pipes), one reply."""
-    me = os.getpid()
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
-    sys.modules["__main__"] = main
-    sys.argv = [""]
-    devnull = os.open("/dev/null", os.O_RDWR)
-    # a throwaway cell now takes the copy-on-write faults that would otherwise slow the first real one
-    _reset_stdio()
-    run_cell(b"print(end='')", types.ModuleType("__warmup__"), "<warmup>")
-    _flush_stdio()
-    pack({"op": "done", "exit_code": 0, "exc": None})
-    send(ctl, {"op": "ready"})
-    for n in range(1, 1 << 62):
-        msg, code, fds = recv(ctl, maxfds=2)
-        if msg is None or len(fds) != 2:
-            os._exit(0)  # the host closed the session
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        os.close(fds[0])
-        os.close(fds[1])
-        _reset_stdio()
-        exit_code, exc = run_cell(code, main, f"<cell {n}>")
-        _flush_stdio()
-        if os.getpid() != me:  # a fork made by the cell fell through to here: it must not talk
-            os._exit(exit_code)
-        os.dup2(devnull, 1)  # the host sees EOF unless a lingering child still holds the pipes
-        os.dup2(devnull, 2)
-        send(ctl, {"op": "done", "exit_code": exit_code, "exc": exc})
-
-
-# ----------------------------------------------------------------------------- fork server
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings; dropped again in main()
+from _cells import serve_cells  # noqa: E402
+from _proto import recv, send  # noqa: E402
 
 
 class Worker:
@@ -268,14 +108,19 @@ class Worker:
         return self.cfg["uid_base"] + sid % 1000 if self.local else self.cfg["uid_base"]
 
     def spawn(self, sid: int, ctl_fd: int) -> None:
+        cg, pid = [], -1
         try:
-            cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"]) if self.cgroups else []
+            if self.cgroups is not None:
+                cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"])
             if self.local:
                 self.iso.unshare(self.iso.CLONE_NEWPID)  # the next child is pid 1 of a new namespace
             pid = os.fork()
         except OSError as e:
-            send(socket.socket(fileno=os.dup(ctl_fd)), {"op": "failed", "error": f"spawn: {e}"})
+            self.failed(sid, ctl_fd, cg, f"spawn: {e}")
             return
+        finally:
+            if pid != 0 and self.local:  # back in the parent: later children stay out of it
+                self.iso.setns(self.pidns, self.iso.CLONE_NEWPID)
         if pid == 0:
             try:
                 if ctl_fd != 3:  # a fixed place, so a failure below can still be reported
@@ -290,10 +135,21 @@ class Worker:
                 serve_cells(ctl)  # returns only if the code broke our control channel
             finally:
                 os._exit(70)
-        if self.local:
-            self.iso.setns(self.pidns, self.iso.CLONE_NEWPID)  # back: later children are not in it
         self.cg_fds[sid] = cg  # kept to read the OOM count after the session ends
         self.pids[pid], self.sids[sid] = sid, pid
+
+    def failed(self, sid: int, ctl_fd: int, cg: list[int], error: str) -> None:
+        """No session process exists: say why on its channel, and report it ended."""
+        for fd in cg:
+            os.close(fd)
+        if self.cgroups is not None:
+            self.cgroups.remove(sid)
+        with socket.socket(fileno=os.dup(ctl_fd)) as ctl:
+            try:
+                send(ctl, {"op": "failed", "error": error})
+            except OSError:
+                pass
+        send(self.sock, {"op": "exit", "sid": sid, "status": None, "oom": False})
 
     def enter(self, sid: int, cg: list[int]) -> socket.socket:
         """In the new child: isolate, drop privileges, return the control socket (fd 3)."""
@@ -447,8 +303,6 @@ def _wipe(path: str) -> None:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, here)  # for _isolation; removed below so the code cannot import our modules
     worker = Worker(cfg)
     if cfg["mode"] == "local":
         sock = socket.socket(fileno=cfg["fd"])
@@ -463,7 +317,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - e.g. no privileges for namespaces
         send(sock, {"op": "fatal", "error": f"{type(e).__name__}: {e}"})
         sys.exit(1)
-    sys.path.remove(here)
+    sys.path.pop(0)  # the code must not import our modules
     send(sock, hello)
     worker.serve(sock)
 

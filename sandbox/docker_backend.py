@@ -26,7 +26,8 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from ._client import Proc, ProcSession, Slots, WorkerClient
+from ._client import Proc, WorkerClient
+from ._session import ProcSession, Slots
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
 

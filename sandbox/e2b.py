@@ -21,7 +21,7 @@ import os
 import re
 import time
 
-from ._client import Slots
+from ._session import Slots
 from .base import ExecResult, ExecStatus, SandboxError
 from .config import SandboxConfig
 

@@ -35,7 +35,8 @@ import sys
 import tempfile
 from dataclasses import asdict
 
-from ._client import Proc, ProcSession, Slots, WorkerClient
+from ._client import Proc, WorkerClient
+from ._session import ProcSession, Slots
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
 

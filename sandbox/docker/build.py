@@ -88,7 +88,7 @@ def collect(root: str, packages: list[str]) -> None:
         if not lib.startswith(base) and "site-packages" not in lib:
             _copy(lib, root)
     here = os.path.dirname(HERE)
-    for name in ("_worker.py", "_isolation.py"):
+    for name in ("_worker.py", "_proto.py", "_cells.py", "_isolation.py"):
         _copy(os.path.join(here, name), root, f"/opt/sandbox/{name}")
     os.makedirs(root + "/usr/local/bin", exist_ok=True)
     os.symlink(os.path.realpath(sys.executable), root + "/usr/local/bin/python3")

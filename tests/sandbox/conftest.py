@@ -1,6 +1,7 @@
 """Shared fixtures for the sandbox tests: a started sandbox per backend, process probes."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -16,7 +17,9 @@ def open_sandbox(backend: str, **overrides) -> SyncSandbox:
     """A started sandbox; skips (with the reason) when the backend cannot run on this machine."""
     if backend == "local" and os.geteuid() != 0:
         pytest.skip("the local sandbox needs root (namespaces, cgroups, setuid)")
-    cfg = SandboxConfig(backend=backend, limits=TEST_LIMITS, workers=2, docker=DockerConfig(warm=2))
+    # docker: a container competes for CPU as one cgroup, so under a loaded CI it runs slower
+    limits = TEST_LIMITS if backend == "local" else dataclasses.replace(TEST_LIMITS, wall_time_s=8.0)
+    cfg = SandboxConfig(backend=backend, limits=limits, workers=2, docker=DockerConfig(warm=2))
     for key, value in overrides.items():
         setattr(cfg, key, value)
     try:

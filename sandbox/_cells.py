@@ -1,0 +1,89 @@
+"""The session side of a cell: run code like `python -c`, report how it ended. Stdlib only."""
+from __future__ import annotations
+
+import builtins
+import io
+import linecache
+import os
+import socket
+import sys
+import traceback
+import types
+
+from _proto import pack, recv, send
+
+
+def run_cell(code: bytes, main: types.ModuleType, name: str) -> tuple[int, str | None]:
+    """Execute one cell like `python -c` would; returns (exit_code, exception class name)."""
+    try:
+        text = code.decode("utf-8", "replace")
+        linecache.cache[name] = (len(text), None, text.splitlines(True), name)  # source in tracebacks
+        compiled = compile(code, name, "exec", dont_inherit=True)
+        exec(compiled, main.__dict__)
+        return 0, None
+    except SystemExit as e:  # sys.exit() ends the cell, not the session (as in a notebook)
+        if e.code is None:
+            return 0, None
+        if isinstance(e.code, int):
+            return e.code & 0xFF, None
+        _print_safely(str(e.code))
+        return 1, None
+    except BaseException as e:  # noqa: BLE001 - the code's exceptions are its result
+        try:  # tb_next: leave out this function's frame
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        except BaseException:  # noqa: BLE001 - a broken __str__ or a closed stderr
+            pass
+        return 1, type(e).__name__
+
+
+def _print_safely(text: str) -> None:
+    try:
+        print(text, file=sys.stderr)
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+def _reset_stdio() -> None:
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - the code may have closed or replaced them
+            pass
+
+
+def serve_cells(ctl: socket.socket) -> None:
+    """The session's loop: one frame per cell (code + its stdout/stderr pipes), one reply."""
+    me = os.getpid()
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = [""]
+    devnull = os.open("/dev/null", os.O_RDWR)
+    # a throwaway cell now takes the copy-on-write faults that would otherwise slow the first real one
+    _reset_stdio()
+    run_cell(b"print(end='')", types.ModuleType("__warmup__"), "<warmup>")
+    _flush_stdio()
+    pack({"op": "done", "exit_code": 0, "exc": None})
+    send(ctl, {"op": "ready"})
+    for n in range(1, 1 << 62):
+        msg, code, fds = recv(ctl, maxfds=2)
+        if msg is None or len(fds) != 2:
+            os._exit(0)  # the host closed the session
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        os.close(fds[0])
+        os.close(fds[1])
+        _reset_stdio()
+        exit_code, exc = run_cell(code, main, f"<cell {n}>")
+        _flush_stdio()
+        if os.getpid() != me:  # a fork made by the cell fell through to here: it must not talk
+            os._exit(exit_code)
+        os.dup2(devnull, 1)  # the host sees EOF unless a lingering child still holds the pipes
+        os.dup2(devnull, 2)
+        send(ctl, {"op": "done", "exit_code": exit_code, "exc": exc})

@@ -1,0 +1,60 @@
+"""The public surface: config validation, light import, result types, backend selection."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sandbox import ExecResult, ExecStatus, Limits, SandboxConfig, make_sandbox
+from sandbox._proto import Frames, pack
+
+
+def test_import_is_light():
+    code = ("import sys, time; t = time.perf_counter(); import sandbox; dt = time.perf_counter() - t\n"
+            "heavy = [m for m in ('numpy', 'sympy', 'torch', 'transformers', 'docker', 'e2b', 'httpx') if m in sys.modules]\n"
+            "print(heavy, dt < 0.5)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "[] True\n"
+
+
+def test_limits_validate_and_timeouts_only_shorten():
+    with pytest.raises(ValueError, match=r"wall_time_s=0: must be > 0"):
+        Limits(wall_time_s=0)
+    lim = Limits(wall_time_s=5)
+    assert [lim.wall_time(t) for t in (None, 1, 100, 0, -3)] == [5, 1, 5, 5, 5]
+
+
+def test_config_validates_and_loads_from_dicts():
+    with pytest.raises(ValueError, match="workers=0"):
+        SandboxConfig(workers=0)
+    with pytest.raises(ValueError, match="backend='gpu'"):
+        SandboxConfig(backend="gpu")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        SandboxConfig(env=["NOEQ"])
+    cfg = SandboxConfig(limits={"wall_time_s": 2}, docker={"warm": 0}, e2b={"retries": 0})
+    assert cfg.limits == Limits(wall_time_s=2) and cfg.docker.warm == 0 and cfg.e2b.retries == 0
+
+
+def test_code_environment_is_an_allow_list():
+    cfg = SandboxConfig(env=["A=1=2"], env_passthrough=["KEEP"])
+    env = cfg.code_env({"KEEP": "k", "AWS_SECRET_ACCESS_KEY": "x", "HOME": "/root"})
+    assert env["A"] == "1=2" and env["KEEP"] == "k" and env["HOME"] == "/tmp" and "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_backend_selection_is_lazy():
+    for backend, cls in (("local", "LocalSandbox"), ("docker", "DockerSandbox"), ("e2b", "E2BSandbox")):
+        assert type(make_sandbox(SandboxConfig(backend=backend))).__name__ == cls  # nothing started
+
+
+def test_result_helpers():
+    r = ExecResult.infra_failure("engine down", 0.5)
+    assert r.status == ExecStatus.SANDBOX_ERROR == "sandbox_error" and r.error == "engine down" and not r.ok
+
+
+def test_protocol_rejects_oversized_or_malformed_frames():
+    assert Frames().feed(pack({"op": "done"}, b"xy")) == [({"op": "done"}, b"xy")]
+    with pytest.raises(ValueError):
+        Frames().feed(b"\xff\xff\xff\xff\x00\x00\x00\x00")  # a 4 GB header
+    with pytest.raises(ValueError):
+        Frames().feed(pack([1, 2]))  # not an object
