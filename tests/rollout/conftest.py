@@ -151,6 +151,18 @@ class ScriptedBackend:
         pass
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tests run two per 2-core machine (xdist): two intra-op threads each would oversubscribe the
+    cores, and OpenMP spin-waiting then slows the tiny model 10x or more."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def qwen_tok():
     from stare_tir.tiny import build_qwen_tokenizer

@@ -184,3 +184,23 @@ def test_update_weights_from_disk(backend, tmp_path):
     assert all(torch.equal(got[k], v) for k, v in want.items())
     with pytest.raises(FileNotFoundError):
         backend.update_weights_from_disk(str(tmp_path))
+
+
+def test_backend_moves_between_event_loops(backend):
+    """An engine's persistent loop, then asyncio.run, then the first loop again: the batcher
+    follows, and a superseded batcher never touches the shared state again."""
+    p = _prompts(backend.tokenizer, 1)[0]
+    sp = SamplingParams(max_new_tokens=16, seed=11)
+    first = asyncio.new_event_loop()
+    try:
+        a = first.run_until_complete(backend.generate(p, sp, []))
+        old_runner = backend._runner
+        b = asyncio.run(backend.generate(p, sp, []))
+        c = first.run_until_complete(asyncio.wait_for(backend.generate(p, sp, []), 60))
+        assert a.token_ids == b.token_ids == c.token_ids
+        assert old_runner.done() or backend._runner is not old_runner
+        first.run_until_complete(asyncio.sleep(0.01))
+        assert old_runner.done()  # it noticed it was superseded and returned
+    finally:
+        backend.close()
+        first.close()

@@ -19,6 +19,9 @@ Why it is exact: every row is fed precisely its prompt ids and then its own samp
 padding masked out and positions counted over real tokens only, so the model is conditioned on
 `prompt_ids + generated[:k]` when it samples token k (tests recompute and compare logprobs).
 
+One event loop at a time: when generate() is first awaited on a new loop (each asyncio.run, or
+another engine's loop), the batcher moves there and requests left on the old loop are dropped.
+
 Weights: `update_weights(named_tensors)` copies learner tensors into the model in place (HF names;
 a DeepSpeed "module." prefix is stripped); `update_weights_from_disk(dir)` reads safetensors or
 .bin shards from an HF checkpoint directory. Both take the step lock, so they never interleave
@@ -241,11 +244,17 @@ class HFBackend:
 
     def close(self) -> None:
         self._closed = True
-        if self._runner is not None and not self._runner.done():
-            try:
-                self._runner.get_loop().call_soon_threadsafe(self._runner.cancel)
-            except RuntimeError:  # loop already closed
-                pass
+        runner = self._runner
+        if runner is not None and not runner.done():
+            loop = runner.get_loop()
+            if loop.is_running():
+                loop.call_soon_threadsafe(runner.cancel)
+            elif not loop.is_closed():  # idle loop (e.g. an engine's): let the task finish
+                runner.cancel()
+                try:
+                    loop.run_until_complete(asyncio.gather(runner, return_exceptions=True))
+                except RuntimeError:  # another loop runs in this thread: leave it cancelled
+                    pass
         self._executor.shutdown(wait=True)
 
     # ------------------------------------------------------------------ batcher (event loop)
@@ -255,6 +264,11 @@ class HFBackend:
         if self._loop is not loop or self._runner is None or self._runner.done():
             # A new event loop (each engine.run() uses asyncio.run): anything left from the old
             # loop belongs to cancelled callers, so drop it.
+            if self._wakeup is not None:  # wake the old batcher so it can see it is superseded
+                try:
+                    self._wakeup.set()
+                except RuntimeError:  # its loop is closed: nothing left to wake
+                    pass
             self._loop = loop
             self._pending.clear()
             self._batch = None
@@ -280,6 +294,8 @@ class HFBackend:
         loop = asyncio.get_running_loop()
         steps_since_join = 0
         while True:
+            if asyncio.current_task() is not self._runner:
+                return  # superseded by a runner on a newer event loop; the state is theirs now
             if self._batch is None and not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()

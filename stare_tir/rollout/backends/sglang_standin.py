@@ -31,7 +31,6 @@ import asyncio
 import base64
 import json
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -313,9 +312,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--max-batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     args = ap.parse_args(argv)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     server = StandinServer(args.model_path, args.host, args.port, args.max_batch_size)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.httpd.shutdown).start())
+    # SIGTERM keeps its default action (exit at once): a test helper has nothing to flush.
     print(f"STANDIN_READY port={server.port}", flush=True)
     try:
         server.httpd.serve_forever()
