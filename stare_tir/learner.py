@@ -72,6 +72,9 @@ class LearnerConfig:
     # Clip the global gradient L2 norm to this value (0 disables clipping; the norm is still
     # computed, and a non-finite norm still skips the step).
     grad_clip: float = 1.0
+    # ZeRO-3: parameters with fewer elements than this stay replicated on every rank instead of
+    # being gathered at each use (DeepSpeed's default; 0 partitions everything).
+    zero3_persistence_threshold: int = 100_000
     # Recompute activations in the backward pass: less memory, ~30% more compute.
     gradient_checkpointing: bool = False
     # Token budget of one training micro-batch: rows x padded length <= this (a single longer
@@ -114,6 +117,8 @@ class LearnerConfig:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip={self.grad_clip!r}: must be >= 0 (0 disables)")
+        if self.zero3_persistence_threshold < 0:
+            raise ValueError(f"zero3_persistence_threshold={self.zero3_persistence_threshold!r}: must be >= 0")
         if self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens!r}: must be >= 1")
         if self.forward_micro_batch_tokens is not None and self.forward_micro_batch_tokens < 1:
@@ -215,17 +220,18 @@ def _build_micro_batch(trajs: Sequence[Any], indices: list[int], pad_id: int) ->
         n = len(p) + len(r)
         input_ids[row, :n] = torch.tensor(p + r, dtype=torch.long)
         attention_mask[row, :n] = 1
-        for j, (tok, keep) in enumerate(zip(r, m)):
-            if keep:
-                sel_rows.append(row)
-                sel_pos.append(len(p) + j - 1)  # the hidden state before token j predicts it
-                sel_resp.append(j)
-                targets.append(tok)
-                mask[row, j] = 1.0
+        r_t = torch.tensor(r, dtype=torch.long)  # [r]
+        js = torch.nonzero(torch.tensor(m, dtype=torch.bool)).squeeze(1)  # [n_loss] response indices
+        mask[row, js] = 1.0
+        sel_rows.append(torch.full_like(js, row))
+        sel_pos.append(js + (len(p) - 1))  # the hidden state just before token j predicts it
+        sel_resp.append(js)
+        targets.append(r_t[js])
     position_ids = torch.arange(lmax, dtype=torch.long).expand(b, lmax).contiguous()  # [B, L]
-    as_t = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return _MicroBatch(input_ids, attention_mask, position_ids, as_t(sel_rows), as_t(sel_pos),
-                       as_t(sel_resp), as_t(targets), mask, list(indices), len(targets))
+    cat = lambda xs: torch.cat(xs).long()  # noqa: E731  [N]
+    tgt = cat(targets)
+    return _MicroBatch(input_ids, attention_mask, position_ids, cat(sel_rows), cat(sel_pos), cat(sel_resp),
+                       tgt, mask, list(indices), int(tgt.numel()))
 
 
 def _empty_micro_batch(pad_id: int) -> _MicroBatch:
@@ -368,15 +374,13 @@ class Learner:
             "wall_clock_breakdown": False,
         }
         if cfg.zero_stage == 3:
-            # Gather params inside forward even when they are small (deterministic behaviour).
-            ds_config["zero_optimization"].update({"stage3_param_persistence_threshold": 0})
+            ds_config["zero_optimization"]["stage3_param_persistence_threshold"] = cfg.zero3_persistence_threshold
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         # Every rank loads the full model on CPU; under ZeRO-3 deepspeed.initialize then partitions
         # it (host memory: one model copy per rank, transiently). Loading straight into partitions
         # (zero.Init through transformers' HfDeepSpeedConfig) would need `accelerate` installed.
         lm = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype,
                                                   attn_implementation=cfg.attn_implementation)
-        lm.config.use_cache = False
         if cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._module = _token_logprob_model(lm, cfg.temperature, cfg.logprob_chunk_size)

@@ -78,7 +78,7 @@ def run(model_path: str, zero_stage: int = 2, budget: int = 64, stare: bool = Fa
 
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
     learner = Learner(model_path, LearnerConfig(zero_stage=zero_stage, lr=lr, micro_batch_tokens=budget,
-                                                grad_clip=1.0))
+                                                grad_clip=1.0, zero3_persistence_threshold=0))
     trajs = make_trajs(n_trajs, seed=0, vocab=vocab)
     advs = make_advantages(n_trajs, seed=0)
     local, local_adv = learner.shard(trajs), learner.shard(advs)
