@@ -24,12 +24,12 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from envs.arithmetic import split_assistant_segments  # the env's own observation format
 from stare_tir.learner import LearnerConfig
 
 if TYPE_CHECKING:
@@ -74,29 +74,6 @@ class SFTConfig:
 
 # ----------------------------------------------------------------------------------------------
 # Encoding: the same token layout as an RL trajectory
-
-# An interpreter observation exactly as the Retool env returns it (a leading and a trailing newline
-# around the block). Kept in step with envs.arithmetic.split_assistant_segments.
-_OBSERVATION_RE = re.compile(r"\n?<interpreter>.*?</interpreter>\n?", re.DOTALL)
-
-
-def split_assistant_segments(text: str) -> list[tuple[str, bool]]:
-    """Split an assistant response into (segment text, is_model_written), in order.
-
-    Interpreter blocks, with the newline before and after them that the env's observation
-    carries, are not model-written; everything else is. Concatenating the segments gives `text`.
-    """
-    out: list[tuple[str, bool]] = []
-    pos = 0
-    for m in _OBSERVATION_RE.finditer(text):
-        if m.start() > pos:
-            out.append((text[pos : m.start()], True))
-        out.append((m.group(0), False))
-        pos = m.end()
-    if pos < len(text):
-        out.append((text[pos:], True))
-    return out
-
 
 def _encode(tokenizer: "PreTrainedTokenizerBase", text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
