@@ -76,6 +76,12 @@ class Trajectory:
         self.turns.append((start, len(self.response_ids), kind))
 
     @property
+    def infra_failure(self) -> bool:
+        """True when the record must not reach the loss: the sandbox infrastructure failed, or the
+        env/backend raised (finish "error"). Such a trajectory is neither right nor wrong."""
+        return self.sandbox_error or self.finish_reason == "error"
+
+    @property
     def num_model_tokens(self) -> int:
         return sum(self.loss_mask)
 

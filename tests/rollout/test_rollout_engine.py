@@ -38,6 +38,7 @@ def test_two_turn_trajectory_is_token_exact(qwen_tok, fake_env_cls, scripted_bac
     (t,) = trajs
     t.check()
     assert (t.finish_reason, t.reward, t.num_turns, t.tool_calls) == ("answer", 1.0, 2, 1)
+    assert not t.infra_failure
     assert t.info["correct"] is True and t.info["pred"] == "42"
     assert [k for _, _, k in t.turns] == ["model", "obs", "model"]
 
@@ -167,12 +168,14 @@ def test_env_failures_are_flagged_not_lost(qwen_tok, fake_env_cls, scripted_back
                           or envs[-1], n_per_prompt=1).run([PROBLEM])
     assert t.finish_reason == "error" and "env exploded" in t.info["error"]
     assert t.reward == 0.0 and envs[0].closed and stats["errors"] == 1
+    assert t.infra_failure and not t.sandbox_error
     t.check()
 
     be = scripted_backend_cls(qwen_tok, [CODE_TURN, ANSWER_TURN])
     (t,), stats = _engine(qwen_tok, be, lambda p: fake_env_cls(p, sandbox_error_on_call=1),
                           n_per_prompt=1).run([PROBLEM])
     assert t.sandbox_error and t.finish_reason == "error" and stats["sandbox_errors"] == 1
+    assert t.infra_failure
 
 
 def test_sandbox_time_overlaps_generation(qwen_tok, fake_env_cls, scripted_backend_cls):

@@ -258,3 +258,12 @@ def test_routes_around_a_dead_server(server, local):
     outs = asyncio.run(many())
     assert all(o.token_ids == outs[0].token_ids for o in outs)
     assert be.health() == [False, True]
+
+
+def test_control_calls_go_to_weight_urls(server, local):
+    """Behind a router, generation goes to `urls` and weight/control calls to `weight_urls`."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    be = SGLangBackend([server], SGLangConfig(weight_urls=[dead]))
+    with pytest.raises(OSError):
+        be.flush_cache()  # the (dead) worker URL was called, not the generation URL
+    assert _greedy(be, _prompt(local.tokenizer)) == _greedy(local, _prompt(local.tokenizer))

@@ -61,6 +61,9 @@ class SGLangConfig:
 
     # Base URLs of the SGLang servers (or of one sglang-router), e.g. ["http://10.0.0.5:30000"].
     urls: list[str] = field(default_factory=list)
+    # Servers that receive control calls (weight updates, flush, memory release). Empty: `urls`.
+    # Behind a sglang-router, list the workers here: the router forwards generation only.
+    weight_urls: list[str] = field(default_factory=list)
     # Seconds one HTTP request may take (a long generation at low batch priority can be slow).
     timeout_s: float = 600.0
     # Retries of a request whose connection failed (on the next-least-loaded server).
@@ -90,7 +93,7 @@ class SGLangConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         if self.retries < 0:
             raise ValueError(f"retries={self.retries!r}: must be >= 0")
-        for url in self.urls:
+        for url in self.urls + self.weight_urls:
             if not url.startswith("http://"):
                 raise ValueError(f"urls: {url!r} must start with http://")
 
@@ -284,7 +287,9 @@ class SGLangBackend:
         if not urls:
             raise ValueError("SGLangBackend needs at least one server URL")
         self.urls = [u.rstrip("/") for u in urls]
-        SGLangConfig(urls=self.urls)  # validates the URLs
+        # control calls (weights, cache, memory) go to the workers, even behind a router
+        self.control_urls = [u.rstrip("/") for u in (self.cfg.weight_urls or self.urls)]
+        SGLangConfig(urls=self.urls, weight_urls=self.control_urls)  # validates the URLs
         self._client = AsyncJSONClient(timeout_s=self.cfg.timeout_s)
         self._inflight = [0] * len(self.urls)
         self._rr = itertools.count()
@@ -320,6 +325,7 @@ class SGLangBackend:
 
     # -- control path (blocking; called by the trainer between rollout phases)
     def health(self) -> list[bool]:
+        """GET /health of every generation URL (servers, or the router)."""
         ok = []
         for url in self.urls:
             try:
@@ -340,16 +346,16 @@ class SGLangBackend:
             time.sleep(poll_s)
 
     def flush_cache(self) -> None:
-        for url in self.urls:
+        for url in self.control_urls:
             request_sync("POST", url + "/flush_cache", timeout_s=self.cfg.timeout_s)
 
     def release_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
-        for url in self.urls:
+        for url in self.control_urls:
             request_sync("POST", url + "/release_memory_occupation", {"tags": tags},
                          self.cfg.timeout_s)
 
     def resume_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
-        for url in self.urls:
+        for url in self.control_urls:
             request_sync("POST", url + "/resume_memory_occupation", {"tags": tags},
                          self.cfg.timeout_s)
 
@@ -361,9 +367,9 @@ class SGLangBackend:
         payload: dict[str, Any] = {"model_path": str(path)}
         if load_format is not None:
             payload["load_format"] = load_format
-        threads, results = _start_posts(self.urls, "/update_weights_from_disk",
-                                        [payload] * len(self.urls), self.cfg.timeout_s)
-        _join(threads, results, self.urls)
+        threads, results = _start_posts(self.control_urls, "/update_weights_from_disk",
+                                        [payload] * len(self.control_urls), self.cfg.timeout_s)
+        _join(threads, results, self.control_urls)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
         mode = self.cfg.weight_sync
@@ -396,24 +402,24 @@ class SGLangBackend:
             blob = serialize_named_tensors(bucket)
             payload = {"serialized_named_tensors": [blob] * self.cfg.tp_size,
                        "load_format": None, "flush_cache": last}
-            threads, results = _start_posts(self.urls, "/update_weights_from_tensor",
-                                         [payload] * len(self.urls), self.cfg.timeout_s)
-            _join(threads, results, self.urls)
+            threads, results = _start_posts(self.control_urls, "/update_weights_from_tensor",
+                                         [payload] * len(self.control_urls), self.cfg.timeout_s)
+            _join(threads, results, self.control_urls)
 
     def init_weight_update_group(self) -> None:
         """Create the NCCL (or gloo) group with every server's TP ranks; this process is rank 0."""
         cfg = self.cfg
         port = cfg.master_port or free_port()
-        world = 1 + cfg.tp_size * len(self.urls)
+        world = 1 + cfg.tp_size * len(self.control_urls)
         payloads = [{"master_address": cfg.master_address, "master_port": port,
                      "rank_offset": 1 + i * cfg.tp_size, "world_size": world,
                      "group_name": cfg.group_name, "backend": cfg.dist_backend}
-                    for i in range(len(self.urls))]
-        threads, results = _start_posts(self.urls, "/init_weights_update_group", payloads,
+                    for i in range(len(self.control_urls))]
+        threads, results = _start_posts(self.control_urls, "/init_weights_update_group", payloads,
                                      cfg.timeout_s)
         group = init_weight_update_group(cfg.dist_backend, f"tcp://{cfg.master_address}:{port}",
                                          world, 0, cfg.group_name)
-        _join(threads, results, self.urls)
+        _join(threads, results, self.control_urls)
         self._group = group
 
     def _update_via_distributed(self, named_tensors) -> None:
@@ -425,19 +431,19 @@ class SGLangBackend:
                        "dtypes": [_dtype_name(t) for _, t in bucket],
                        "shapes": [list(t.shape) for _, t in bucket],
                        "group_name": self.cfg.group_name, "flush_cache": last}
-            threads, results = _start_posts(self.urls, "/update_weights_from_distributed",
-                                         [payload] * len(self.urls), self.cfg.timeout_s)
+            threads, results = _start_posts(self.control_urls, "/update_weights_from_distributed",
+                                         [payload] * len(self.control_urls), self.cfg.timeout_s)
             for _, t in bucket:  # same order as `names`: the servers receive in that order
                 broadcast_from_rank0(self._group, t.detach().contiguous())
-            _join(threads, results, self.urls)
+            _join(threads, results, self.control_urls)
 
     def destroy_weight_update_group(self) -> None:
         if self._group is None:
             return
-        threads, results = _start_posts(self.urls, "/destroy_weights_update_group",
-                                     [{"group_name": self.cfg.group_name}] * len(self.urls),
+        threads, results = _start_posts(self.control_urls, "/destroy_weights_update_group",
+                                     [{"group_name": self.cfg.group_name}] * len(self.control_urls),
                                      self.cfg.timeout_s)
-        _join(threads, results, self.urls)
+        _join(threads, results, self.control_urls)
         import torch.distributed as dist
 
         dist.destroy_process_group(self._group)
