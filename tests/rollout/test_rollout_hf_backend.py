@@ -45,7 +45,8 @@ def test_logprobs_match_recompute_under_continuous_batching(backend):
 
     async def run():
         first = [asyncio.ensure_future(backend.generate(p, sp, [])) for p in prompts[:6]]
-        await asyncio.sleep(0.05)  # the first six are decoding when the next six arrive
+        while backend.stats["decode_steps"] < 3:  # the first six are decoding when the next
+            await asyncio.sleep(0.001)  # six arrive (40 tokens each: far from done)
         second = [asyncio.ensure_future(backend.generate(p, sp, [])) for p in prompts[6:]]
         return await asyncio.gather(*first, *second)
 
@@ -87,6 +88,8 @@ def test_greedy_is_independent_of_batch_company(backend):
     alone = asyncio.run(backend.generate(prompts[0], sp, []))
     together = asyncio.run(backend.generate_batch(prompts, sp, []))
     assert together[0].token_ids == alone.token_ids
+    # the values too (a random tiny model's greedy ids repeat; its logprobs expose padding bugs)
+    assert torch.allclose(torch.tensor(together[0].logprobs), torch.tensor(alone.logprobs), atol=1e-4)
     # greedy logprob = log-softmax of the untempered logits at the argmax
     logits = _recompute(backend.model, prompts[0], alone.token_ids)
     assert alone.token_ids == logits.argmax(-1).tolist()
@@ -137,11 +140,16 @@ def test_cancelled_request_does_not_disturb_others(backend):
     async def run():
         doomed = asyncio.ensure_future(backend.generate(prompts[0], sp, []))
         kept = asyncio.ensure_future(backend.generate(prompts[1], sp, []))
-        await asyncio.sleep(0.02)
+        start = backend.stats["decode_steps"]
+        while backend.stats["decode_steps"] < start + 2:  # both are mid-generation
+            await asyncio.sleep(0.001)
         doomed.cancel()
-        return await kept
+        out = await kept
+        assert doomed.cancelled()
+        return out
 
     assert asyncio.run(run()).token_ids == ref.token_ids
+    assert backend._batch is None  # the cancelled row left the batch too
 
 
 def test_update_weights_in_process(backend, tiny_path):

@@ -279,6 +279,8 @@ class HFBackend:
         try:
             await self._batcher()
         except BaseException as exc:  # never leave callers waiting on a dead batcher
+            if asyncio.current_task() is not self._runner:
+                raise  # superseded: the state belongs to the current runner, leave it alone
             held = list(self._pending) + (self._batch.reqs if self._batch else [])
             self._pending.clear()
             self._batch = None
@@ -302,6 +304,7 @@ class HFBackend:
                 # Let every coroutine that is already runnable submit before the batch starts.
                 for _ in range(3):
                     await asyncio.sleep(0)
+                continue  # re-check: the wake-up may mean this batcher was superseded
             admit: list[_Request] = []
             if self._pending and (self._batch is None or steps_since_join >= self.cfg.join_every):
                 free = self.cfg.max_batch_size - (len(self._batch.reqs) if self._batch else 0)
