@@ -325,8 +325,8 @@ def _skip_shm_comm_build() -> None:
 class Learner:
     """A DeepSpeed engine around an HF causal LM; see the module docstring.
 
-    Every rank constructs one and calls every method with its own share of the batch (collective
-    methods: all of them except micro_batch_plan). Trajectory-like inputs need `prompt_ids`,
+    Every rank constructs one and calls every method with its own share of the batch: all methods
+    except micro_batch_plan and shard are collective. Trajectory-like inputs need `prompt_ids`,
     `response_ids`, `loss_mask` (lists or 1-D tensors; loss_mask as long as response_ids) and, for
     truncated importance sampling, `rollout_logprobs`.
     """

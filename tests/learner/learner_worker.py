@@ -72,6 +72,7 @@ def stare_weights(learner, trajs, logps, advs, top_p: float = 0.2, w: float = 1.
 def run(model_path: str, zero_stage: int = 2, budget: int = 64, stare: bool = False, steps: int = 2,
         n_trajs: int = 16, lr: float = 1e-3) -> dict:
     """Two update steps on a fixed batch; returns metrics per step and the final full weights."""
+    import torch
     from transformers import AutoConfig
 
     from stare_tir.learner import Learner, LearnerConfig
@@ -86,7 +87,11 @@ def run(model_path: str, zero_stage: int = 2, budget: int = 64, stare: bool = Fa
     for _ in range(steps):
         logps, _ = learner.compute_logprobs_entropy(local)
         tw = stare_weights(learner, local, logps, local_adv) if stare else None
-        metrics.append(learner.train_step(local, local_adv, tw, logps, clip_low=0.2, clip_high=0.28))
+        m = learner.train_step(local, local_adv, tw, logps, clip_low=0.2, clip_high=0.28)
+        # sum of (omega - 1) over the global batch: > 0 shows STARE really reweighted tokens
+        excess = sum(float((w - 1).sum()) for w in tw) if tw else 0.0
+        m["omega_excess"] = float(learner.all_reduce_sum(torch.tensor([excess], dtype=torch.float64))[0])
+        metrics.append(m)
     weights = {k: v.clone() for k, v in learner.export_weights()}
     return {"metrics": metrics, "weights": weights, "world_size": learner.world_size, "rank": learner.rank}
 

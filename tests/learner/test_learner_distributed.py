@@ -62,6 +62,8 @@ def test_two_process_zero2_matches_one_process(tiny_path, worker, tmp_path):
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5), step
         assert m2["pg/clipfrac_high"] == pytest.approx(m1["pg/clipfrac_high"], abs=1e-9), step
         assert m1["step_skipped"] == m2["step_skipped"] == 0
+        # STARE selected the same tokens over the all-gathered batch as over the whole one.
+        assert m1["omega_excess"] > 0 and m2["omega_excess"] == pytest.approx(m1["omega_excess"], rel=1e-9)
     w1, w2 = one["weights"], two["weights"]
     assert w1.keys() == w2.keys()
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
