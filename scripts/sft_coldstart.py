@@ -99,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
         model = str(ensure_tiny_checkpoint())
     summary = run_sft(cfg, model, args.data, args.output)
-    print(f"RESULT steps={summary['steps']} first_loss={summary['first_loss']:.4f} "
-          f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={summary['output_dir']}")
+    if summary["rank"] == 0:
+        print(f"RESULT steps={summary['steps']} first_loss={summary['first_loss']:.4f} "
+              f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} "
+              f"output={summary['output_dir']}")
     return 0
 
 

@@ -159,7 +159,8 @@ def run_sft(
 
     Runs in one process or under torchrun/deepspeed (each rank takes its share of every batch).
     Returns a summary: output_dir, steps, examples, dropped (too long), tokens trained,
-    first_loss / final_loss (mean over the first / last epoch's steps), val_loss (or None), seconds.
+    first_loss / final_loss (mean over the first / last epoch's steps), val_loss (or None), seconds,
+    and this process's rank.
     """
     import dataclasses
 
@@ -234,7 +235,7 @@ def run_sft(
     summary = {
         "output_dir": str(output_dir), "steps": step, "examples": len(examples), "dropped": dropped,
         "tokens": tokens, "first_loss": mean(epoch_losses[0]), "final_loss": mean(epoch_losses[-1]),
-        "val_loss": val_loss, "seconds": time.time() - t_start,
+        "val_loss": val_loss, "seconds": time.time() - t_start, "rank": learner.rank,
     }
     if main:
         logger.info(f"SFT done in {summary['seconds']:.1f}s: loss {summary['first_loss']:.4f} -> "
