@@ -34,6 +34,8 @@ class Worker:
         self.cg_fds: dict[int, list[int]] = {}
         self.cgroups = self.seccomp = None
         self.oom_fd: int | None = None  # docker: the container's own memory cgroup
+        self.dirty = False  # docker: the code's uid may have processes or files left
+        self.reaper: tuple[int, int] | None = None  # docker: (pid, go-pipe) of a waiting reaper
 
     def setup(self) -> dict:
         import _isolation as iso
@@ -58,6 +60,7 @@ class Worker:
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
             iso.build_root(self.cfg["stage"])
         else:
+            self.reaper = self._fork_reaper()
             for path in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
                 try:
                     self.oom_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -93,10 +96,13 @@ class Worker:
                     msg, _payload, fds = recv(sock, maxfds=1)
                     if msg is None:
                         return self.shutdown()
-                    if msg["op"] == "spawn" and len(fds) == 1:
-                        self.spawn(msg["sid"], fds[0])
-                    elif msg["op"] == "kill":
-                        self.kill(msg["sid"])
+                    try:
+                        if msg["op"] == "spawn" and len(fds) == 1:
+                            self.spawn(msg["sid"], fds[0])
+                        elif msg["op"] == "kill":
+                            self.kill(msg["sid"])
+                    except OSError as e:  # one failed request must not take the worker down
+                        print(f"sandbox worker: {msg['op']}: {e}", file=sys.stderr)
                     for fd in fds:
                         os.close(fd)
                 else:
@@ -108,6 +114,8 @@ class Worker:
         return self.cfg["uid_base"] + sid % 1000 if self.local else self.cfg["uid_base"]
 
     def spawn(self, sid: int, ctl_fd: int) -> None:
+        if not self.local and self.dirty:  # docker: every session starts from a clean container
+            self.reap_uid()
         cg, pid = [], -1
         try:
             if self.cgroups is not None:
@@ -136,6 +144,7 @@ class Worker:
             finally:
                 os._exit(70)
         self.cg_fds[sid] = cg  # kept to read the OOM count after the session ends
+        self.dirty = True
         self.pids[pid], self.sids[sid] = sid, pid
 
     def failed(self, sid: int, ctl_fd: int, cg: list[int], error: str) -> None:
@@ -192,11 +201,12 @@ class Worker:
 
     def kill(self, sid: int) -> None:
         pid = self.sids.get(sid)
-        if pid is not None:
-            if self.local:
-                os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies
-            else:
-                self.reap_uid()
+        if pid is None:
+            return
+        if self.local:
+            os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies with it
+        else:
+            self.reap_uid()  # no CAP_KILL in the container: a reaper with the code's uid does it
 
     def reap(self) -> None:
         while True:
@@ -210,7 +220,7 @@ class Worker:
             if sid is None:
                 continue  # an orphan reparented to us (docker: we are the container's init)
             del self.sids[sid]
-            if not self.local and not self.sids:  # (a newer session may already run: then kill() did it)
+            if not self.local and self.dirty and not self.sids:  # it died by itself: clean up after it
                 self.reap_uid()
             oom = self.oom_kills(sid) > (0 if self.local else self.oom_base)
             self.oom_base = self.oom_kills()
@@ -228,11 +238,36 @@ class Worker:
                 os._exit(0)
 
     def reap_uid(self) -> None:
-        """Docker mode: kill every process of the code's uid and empty its writable dirs."""
+        """Docker mode: kill every process of the code's uid and empty its writable dirs. The
+        reaper is forked in advance: a fork bomb at the pids limit cannot stop it being there."""
+        self.dirty = False
+        for _ in range(2):  # a reaper that died before its turn is replaced once
+            pid, go = self.reaper or self._fork_reaper()
+            self.reaper = None
+            try:
+                os.write(go, b"x")
+                os.waitpid(pid, 0)
+                break
+            except (BrokenPipeError, ChildProcessError):
+                continue
+            finally:
+                os.close(go)
+        try:
+            self.reaper = self._fork_reaper()
+        except OSError:
+            pass  # retried at the next reap
+
+    def _fork_reaper(self) -> tuple[int, int]:
         uid = self.uid(0)
+        r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
+                os.closerange(3, r)
+                os.closerange(r + 1, 1 << 20)
+                signal.set_wakeup_fd(-1)
+                if os.read(r, 1) != b"x":  # the worker went away
+                    os._exit(0)
                 os.setresgid(uid, uid, uid)
                 os.setresuid(uid, uid, uid)
                 deadline = time.monotonic() + 5
@@ -246,7 +281,8 @@ class Worker:
                     _wipe(d)
             finally:
                 os._exit(0)
-        os.waitpid(pid, 0)
+        os.close(r)
+        return pid, w
 
     def shutdown(self) -> None:
         for pid in list(self.pids):

@@ -11,7 +11,8 @@ from .base import Limits
 class DockerConfig:
     image: str = "stare-sandbox:latest"  # built offline by `python -m sandbox.docker.build`
     cpus: float = 1.0  # CPU quota per container; a hog cannot starve the trainer
-    warm: int = 2  # idle containers kept started, so a new session does not wait ~0.5 s for one
+    warm: int = 2  # containers kept for reuse between sessions (~1 s to start one); set it near the
+    # number of sessions open at once (rollout concurrency), each idle one holds ~100 MB
     base_url: str = ""  # Docker engine address; "" = DOCKER_HOST or the local socket
 
     def __post_init__(self) -> None:

@@ -38,13 +38,14 @@ CODE_UID = 65534
 class _Container:
     def __init__(self, obj, ctl_dir: str, client: WorkerClient):
         self.obj, self.ctl_dir, self.client = obj, ctl_dir, client
+        self.spare: Proc | None = None  # a fresh interpreter, started while the container was idle
 
 
 class _Lease:
     """The container one session holds from its first cell until it closes."""
 
     def __init__(self, sandbox: "DockerSandbox"):
-        self.sandbox, self.container = sandbox, None
+        self.sandbox, self.container, self.last = sandbox, None, None
 
     async def spawn(self) -> Proc:
         c = self.container
@@ -52,12 +53,16 @@ class _Lease:
             if c is not None:
                 await self.sandbox._remove(c)
             c = self.container = await self.sandbox._lease()
-        return await c.client.spawn(self.sandbox.cfg.spawn_timeout_s)
+        proc, c.spare = c.spare, None
+        if proc is None or not proc.alive:
+            proc = await c.client.spawn(self.sandbox.cfg.spawn_timeout_s)
+        self.last = proc
+        return proc
 
     async def release(self) -> None:
         c, self.container = self.container, None
         if c is not None:
-            await self.sandbox._release(c)
+            await self.sandbox._release(c, self.last)
 
 
 class DockerSandbox:
@@ -67,8 +72,12 @@ class DockerSandbox:
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
         self.api = None
         self.dir: str | None = None
-        self.idle: list[_Container] = []
+        self.idle: list[_Container] = []  # clean, each with a spare interpreter
+        self.pending = 0  # containers being started or cleaned, on their way to the idle list
+        self.waiting = 0  # leases waiting for one of those
+        self.returned: asyncio.Condition | None = None
         self.live: set[_Container] = set()
+        self.tasks: set[asyncio.Task] = set()  # recycling in the background
         self.filling: asyncio.Task | None = None
         self.closed = False
         self.label = f"{os.getpid()}-{id(self):x}"  # finds every container of ours at close
@@ -133,6 +142,7 @@ class DockerSandbox:
             c = _Container(obj, ctl, client)
             self.live.add(c)
             await client.ready(max(0.1, deadline - time.monotonic()))
+            c.spare = await client.spawn(self.cfg.spawn_timeout_s)
         except BaseException:
             sock.close()
             await self._call(obj.remove, force=True)
@@ -145,30 +155,67 @@ class DockerSandbox:
             self.filling = asyncio.ensure_future(self._fill_loop())
 
     async def _fill_loop(self) -> None:
-        try:
-            while not self.closed and len(self.idle) < self.cfg.docker.warm:
+        while not self.closed and len(self.idle) + self.pending < self.cfg.docker.warm:
+            self.pending += 1
+            try:
                 self.idle.append(await self._new())
-        except SandboxError:
-            pass  # the next lease reports it
+            except SandboxError:
+                return  # the next lease reports it
+            finally:
+                self.pending -= 1
+                await self._notify()
+
+    async def _notify(self) -> None:
+        self.returned = self.returned or asyncio.Condition()
+        async with self.returned:
+            self.returned.notify_all()
 
     async def _lease(self) -> _Container:
-        if self.closed:
-            raise SandboxError("sandbox is closed")
-        while self.idle:
-            c = self.idle.pop()
-            if not c.client.dead:
+        """An idle container; else one being cleaned or started (if no one else waits for it);
+        else a new one."""
+        self.returned = self.returned or asyncio.Condition()
+        while True:
+            if self.closed:
+                raise SandboxError("sandbox is closed")
+            if self.idle:
+                c = self.idle.pop()
+                if not c.client.dead:
+                    return c
+                await self._remove(c)
                 self._fill()
-                return c
-            await self._remove(c)
-        c = await self._new()
-        self._fill()
-        return c
+            elif self.waiting < self.pending:
+                self.waiting += 1
+                try:
+                    async with self.returned:
+                        await asyncio.wait_for(self.returned.wait_for(lambda: self.idle or not self.pending),
+                                               self.cfg.spawn_timeout_s)
+                finally:
+                    self.waiting -= 1
+            else:
+                return await self._new()
 
-    async def _release(self, c: _Container) -> None:
-        if not self.closed and not c.client.dead and len(self.idle) < self.cfg.docker.warm:
-            self.idle.append(c)  # the worker has already reaped and wiped the session
-        else:
+    async def _release(self, c: _Container, last: Proc | None) -> None:
+        if self.closed or c.client.dead or len(self.idle) + self.pending >= self.cfg.docker.warm:
+            return await self._remove(c)
+        self.pending += 1
+        task = asyncio.ensure_future(self._recycle(c, last))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _recycle(self, c: _Container, last: Proc | None) -> None:
+        """Back to the idle list once the worker has killed and wiped the last session, with a
+        fresh interpreter waiting; the session that released it does not wait for any of this."""
+        try:
+            if last is not None:
+                await last.kill()  # returns after the worker's reaper has run
+            if c.spare is None or not c.spare.alive:
+                c.spare = await c.client.spawn(self.cfg.spawn_timeout_s)
+            self.idle.append(c)
+        except SandboxError:
             await self._remove(c)
+        finally:
+            self.pending -= 1
+            await self._notify()
 
     async def _remove(self, c: _Container) -> None:
         self.live.discard(c)
@@ -189,9 +236,10 @@ class DockerSandbox:
 
     async def close(self) -> None:
         self.closed = True
-        if self.filling is not None:
-            self.filling.cancel()
-            await asyncio.gather(self.filling, return_exceptions=True)
+        pending = [t for t in [self.filling, *self.tasks] if t is not None]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         self.idle.clear()
         await asyncio.gather(*(self._remove(c) for c in list(self.live)), return_exceptions=True)
         if self.api is not None:  # also those a cancelled start left behind
