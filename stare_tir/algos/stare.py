@@ -142,7 +142,7 @@ def _select_top(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor:
         if idx is not None:
             return idx
     # Small inputs or unlucky sample: non-candidates become -inf (never chosen since k <= n_cand).
-    return _top_positions(s.masked_fill(~cand, float("-inf")), k)
+    return _top_positions(torch.where(cand, s, float("-inf")), k)
 
 
 def _stare_counts(
@@ -160,28 +160,33 @@ def _stare_counts(
     shape = surprisal.shape
     s = surprisal.detach().reshape(-1)  # [N]
     a = advantages.detach().reshape(-1)  # [N]
-    keep = None if mask is None else mask.reshape(-1).bool()
+    keep = None if mask is None else mask.reshape(-1).bool()  # [N]
     omega = torch.ones(s.shape, dtype=torch.float32, device=s.device)  # [N]
-    counts = {"tokens": s.numel() if keep is None else int(keep.sum())}
-    for name, sign, weight in (("pos", 1, w), ("neg", -1, m)):
-        counts[f"sel_{name}"] = 0
-        if name == "neg" and variant != "C2" and keep is None:
-            # O1 needs only |T-| (a metric): |nonzero A| - |T+| avoids building a mask.
-            counts["cand_neg"] = int(torch.count_nonzero(a)) - counts["cand_pos"]
-            continue
-        cand = a > 0 if sign > 0 else a < 0  # [N] bool
+
+    def candidates(positive: bool) -> tuple[Tensor, int]:
+        cand = a > 0 if positive else a < 0  # [N] bool: T+ or T-
         if keep is not None:
             cand &= keep
-        n_c = int(torch.count_nonzero(cand))
-        counts[f"cand_{name}"] = n_c
-        if name == "neg" and variant != "C2":
-            continue
-        k = num_selected(top_p, n_c)
-        if k == 0:
-            continue
-        idx = _select_top(s, cand, k, n_c)
-        omega.index_fill_(0, idx, weight)
-        counts[f"sel_{name}"] = k
+        return cand, int(torch.count_nonzero(cand))
+
+    def reweight(cand: Tensor, n_cand: int, weight: float) -> int:
+        k = num_selected(top_p, n_cand)
+        if k > 0:
+            omega.index_fill_(0, _select_top(s, cand, k, n_cand), weight)
+        return k
+
+    cand_pos, n_pos = candidates(True)
+    counts = {"tokens": s.numel() if keep is None else int(torch.count_nonzero(keep)),
+              "cand_pos": n_pos, "sel_pos": reweight(cand_pos, n_pos, w), "sel_neg": 0}
+    del cand_pos
+    if variant == "C2" or keep is not None:
+        cand_neg, n_neg = candidates(False)
+        counts["cand_neg"] = n_neg
+        if variant == "C2":
+            counts["sel_neg"] = reweight(cand_neg, n_neg, m)
+    else:
+        # O1 needs |T-| only as a metric: |A != 0| - |T+| costs no [N] mask.
+        counts["cand_neg"] = int(torch.count_nonzero(a)) - n_pos
     return omega.reshape(shape), counts
 
 
