@@ -165,3 +165,29 @@ def test_zero3_export_and_save_hf_give_the_full_trained_weights(tiny_path, worke
     assert all(torch.equal(p, exported[3][n]) for n, p in reloaded.named_parameters())
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert tok.eos_token == "<|im_end|>" and tok.chat_template
+
+
+def test_exported_weights_feed_the_hf_rollout_backend(tiny_path, worker, vocab, tmp_path):
+    """Weight sync: export_weights() names fit the backend, and save_hf() loads there too."""
+    from stare_tir.rollout.backends.hf import HFBackend
+
+    trajs = worker.make_trajs(6, seed=7, vocab=vocab)
+    learner = _learner(tiny_path, lr=1e-2)
+    old, _ = learner.compute_logprobs_entropy(trajs)
+    learner.train_step(trajs, worker.make_advantages(6, seed=7), None, old)
+    exported = {k: v.clone() for k, v in learner.export_weights()}
+
+    backend = HFBackend(tiny_path)
+    try:
+        backend.update_weights(learner.export_weights())
+        state = backend.model.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in exported.items())
+        assert torch.equal(state["lm_head.weight"], exported["model.embed_tokens.weight"])  # tied head follows
+    finally:
+        backend.close()
+    learner.save_hf(tmp_path / "hf")
+    backend = HFBackend(tmp_path / "hf")
+    try:
+        assert all(torch.equal(backend.model.state_dict()[k], v) for k, v in exported.items())
+    finally:
+        backend.close()
