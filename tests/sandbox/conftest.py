@@ -10,14 +10,14 @@ import pytest
 from sandbox import DockerConfig, Limits, SandboxConfig, SandboxError, SyncSandbox
 
 # Small limits so every adversarial test ends fast; each test states what it attacks.
-TEST_LIMITS = Limits(wall_time_s=3.0, memory_mb=256, max_output_bytes=4096, disk_mb=16, max_processes=32)
+TEST_LIMITS = Limits(wall_time_s=5.0, memory_mb=256, max_output_bytes=4096, disk_mb=16, max_processes=32)
 
 
 def open_sandbox(backend: str, **overrides) -> SyncSandbox:
     """A started sandbox; skips (with the reason) when the backend cannot run on this machine."""
     if backend == "local" and os.geteuid() != 0:
         pytest.skip("the local sandbox needs root (namespaces, cgroups, setuid)")
-    # docker: a container competes for CPU as one cgroup, so under a loaded CI it runs slower
+    # docker: a container competes for CPU as one cgroup, so under a loaded CI it runs slower still
     limits = TEST_LIMITS if backend == "local" else dataclasses.replace(TEST_LIMITS, wall_time_s=8.0)
     cfg = SandboxConfig(backend=backend, limits=limits, workers=2, docker=DockerConfig(warm=2))
     for key, value in overrides.items():

@@ -215,3 +215,17 @@ def test_many_concurrent_calls(box):
 
     results = asyncio.run_coroutine_threadsafe(burst(box.sandbox), box.loop).result()
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(40)], [r.status for r in results]
+
+
+def test_a_cancelled_call_kills_its_cell(box, marker, procs):
+    async def cancel_it(sandbox):
+        async with sandbox.session() as s:
+            try:
+                await asyncio.wait_for(s.run(f"import sys; sys.argv.append('{marker}')\nwhile True: pass"), 0.5)
+            except asyncio.TimeoutError:
+                pass
+            return await s.run("print('after')")
+
+    r = asyncio.run_coroutine_threadsafe(cancel_it(box.sandbox), box.loop).result()
+    assert r.status == "ok" and r.stdout == "after\n", r
+    assert not procs.wait_gone(marker), "the cancelled cell kept running"
