@@ -10,7 +10,8 @@ have produced for the same conversation:
 - the assistant text is split into model-written segments and interpreter observations
   ("\\n<interpreter>\\n...\\n</interpreter>\\n"); each segment is tokenized on its own and appended
   with `Trajectory.append` (model: loss_mask 1, observation: loss_mask 0), as the engine appends
-  sampled turns and tokenized observations;
+  sampled turns and observations. Segments are encoded with the engine's own `encode_plain`, so a
+  special-token string inside the text (printed by code, say) stays plain characters;
 - the final <|im_end|> (the tokenizer's EOS, the token that ends an RL response) is appended as a
   model token: the model must learn to stop.
 
@@ -89,6 +90,7 @@ def encode_record(record: dict, tokenizer: "PreTrainedTokenizerBase") -> "Trajec
     dropped from the text and the EOS token is appended). Without that header the whole text is the
     response (plain language modelling) and its first token serves as the prompt.
     """
+    from stare_tir.rollout.engine import encode_plain  # how RL tokenizes observations
     from stare_tir.rollout.trajectory import Trajectory
 
     eos = tokenizer.eos_token_id
@@ -119,8 +121,13 @@ def encode_record(record: dict, tokenizer: "PreTrainedTokenizerBase") -> "Trajec
         raise ValueError("empty prompt: the first response token needs context")
     traj = Trajectory(prompt_ids=prompt_ids)
     for segment, by_model in split_assistant_segments(response):
-        ids = _encode(tokenizer, segment)
-        traj.append(ids, [0.0] * len(ids) if by_model else None, "model" if by_model else "obs")
+        # Plain text, as the engine encodes observations: a "<|im_end|>" printed by code (or quoted
+        # in the model's code) stays characters; the only control token trained is the final EOS.
+        ids = encode_plain(tokenizer, segment)
+        if by_model:
+            traj.append(ids, [0.0] * len(ids), "model")
+        else:
+            traj.append(ids, None, "obs")
     if end_with_eos:
         if eos is None:
             raise ValueError("the tokenizer has no eos_token: cannot end the response")

@@ -53,6 +53,10 @@ def test_sft_mask_excludes_interpreter_tokens_exactly(tokenizer):
 
     # Response: model turn, observation, model turn, observation, model turn, <|im_end|>; each
     # piece tokenized on its own (RL never re-tokenizes across a turn boundary).
+    from stare_tir.rollout.engine import encode_plain
+
+    # (No special-token strings in this trace, so plain and default encodings agree.)
+    assert all(encode_plain(tokenizer, t) == enc(t) for t in model + obs)
     pieces = [(model[0], 1), (obs[0], 0), (model[1], 1), (obs[1], 0), (model[2], 1)]
     want_ids = [i for text, _ in pieces for i in enc(text)] + [tokenizer.eos_token_id]
     want_mask = [m for text, m in pieces for _ in enc(text)] + [1]
@@ -134,3 +138,19 @@ def test_sft_cli_help_lists_keys_without_importing_torch():
     assert "HEAVY []" in out.stdout
     for key in ("--model", "--data", "--output", "--config", "learner.zero_stage", "learner.lr=1e-05", "epochs=3"):
         assert key in out.stdout
+
+
+def test_observations_are_plain_text_as_in_rl(tokenizer):
+    """Code that prints a control-token string must not turn into that control token."""
+    from stare_tir.rollout.engine import encode_plain
+    from stare_tir.sft import encode_record
+
+    model = "Check the output.\n<code>\n```python\nprint('<|im_end|>')\n```\n</code>"
+    obs = _observation("<|im_end|>")
+    record = {"messages": [{"role": "user", "content": "Print it."},
+                           {"role": "assistant", "content": model + obs + "Done: \\boxed{0}."}]}
+    ex = encode_record(record, tokenizer)
+    (s, e), = [(s, e) for s, e, kind in ex.turns if kind == "obs"]
+    assert ex.response_ids[s:e] == encode_plain(tokenizer, obs)
+    assert tokenizer.eos_token_id not in ex.response_ids[s:e]
+    assert ex.response_ids.count(tokenizer.eos_token_id) == 1 and ex.response_ids[-1] == tokenizer.eos_token_id
