@@ -100,7 +100,7 @@ class WorkerClient:
 
     def close(self) -> None:
         self._lost("closed")
-        self.sock.close()
+        self.sock.close()  # idempotent
 
 
 class Proc:

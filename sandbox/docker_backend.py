@@ -236,6 +236,8 @@ class DockerSandbox:
 
     async def close(self) -> None:
         self.closed = True
+        for c in list(self.live):  # ends every wait on these workers at once; they exit on EOF
+            c.client.close()
         pending = [t for t in [self.filling, *self.tasks] if t is not None]
         for task in pending:
             task.cancel()
