@@ -1,0 +1,134 @@
+"""Pieces of the RL step, with small fakes: what reaches the loss, and how STARE is wired."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights
+from stare_tir.rollout.trajectory import Trajectory
+from stare_tir.trainer import (
+    AlgoConfig,
+    collect_batch,
+    drop_for_update,
+    group_advantages,
+    informative_groups,
+    stare_weights,
+)
+
+
+def traj(group: int, reward: float, *, sandbox_error: bool = False, void: int = 0, finish: str = "answer",
+         n_model: int = 3) -> Trajectory:
+    t = Trajectory(prompt_ids=[1, 2], group_id=group, reward=reward, sandbox_error=sandbox_error,
+                   void_turns=void, finish_reason=finish)
+    t.append([5] * n_model, [-0.5] * n_model, "model")
+    t.append([7, 7], None, "obs")
+    t.append([6], [-1.0], "model")
+    return t
+
+
+class OneRankLearner:
+    """The collective helpers of Learner for a single process."""
+
+    rank, world_size = 0, 1
+
+    def all_reduce_sum(self, x):
+        return x.clone()
+
+    def all_gather_flat(self, x):
+        return x.reshape(-1).clone(), slice(0, x.numel())
+
+    def shard(self, items):
+        return list(items)
+
+    def micro_batch_plan(self, trajs):
+        return [list(range(len(trajs)))[:2], list(range(len(trajs)))[2:]]
+
+
+def test_sandbox_errors_and_filters_are_dropped_and_counted():
+    trajs = [traj(0, 1.0), traj(0, -1.0, sandbox_error=True), traj(1, -1.0, void=1),
+             traj(1, 1.0, finish="max_tokens")]
+    kept, counts = drop_for_update(trajs, AlgoConfig(filter_void_turns=True, filter_overlong=True))
+    assert kept == [trajs[0]]
+    assert counts == {"sandbox_error": 1, "void_turn": 1, "overlong": 1}
+    kept, counts = drop_for_update(trajs, AlgoConfig())
+    assert trajs[1] not in kept and len(kept) == 3 and counts["sandbox_error"] == 1
+
+
+def test_informative_groups_need_two_members_and_different_rewards():
+    trajs = [traj(0, 1.0), traj(0, 1.0), traj(1, 1.0), traj(1, -1.0), traj(2, -1.0)]
+    groups = informative_groups(trajs)
+    assert [[t.group_id for t in g] for g in groups] == [[1, 1]]
+
+
+def test_group_advantages_are_normalised_per_group():
+    trajs = [traj(0, 1.0), traj(0, -1.0), traj(1, 1.0), traj(1, 1.0)]
+    adv, metrics = group_advantages(trajs, norm_by_std=True)
+    assert adv[0] == pytest.approx(-adv[1]) and adv[0] > 0
+    assert adv[2] == adv[3] == 0.0 and metrics["adv/zero_var_groups"] == 1.0
+
+
+def test_stare_weights_off_gate_means_plain_grpo_and_batch_scope_selects_globally():
+    trajs = [traj(0, 1.0, n_model=4), traj(0, -1.0, n_model=4), traj(1, 1.0, n_model=4)]
+    adv = [1.0, -1.0, 0.5]
+    # Distinct surprisals on model tokens; observation tokens hold 0 like the recompute pass.
+    old_lp = []
+    for k, t in enumerate(trajs):
+        lp = torch.tensor([-(0.1 * (j + 1) + k) for j in range(len(t.response_ids))])
+        old_lp.append(lp * torch.tensor(t.loss_mask, dtype=torch.float32))
+    learner = OneRankLearner()
+    ctrl = StareController(target_entropy=0.3)
+    ctrl.update(0.5)  # above target: gate off
+    omega, _ = stare_weights(learner, trajs, adv, old_lp, ctrl, StareConfig())
+    assert omega is None
+
+    cfg = StareConfig(top_p=0.2, variant="C2", w=1.5, m=0.5)
+    ctrl = StareController.from_config(cfg)
+    ctrl.update(0.1)  # below target: gate on
+    omega, metrics = stare_weights(learner, trajs, adv, old_lp, ctrl, cfg)
+    flat_s = torch.cat([-x for x in old_lp])
+    flat_a = torch.cat([torch.full_like(x, a) for x, a in zip(old_lp, adv)])
+    flat_m = torch.cat([torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs])
+    expected, _ = stare_token_weights(flat_s, flat_a, mask=flat_m, top_p=0.2, w=1.5, m=0.5, variant="C2")
+    assert torch.equal(torch.cat(omega), expected)
+    # Observation tokens are never reweighted.
+    for t, w in zip(trajs, omega):
+        assert torch.all(w[torch.tensor(t.loss_mask) == 0] == 1.0)
+    assert (torch.cat(omega) == 1.5).any() and (torch.cat(omega) == 0.5).any()
+
+
+class FakeEngine:
+    """Returns scripted trajectories per call; records what it was asked for."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+        self.calls = []
+
+    def run(self, problems, n):
+        self.calls.append((len(problems), n, self.cfg.seed))
+        return self.batches.pop(0), {}
+
+
+def test_dynamic_sampling_refills_and_never_keeps_sandbox_errors():
+    from stare_tir.data import PromptSampler
+    from stare_tir.trainer import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.trainer.prompts_per_step = 2
+    cfg.rollout.n_per_prompt = 2
+    first = [traj(0, 1.0), traj(0, 1.0),  # equal rewards: not informative
+             traj(1, 1.0), traj(1, -1.0, sandbox_error=True)]  # one left after the drop
+    second = [traj(0, 1.0), traj(0, -1.0), traj(1, -1.0), traj(1, 1.0)]
+    engine = FakeEngine([first, second])
+    engine.cfg = cfg.rollout  # rollout_settings swaps in a copy with the round's seed
+    run = SimpleNamespace(cfg=cfg, learner=OneRankLearner(), engine=engine,
+                          sampler=PromptSampler([{"id": str(i)} for i in range(10)], seed=0))
+    batch, rolled, metrics = collect_batch(run, step=1)
+    assert len(engine.calls) == 2 and engine.calls[0][0] == 2 and engine.calls[1][0] == 2
+    assert engine.calls[0][2] != engine.calls[1][2]  # every round samples with its own seed
+    assert all(not t.sandbox_error for t in batch) and len(batch) == 4
+    assert len(rolled) == 8
+    assert metrics["dropped/sandbox_error"] == 1 and metrics["dropped/equal_reward_groups"] == 2
+    assert len({t.group_id for t in batch}) == 2
