@@ -231,7 +231,8 @@ class Proc:
                 send_rest.add_done_callback(lambda f: f.cancelled() or f.exception() and finish("reply", None))
             kind, msg = await done
             timer.cancel()
-            if kind == "reply" and msg is not None and msg.get("op") == "done":
+            if kind == "reply" and msg is not None and msg.get("op") == "done" \
+                    and isinstance(msg.get("exit_code"), int):
                 status, oom, killed = None, False, False
             else:
                 if not reply.done():
@@ -263,13 +264,13 @@ class Proc:
             if killed:
                 res.exit_code, res.signal = 128 + 9, signal.SIGKILL
             else:
-                res.exit_code = int(msg.get("exit_code", 1))
+                res.exit_code = msg["exit_code"]
             res.error = f"output over {cap} bytes per stream"
         elif not killed:
-            res.exit_code = int(msg.get("exit_code", 1))
+            res.exit_code = msg["exit_code"]
             res.status = ExecStatus.OOM if msg.get("exc") == "MemoryError" else \
                 ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
-        elif msg is not None and msg.get("op") == "corrupt":
+        elif msg is not None:  # anything but a well-formed reply: the code tampered with the channel
             res.status, res.exit_code = ExecStatus.ERROR, None
             res.error = "the code wrote into the sandbox's control channel; the session was killed"
         elif status is None:

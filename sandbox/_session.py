@@ -32,6 +32,8 @@ class Slots:
             try:
                 await asyncio.wait_for(fut, self.timeout_s)  # resolved with the slot handed over
             except asyncio.TimeoutError:
+                if fut.done() and not fut.cancelled():
+                    self._release()  # handed over just as we gave up: pass it on
                 raise SandboxError(f"no sandbox worker became free within {self.timeout_s:g}s") from None
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():

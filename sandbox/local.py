@@ -93,7 +93,13 @@ class LocalSandbox:
         finally:
             theirs.close()
         client = WorkerClient(ours, "sandbox worker")
-        self.info = await client.ready(self.cfg.spawn_timeout_s)
+        try:
+            self.info = await client.ready(self.cfg.spawn_timeout_s)
+        except BaseException:
+            client.close()
+            self.popen.kill()
+            self._reap_worker()
+            raise
         return client
 
     def _stop_worker(self) -> None:
