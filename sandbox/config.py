@@ -68,8 +68,9 @@ class SandboxConfig:
             raise ValueError(f"workers={self.workers!r}: must be >= 1")
         if self.queue_size < 0:
             raise ValueError(f"queue_size={self.queue_size!r}: must be >= 0")
-        if self.queue_timeout_s <= 0 or self.spawn_timeout_s <= 0:
-            raise ValueError("queue_timeout_s and spawn_timeout_s: must be > 0")
+        for name in ("queue_timeout_s", "spawn_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
         for item in self.env:
             if "=" not in item:
                 raise ValueError(f"env={item!r}: entries must be 'KEY=VALUE'")

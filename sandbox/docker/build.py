@@ -117,6 +117,7 @@ def build(tag: str, packages: list[str]) -> str:
         client = docker.from_env(timeout=600)
         image, _logs = client.images.build(path=ctx, tag=tag, rm=True, forcerm=True,
                                            labels={"stare-sandbox.python": sys.version.split()[0]})
+        client.images.prune(filters={"dangling": True, "label": "stare-sandbox.python"})  # earlier builds
     return image.id
 
 
