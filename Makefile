@@ -18,8 +18,9 @@ setup: $(BIN)/.installed
 train: setup
 	$(BIN)/python scripts/train_tir.py
 
+# One torch thread per test worker: two workers on two cores must not oversubscribe them.
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
 clean:
 	rm -rf $(VENV) runs

@@ -200,6 +200,23 @@ def build_tiny_model(
     return model
 
 
+# The pretrained tiny base shipped with the package (made by scripts/pretrain_tiny.py).
+PRETRAINED_TINY_BASE = Path(__file__).parent / "assets" / "tiny-base"
+
+
+def pretrained_tiny_base() -> Path:
+    """The shipped tiny base model: a ~0.14M-parameter Qwen2 pretrained to copy numbers.
+
+    It plays the part of a pretrained base model (Qwen2.5-Base) in the CPU default; see
+    scripts/pretrain_tiny.py for how it was made.
+    """
+    if not (PRETRAINED_TINY_BASE / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{PRETRAINED_TINY_BASE} is missing: run `python scripts/pretrain_tiny.py` to rebuild it, "
+            "or use model.path=tiny-random for a randomly initialised tiny model")
+    return PRETRAINED_TINY_BASE
+
+
 def ensure_tiny_checkpoint(
     path: str | Path | None = None, size: Literal["tiny", "small", "base"] = "tiny", seed: int = 0
 ) -> Path:

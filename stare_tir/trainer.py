@@ -32,9 +32,11 @@ from stare_tir.tracking import MetricsLog
 
 @dataclass
 class ModelConfig:
-    # HF model directory or hub id; "tiny" builds (once, cached) a tiny Qwen2 with a real tokenizer.
+    # HF model directory or hub id. "tiny": the pretrained tiny base shipped with the package (a
+    # 0.14M-parameter Qwen2 with a real tokenizer and chat template); "tiny-random": a randomly
+    # initialised tiny Qwen2, built once and cached.
     path: str = "tiny"
-    # Shape of the built tiny model (only when path == "tiny").
+    # Shape of the random tiny model (only when path == "tiny-random").
     tiny_size: Literal["tiny", "small", "base"] = "tiny"
 
 
@@ -493,8 +495,12 @@ def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
 
 
 def resolve_model_path(cfg: TrainConfig) -> str:
-    """'tiny' -> the cached tiny checkpoint; otherwise a readable HF dir or hub id."""
+    """'tiny' / 'tiny-random' -> the built-in tiny models; otherwise a readable HF dir or hub id."""
     if cfg.model.path == "tiny":
+        from stare_tir.tiny import pretrained_tiny_base
+
+        return str(pretrained_tiny_base())
+    if cfg.model.path == "tiny-random":
         from stare_tir.tiny import ensure_tiny_checkpoint
 
         return str(ensure_tiny_checkpoint(size=cfg.model.tiny_size))

@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""Time the embedded default end to end and report accuracy before and after RL.
+
+Runs `scripts/train_tir.py` (configs/tiny_cpu.yaml, or --config) in a fresh run directory, as a
+user would, then reads its summary.json. The last line is
+    RESULT wall_s=<s> acc_sft=<a> acc_rl=<b> acc_gain=<b-a> sft_s=<s> rl_s=<s>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "tiny_cpu.yaml"), help="YAML config to run")
+    parser.add_argument("--run-dir", default="runs/bench_train", help="run directory (wiped first)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra dotted config overrides")
+    args = parser.parse_args()
+
+    run_dir = Path(args.run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_tir.py"), "--config", args.config,
+           f"trainer.run_dir={run_dir}", *args.overrides]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    wall = time.perf_counter() - t0
+    s = json.loads((run_dir / "summary.json").read_text())
+    a, b = s["acc_before_rl"], s["acc_after_rl"]
+    secs = s["seconds"]
+    print(f"phases: " + ", ".join(f"{k}={v:.1f}s" for k, v in secs.items()))
+    print(f"RESULT wall_s={wall:.1f} acc_sft={a:.3f} acc_rl={b:.3f} acc_gain={b - a:+.3f} "
+          f"sft_s={secs.get('sft', 0.0):.1f} rl_s={secs.get('rl', 0.0):.1f}")
+
+
+if __name__ == "__main__":
+    main()
