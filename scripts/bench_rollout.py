@@ -10,6 +10,9 @@
    So that a random tiny model makes tool calls, a thin wrapper ends each turn after
    --turn-tokens sampled tokens as if the model had written "</code>" (the tokens are real).
 
+Timings are interleaved and each ratio uses the fastest of --repeats runs (as timeit does): on a
+shared machine, other processes only ever add time, so the minimum is the least disturbed.
+
 Last line: RESULT engine_overhead_ratio=<x> overlap_ratio=<y>
 """
 
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 
 
@@ -105,7 +107,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128, help="part 1 token budget per prompt")
     ap.add_argument("--batch", type=int, default=64, help="HF backend max_batch_size")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     ap.add_argument("--multi-prompts", type=int, default=32)
     ap.add_argument("--multi-n", type=int, default=2, help="samples per prompt in part 2")
@@ -144,31 +146,35 @@ def main() -> None:
             backend.generate(p, SamplingParams(max_new_tokens=args.new_tokens, seed=s), [])
             for p, s in zip(prompt_ids, seeds)))
 
-    def time_engine() -> tuple[float, int]:
-        t = time.perf_counter()
+    def time_engine() -> tuple[float, float, int]:
+        t, c = time.perf_counter(), time.process_time()
         trajs, _ = engine.run(problems)
-        return time.perf_counter() - t, sum(len(x.response_ids) for x in trajs)
+        return time.perf_counter() - t, time.process_time() - c, sum(len(x.response_ids) for x in trajs)
 
-    def time_direct() -> tuple[float, int]:
-        t = time.perf_counter()
+    def time_direct() -> tuple[float, float, int]:
+        t, c = time.perf_counter(), time.process_time()
         gens = engine.run_coroutine(direct())
-        return time.perf_counter() - t, sum(len(g.token_ids) for g in gens)
+        return time.perf_counter() - t, time.process_time() - c, sum(len(g.token_ids) for g in gens)
 
     time_engine(), time_direct()  # warm-up (first forwards are slow)
-    eng_t, dir_t = [], []
+    eng_t, dir_t, eng_c, dir_c = [], [], [], []
     for _ in range(args.repeats):  # interleaved, so load changes hit both alike
-        (te, ne), (td, nd) = time_engine(), time_direct()
+        (te, ce, ne), (td, cd, nd) = time_engine(), time_direct()
         eng_t.append(te)
         dir_t.append(td)
+        eng_c.append(ce)
+        dir_c.append(cd)
     if ne != nd:
         print(f"warning: engine sampled {ne} tokens, direct {nd} (should be equal)")
-    e, d = statistics.median(eng_t), statistics.median(dir_t)
+    e, d = min(eng_t), min(dir_t)
     overhead = e / d
     ref = hf_generate_reference(backend, prompt_ids, args.new_tokens)
     print(f"[1] single turn: {args.prompts} prompts x {args.new_tokens} tokens ({nd} sampled)")
     print(f"    direct batched generate: {d:.3f} s  ({nd / d:,.0f} tok/s)   runs={[round(x, 3) for x in dir_t]}")
     print(f"    engine:                  {e:.3f} s  ({ne / e:,.0f} tok/s)   runs={[round(x, 3) for x in eng_t]}")
     print(f"    reference: transformers generate(), same batch, KV cache: {ref:,.0f} tok/s")
+    print(f"    process CPU time (all threads), fastest run: engine {min(eng_c):.3f} s, "
+          f"direct {min(dir_c):.3f} s, ratio {min(eng_c) / min(dir_c):.3f}")
     print(f"    engine_overhead_ratio = {overhead:.3f}")
 
     # ---------------------------------------------------------------- 2. overlap
@@ -189,16 +195,22 @@ def main() -> None:
         return wall, stats
 
     rollout(0.0)  # warm-up
-    gen_only, _ = rollout(0.0)
-    wall, stats = rollout(args.tool_latency)
+    gen_runs, walls = [], []
+    for _ in range(max(2, args.repeats // 2)):  # interleaved, fastest of each
+        gen_runs.append(rollout(0.0)[0])
+        walls.append(rollout(args.tool_latency))
+    gen_only = min(gen_runs)
+    wall, stats = min(walls, key=lambda w: w[0])
     serial = stats["tool_calls"] * args.tool_latency
     overlap = wall / (gen_only + serial)
     print(f"[2] multi-turn: {len(mproblems)} x {args.multi_n} trajectories, "
           f"{stats['tool_calls']} tool calls of {args.tool_latency} s, "
           f"{stats['turns_mean']:.1f} turns, {stats['model_tokens']} model tokens")
-    print(f"    generation only (0 s sandbox): {gen_only:.3f} s")
+    print(f"    generation only (0 s sandbox): {gen_only:.3f} s   runs={[round(x, 3) for x in gen_runs]}")
     print(f"    serial sandbox time:           {serial:.3f} s")
-    print(f"    wall with sandbox:             {wall:.3f} s   finish={ {k: v for k, v in stats.items() if k.startswith('finish/') and v} }")
+    finish = {k[len("finish/"):]: round(v, 3) for k, v in stats.items() if k.startswith("finish/") and v}
+    print(f"    wall with sandbox:             {wall:.3f} s   runs={[round(w, 3) for w, _ in walls]}")
+    print(f"    finish reasons: {finish}")
     print(f"    overlap_ratio = {overlap:.3f}")
     engine.close()
     backend.close()

@@ -212,3 +212,29 @@ def test_backend_moves_between_event_loops(backend):
     finally:
         backend.close()
         first.close()
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_sampler_draws_from_the_stated_distribution(seeded):
+    """Empirical frequencies match softmax(logits / T) after top-k / top-p truncation."""
+    from stare_tir.rollout.backends.hf import sample_tokens
+
+    n = 20000
+    base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    logits = base.repeat(n, 1)
+    gen = torch.Generator().manual_seed(0)
+    seeds = list(range(n)) if seeded else None
+    for temp, k, p in [(1.0, -1, 1.0), (0.5, -1, 1.0), (1.0, 3, 1.0), (1.3, -1, 0.8)]:
+        ids, lps = sample_tokens(logits, [temp] * n, [k] * n, [p] * n, seeds=seeds,
+                                 counters=[0] * n if seeded else None, rng=gen)
+        want = (base / temp).softmax(-1)
+        if k > 0:
+            want[want.argsort(descending=True)[k:]] = 0
+        if p < 1:
+            order = want.argsort(descending=True)
+            cum = want[order].cumsum(0) - want[order]
+            want[order[cum > p * want.sum()]] = 0
+        want = want / want.sum()
+        freq = torch.bincount(torch.tensor(ids), minlength=6).double() / n
+        assert (freq - want.double()).abs().max() < 0.015, (temp, k, p, freq, want)
+        assert torch.allclose(torch.tensor(lps), want.log()[torch.tensor(ids)].float(), atol=1e-5)
