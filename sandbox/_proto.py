@@ -33,7 +33,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
-        k = sock.recv_into(view[got:])
+        try:
+            k = sock.recv_into(view[got:])
+        except ConnectionResetError:
+            k = 0
         if k == 0:
             return None
         got += k
@@ -44,7 +47,10 @@ def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict | None, bytes, list
     """Blocking read of one frame -> (header, payload, fds); header None at end of stream."""
     head, fds = b"", []
     while len(head) < HDR.size:
-        chunk, anc, _flags, _addr = sock.recvmsg(HDR.size - len(head), socket.CMSG_SPACE(4 * maxfds) if maxfds else 0)
+        try:
+            chunk, anc, _flags, _addr = sock.recvmsg(HDR.size - len(head), socket.CMSG_SPACE(4 * maxfds) if maxfds else 0)
+        except ConnectionResetError:  # the peer is gone: same as end of stream
+            chunk, anc = b"", []
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds += array.array("i", data[: len(data) - len(data) % 4])

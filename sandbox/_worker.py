@@ -48,6 +48,7 @@ class Worker:
         import gc
         gc.collect()
         gc.freeze()  # children's collections skip the preloaded objects: no walk, no copy-on-write
+        self.huge_mb = iso.collapse_heap() >> 20
         with open("/proc/self/status") as f:  # address space after preloading, for RLIMIT_AS
             self.base_vm_mb = next(int(ln.split()[1]) >> 10 for ln in f if ln.startswith("VmSize:"))
         if self.cfg.get("seccomp"):
@@ -69,7 +70,7 @@ class Worker:
                 except OSError:
                     self.oom_fd = None
         return {"op": "ready", "cgroups": self.cgroups is not None, "seccomp": self.seccomp is not None,
-                "pid": os.getpid()}
+                "huge_mb": self.huge_mb, "pid": os.getpid()}
 
     def oom_kills(self, sid: int | None = None) -> int:
         if self.cgroups is not None and sid is not None:

@@ -30,6 +30,7 @@ from ._client import Proc, WorkerClient
 from ._session import ProcSession, Slots
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
+from .docker.build import code_hash
 
 WORKER_OVERHEAD_MB = 128  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
 CODE_UID = 65534
@@ -96,11 +97,14 @@ class DockerSandbox:
             else:
                 self.api = await self._call(docker.from_env, timeout=60)
             await self._call(self.api.ping)
-            await self._call(self.api.images.get, image)
+            labels = (await self._call(self.api.images.get, image)).labels or {}
         except docker.errors.ImageNotFound:
             raise SandboxError(f"docker image {image} not found: build it with `python -m sandbox.docker.build`") from None
         except Exception as e:  # noqa: BLE001 - any engine problem is an infrastructure failure
             raise SandboxError(f"docker engine unavailable: {type(e).__name__}: {e}") from None
+        if labels.get("stare-sandbox.code") != code_hash():  # its worker must speak our protocol
+            raise SandboxError(f"docker image {image} holds other sandbox code than this checkout: "
+                               "rebuild it with `python -m sandbox.docker.build`")
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
         self._fill()
 

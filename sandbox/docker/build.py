@@ -9,6 +9,7 @@ runs `docker build` on sandbox/docker/Dockerfile through the Docker SDK. Nothing
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata as md
 import os
 import re
@@ -19,6 +20,16 @@ import sysconfig
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER_FILES = ("_worker.py", "_proto.py", "_cells.py", "_isolation.py")
+
+
+def code_hash() -> str:
+    """Identifies the worker code baked into an image; the backend refuses a stale image."""
+    h = hashlib.sha256()
+    for name in WORKER_FILES:
+        with open(os.path.join(os.path.dirname(HERE), name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
 SKIP_STDLIB = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 ELF = b"\x7fELF"
 
@@ -88,7 +99,7 @@ def collect(root: str, packages: list[str]) -> None:
         if not lib.startswith(base) and "site-packages" not in lib:
             _copy(lib, root)
     here = os.path.dirname(HERE)
-    for name in ("_worker.py", "_proto.py", "_cells.py", "_isolation.py"):
+    for name in WORKER_FILES:
         _copy(os.path.join(here, name), root, f"/opt/sandbox/{name}")
     os.makedirs(root + "/usr/local/bin", exist_ok=True)
     os.symlink(os.path.realpath(sys.executable), root + "/usr/local/bin/python3")
@@ -116,7 +127,8 @@ def build(tag: str, packages: list[str]) -> str:
         shutil.copy(os.path.join(HERE, "Dockerfile"), ctx)
         client = docker.from_env(timeout=600)
         image, _logs = client.images.build(path=ctx, tag=tag, rm=True, forcerm=True,
-                                           labels={"stare-sandbox.python": sys.version.split()[0]})
+                                           labels={"stare-sandbox.python": sys.version.split()[0],
+                                                   "stare-sandbox.code": code_hash()})
         client.images.prune(filters={"dangling": True, "label": "stare-sandbox.python"})  # earlier builds
     return image.id
 
