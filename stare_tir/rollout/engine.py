@@ -162,8 +162,16 @@ class RolloutEngine:
                                 turns=f"{counters['turns'] / bar.n:.2f}", refresh=False)
             return traj
 
+        tasks = [asyncio.ensure_future(one(g, s)) for g in range(len(problems)) for s in range(n)]
         try:
-            trajs = await asyncio.gather(*(one(g, s) for g in range(len(problems)) for s in range(n)))
+            trajs = await asyncio.gather(*tasks)
+        except BaseException:
+            # One trajectory raised outside its own error handling (e.g. the env factory): stop
+            # the others instead of leaving them running on the loop, then report the error.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         finally:
             if bar is not None:
                 bar.close()

@@ -274,3 +274,40 @@ def test_tiny_model_conditioned_on_exactly_prompt_plus_response(tiny_path):
         assert tok.convert_tokens_to_ids("<|im_end|>") not in obs_ids
     assert worst < 1e-4
     assert stats["tokens_per_s"] > 0 and stats["trajectories"] == 12
+
+
+def test_progress_bar_and_stats(qwen_tok, fake_env_cls, scripted_backend_cls, capsys):
+    be = scripted_backend_cls(qwen_tok, [CODE_TURN, ANSWER_TURN])
+    eng = _engine(qwen_tok, be, fake_env_cls, n_per_prompt=3, progress=True)
+    trajs, stats = eng.run([PROBLEM])
+    assert "rollout" in capsys.readouterr().err
+    assert stats["trajectories"] == 3 and stats["turns_mean"] == 2.0
+    assert stats["tool_calls_mean"] == 1.0 and stats["obs_tokens"] > 0
+    assert stats["model_tokens"] == sum(t.num_model_tokens for t in trajs)
+    assert abs(sum(v for k, v in stats.items() if k.startswith("finish/")) - 1.0) < 1e-9
+    assert eng.last_stats is stats
+
+
+def test_env_factory_error_propagates_and_stops_the_batch(qwen_tok, fake_env_cls,
+                                                          scripted_backend_cls):
+    import asyncio
+
+    envs = []
+
+    def factory(problem):
+        if problem["id"] == "bad":
+            raise KeyError("no such task")
+        envs.append(fake_env_cls(problem, latency=5.0))
+        return envs[-1]
+
+    be = scripted_backend_cls(qwen_tok, [CODE_TURN, ANSWER_TURN])
+    eng = _engine(qwen_tok, be, factory, n_per_prompt=2)
+    problems = [PROBLEM, {"id": "bad", "problem": "?", "answer": "0"}]
+    t0 = time.perf_counter()
+    with pytest.raises(KeyError, match="no such task"):
+        eng.run(problems)
+    assert time.perf_counter() - t0 < 4.0  # the slow siblings were cancelled, not awaited
+    assert all(e.closed for e in envs)  # and their envs were still closed
+    leftover = [t for t in asyncio.all_tasks(eng._loop) if not t.done()]
+    assert leftover == []
+    eng.close()
