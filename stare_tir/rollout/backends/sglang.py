@@ -32,8 +32,9 @@ Weight sync (`SGLangConfig.weight_sync`), as SGLang documents it:
   radix cache.
 
 Routing across several servers: each request goes to the server with the fewest requests in
-flight (a sglang-router URL can be given as the only server instead). Connection failures are
-retried on another server; HTTP errors are not.
+flight (a sglang-router URL can be given as the only server instead; then list the workers in
+`weight_urls`, since control calls must reach every worker). Connection failures are retried on
+another server; HTTP errors are not.
 """
 
 from __future__ import annotations
