@@ -142,12 +142,15 @@ def drop_for_update(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[list[Tra
     """Remove trajectories that must not reach the loss; every drop is counted by reason.
 
     sandbox_error: the infrastructure failed, the code did not; scoring it would bias advantages.
+    rollout_error: the env or backend raised; the trajectory is incomplete, its reward meaningless.
     void turns / overlong: optional DAPO-style filters.
     """
-    kept, counts = [], {"sandbox_error": 0, "void_turn": 0, "overlong": 0}
+    kept, counts = [], {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0}
     for t in trajs:
         if t.sandbox_error:
             counts["sandbox_error"] += 1
+        elif t.finish_reason == "error":
+            counts["rollout_error"] += 1
         elif algo.filter_void_turns and t.void_turns > 0:
             counts["void_turn"] += 1
         elif algo.filter_overlong and t.finish_reason == "max_tokens":
@@ -234,7 +237,7 @@ def rollout_stats(trajs: list[Trajectory]) -> dict[str, float]:
         "rollout/tool_calls": sum(t.tool_calls for t in trajs) / n,
         "rollout/tool_use_frac": sum(t.tool_calls > 0 for t in trajs) / n,
         "rollout/timeout_rate": sum(t.timeouts for t in trajs) / max(sum(t.tool_calls for t in trajs), 1),
-        "rollout/code_error_rate": sum(t.info.get("stats", {}).get("code_errors", 0) for t in trajs)
+        "rollout/code_error_rate": sum(t.info.get("env_stats", {}).get("code_errors", 0) for t in trajs)
         / max(sum(t.tool_calls for t in trajs), 1),
         "rollout/sandbox_error_rate": sum(t.sandbox_error for t in trajs) / n,
         "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
@@ -302,7 +305,7 @@ def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajector
     want = cfg.trainer.prompts_per_step
     groups: list[list[Trajectory]] = []
     rolled: list[Trajectory] = []
-    drops = {"sandbox_error": 0, "void_turn": 0, "overlong": 0, "equal_reward_groups": 0}
+    drops = {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0, "equal_reward_groups": 0}
     rounds = algo.dynamic_sampling_rounds if algo.dynamic_sampling else 1
     for rnd in range(rounds):
         need = want - int(run.learner.all_reduce_sum(torch.tensor([float(len(groups))])).item())

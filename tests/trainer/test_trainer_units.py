@@ -49,12 +49,12 @@ class OneRankLearner:
 
 def test_sandbox_errors_and_filters_are_dropped_and_counted():
     trajs = [traj(0, 1.0), traj(0, -1.0, sandbox_error=True), traj(1, -1.0, void=1),
-             traj(1, 1.0, finish="max_tokens")]
+             traj(1, 1.0, finish="max_tokens"), traj(2, 0.0, finish="error")]
     kept, counts = drop_for_update(trajs, AlgoConfig(filter_void_turns=True, filter_overlong=True))
     assert kept == [trajs[0]]
-    assert counts == {"sandbox_error": 1, "void_turn": 1, "overlong": 1}
+    assert counts == {"sandbox_error": 1, "rollout_error": 1, "void_turn": 1, "overlong": 1}
     kept, counts = drop_for_update(trajs, AlgoConfig())
-    assert trajs[1] not in kept and len(kept) == 3 and counts["sandbox_error"] == 1
+    assert trajs[1] not in kept and trajs[4] not in kept and len(kept) == 3
 
 
 def test_informative_groups_need_two_members_and_different_rewards():
