@@ -58,9 +58,16 @@ def _requirements(dist: md.Distribution) -> list[str]:
     return names
 
 
+def _base_site_dir() -> str:
+    """The first site-packages directory of the base interpreter (run outside any venv)."""
+    out = subprocess.run([os.path.realpath(sys.executable), "-I", "-c",
+                          "import site; print(site.getsitepackages()[0])"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.strip()
+
+
 def collect(root: str, packages: list[str]) -> None:
     base = sys.base_prefix
-    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     stdlib = sysconfig.get_paths(vars={"installed_base": base, "base": base})["stdlib"]
     files = [os.path.realpath(sys.executable)]
     for dirpath, dirnames, filenames in os.walk(stdlib):
@@ -69,7 +76,7 @@ def collect(root: str, packages: list[str]) -> None:
     files += [os.path.join(base, "lib", f) for f in os.listdir(os.path.join(base, "lib")) if f.startswith("libpython")]
     for f in files:
         _copy(f, root)
-    site = os.path.join(base, "lib", ver, "site-packages")  # packages go where the base interpreter looks
+    site = _base_site_dir()  # packages go where the bare interpreter looks (venvs are not copied)
     seen, todo = set(), list(packages)
     while todo:
         name = todo.pop()
