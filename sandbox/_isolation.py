@@ -81,11 +81,15 @@ def root_paths() -> tuple[list[str], list[str]]:
     return paths, hide
 
 
-def build_root(stage: str) -> None:
+def build_root() -> None:
     """Enter a private mount namespace whose root is a read-only tmpfs holding only root_paths().
-    Called once by the worker; each session then adds its own /tmp, /proc and namespaces."""
+    Called once by the worker, after everything it reads from /proc; each session then adds its
+    own /tmp, /proc and namespaces."""
     unshare(CLONE_NEWNS)
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do propagates back to the host
+    # the new root is assembled over /proc: a mount point that always exists, that is never a
+    # bind source, and that (in this private namespace) leaves nothing to clean up on the host
+    stage = "/proc"
     mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
     paths, hide = root_paths()
     for path in paths:
@@ -196,6 +200,14 @@ class Cgroups:
 
     @classmethod
     def _make(cls, dirs: list[str], name: str, v2: bool) -> "Cgroups":
+        for d in dirs:  # groups left by workers that were killed: empty, so rmdir is safe
+            for old in os.listdir(d):
+                pid = old.rpartition("-")[2]
+                if old.startswith("stare-sandbox-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                    for sub in os.listdir(os.path.join(d, old)):
+                        if sub.startswith("s") and sub[1:].isdigit():
+                            _rmdir_quietly(os.path.join(d, old, sub))
+                    _rmdir_quietly(os.path.join(d, old))
         grand = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in dirs]
         parents = []
         for fd in grand:
@@ -251,6 +263,13 @@ class Cgroups:
                 pass
             os.close(pfd)
             os.close(gfd)
+
+
+def _rmdir_quietly(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _write_at(dir_fd: int, name: str, value: str) -> None:

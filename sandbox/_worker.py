@@ -59,7 +59,7 @@ class Worker:
         if self.local:
             self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-            iso.build_root(self.cfg["stage"])
+            iso.build_root()
         else:
             self.reaper = self._fork_reaper()
             for path in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):

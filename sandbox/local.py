@@ -28,11 +28,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict
 
 from ._client import Proc, WorkerClient
@@ -51,7 +49,6 @@ class LocalSandbox:
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
         self.worker: WorkerClient | None = None
         self.popen: subprocess.Popen | None = None
-        self.stage: str | None = None
         self.info: dict = {}  # what the worker could set up: {"cgroups": bool, "seccomp": bool}
         self.spares: list[Proc] = []  # started, isolated, never used: a session takes one at once
         self.refill: asyncio.Task | None = None
@@ -77,8 +74,7 @@ class LocalSandbox:
         if os.geteuid() != 0:
             raise SandboxError("the local sandbox needs root (namespaces, cgroups, setuid); use docker")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.stage = tempfile.mkdtemp(prefix="stare-sandbox-")  # mount point of the worker's root
-        args = {"mode": "local", "fd": theirs.fileno(), "stage": self.stage, "limits": asdict(self.limits),
+        args = {"mode": "local", "fd": theirs.fileno(), "limits": asdict(self.limits),
                 "preload": list(self.cfg.preload), "seccomp": self.cfg.seccomp,
                 "uid_base": UID_BASE + 1000 * (os.getpid() % 500)}
         env = self.cfg.code_env(dict(os.environ))
@@ -120,9 +116,6 @@ class LocalSandbox:
                 self.popen.kill()
                 self.popen.wait()
             self.popen = None
-        if self.stage is not None:
-            shutil.rmtree(self.stage, ignore_errors=True)
-            self.stage = None
 
     async def _spawn(self) -> Proc:
         worker = await self._ensure_worker()
