@@ -7,11 +7,13 @@ default's budget. Real TIR training starts from a pretrained base model that alr
 the tiny default does too: this script pretrains one on synthetic code-and-math text in which
 numbers recur (copying), and writes it, with its tokenizer, to `stare_tir/assets/tiny-base/`.
 
-The corpus holds the pieces of the Retool format (`print(...)`, `<interpreter>`, `\\boxed{}`) in
-varied contexts, never a chat-formatted task: when to call the tool is left to SFT and RL.
-Deterministic for a given seed; about 10 minutes on 2 CPU cores.
+The corpus is half generic copying text and half code-interpreter text (a question, its
+`print(...)` code, the `<interpreter>` output, a `\\boxed{}` result), the way a real base model has
+seen code and its output in pretraining. It holds no chat template and no direct answers: how to
+answer inside a conversation, and when to call the tool, are left to SFT and RL.
+Deterministic for a given seed; about 6 minutes per 3,000 steps on 2 CPU cores.
 
-    python scripts/pretrain_tiny.py                      # writes stare_tir/assets/tiny-base
+    see stare_tir/assets/README.md for the two commands that made the shipped model
     python scripts/pretrain_tiny.py --steps 500 --out /tmp/base
 """
 
@@ -42,19 +44,26 @@ def segment(rng: random.Random) -> str:
         f"copy {e} -> {e}\n",
         f"x = {e}\nprint(x)\n",
         f"print({e})\n{value}\n",
-        f"<code>\n```python\nprint({e})\n```\n</code>\n",
         f"<interpreter>\n{n}\n</interpreter>\nThe result is {n}. \\boxed{{{n}}}\n",
-        f"We have {e}. Note that {e} is the expression.\n",
         f"The number {n} again: {n}.\n",
-        f"{e} = {value}\n",
-        f"a list: {n}, {number(rng)}, {n}\n",
         f"\\boxed{{{n}}} so the answer is {n}\n",
     ]
     return rng.choice(choices)
 
 
+def tool_use(rng: random.Random) -> str:
+    """Code-interpreter text as found in tool-use corpora: a question, code, its output, a result."""
+    e = expression(rng)
+    value = str(eval(e))  # e only holds digits and + - *
+    return (f"What is {e}?\n<code>\n```python\nprint({e})\n```\n</code>\n"
+            f"<interpreter>\n{value}\n</interpreter>\n\\boxed{{{value}}}\n")
+
+
 def document(rng: random.Random) -> str:
-    return "".join(segment(rng) for _ in range(rng.randint(2, 4)))
+    """Half tool-use text, half generic copying text."""
+    if rng.random() < 0.5:
+        return tool_use(rng)
+    return "".join(segment(rng) for _ in range(rng.randint(2, 3)))
 
 
 def main() -> None:
@@ -67,6 +76,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "stare_tir" / "assets" / "tiny-base"),
                         help="output directory (HF model + tokenizer)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--init", default=None, help="continue from this HF model directory instead of a fresh init")
     args = parser.parse_args()
 
     import torch
@@ -76,7 +86,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, size=args.size, seed=args.seed)
+    if args.init:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.init)
+    else:
+        model = build_tiny_model(tok, size=args.size, seed=args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     warmup = max(1, args.steps // 30)
     sched = torch.optim.lr_scheduler.LambdaLR(
