@@ -228,9 +228,19 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
           f"{os.getloadavg()[0]:.2f}", flush=True)
     results.update(bench_loss(args.loss_tokens, args.loss_repeats))
+    # The same on one thread: element-wise loss kernels scale with threads better than the
+    # selection does, and one thread is far less sensitive to other processes on the machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    one = bench_loss(args.loss_tokens, args.loss_repeats)
+    torch.set_num_threads(threads)
+    results["stare_loss_ratio_1thread"] = one["stare_loss_ratio"]
+    results["stare_c2_loss_ratio_1thread"] = one["stare_c2_loss_ratio"]
     print(f"[1] loss on {int(results['loss_tokens'])} tokens fwd+bwd: GRPO {results['grpo_loss_ms']:.1f} ms, "
           f"STARE-O1 {results['stare_loss_ms']:.1f} ms (weights alone {results['stare_weights_ms']:.1f} ms) "
-          f"-> ratio {results['stare_loss_ratio']:.3f} (C2 {results['stare_c2_loss_ratio']:.3f})", flush=True)
+          f"-> ratio {results['stare_loss_ratio']:.3f} (C2 {results['stare_c2_loss_ratio']:.3f}); "
+          f"one thread: {results['stare_loss_ratio_1thread']:.3f} (C2 {results['stare_c2_loss_ratio_1thread']:.3f})",
+          flush=True)
     results.update(bench_step(args.step_repeats))
     print(f"[2] tiny Qwen2 micro-step ({int(results['step_tokens'])} tokens): GRPO {results['grpo_step_ms']:.1f} ms, "
           f"STARE {results['stare_step_ms']:.1f} ms -> ratio {results['stare_step_ratio']:.4f}", flush=True)

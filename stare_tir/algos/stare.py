@@ -86,16 +86,15 @@ def num_selected(top_p: float, n: int) -> int:
     return max(1, math.ceil(Fraction(repr(float(top_p))) * n))
 
 
-# Above this many tokens the threshold is first estimated on a strided sample (see _select_top).
+# Above this many tokens the thresholds are first estimated on a strided sample of _SAMPLE tokens.
 _SAMPLE = 32768
 
 
 def _top_positions(vals: Tensor, k: int) -> Tensor:
     """Positions of exactly k largest entries of vals [n] (ties -> lower position)."""
-    top, pos = torch.topk(vals, k, sorted=False)  # partial selection, O(n)
+    top, pos = torch.topk(vals, k, sorted=False)  # partial selection, no full sort
     t = top.min()  # the k-th largest value
-    at_or_above = vals >= t  # [n] bool
-    if int(torch.count_nonzero(at_or_above)) == k:
+    if int(torch.count_nonzero(vals >= t)) == k:
         return pos  # no tie straddles the threshold: the set is unique
     # Ties straddle the threshold: keep all above it, then the first ties by position, so the
     # set never depends on topk's internal order.
@@ -104,45 +103,53 @@ def _top_positions(vals: Tensor, k: int) -> Tensor:
     return torch.cat([above, ties])
 
 
-def _select_top_sampled(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor | None:
-    """_select_top for large N via a strided sample; None when the sample cannot bound the
-    threshold (the caller then uses the full set, with the same result).
+def _side(a: Tensor, positive: bool, keep: Tensor | None) -> Tensor:
+    """Candidate mask T+ (A > 0) or T- (A < 0), restricted to kept tokens."""
+    cand = a > 0 if positive else a < 0
+    if keep is not None:
+        cand &= keep
+    return cand
 
-    A strided sample of the candidates (~_SAMPLE/2 values) estimates the rank-k value; t_lo
-    sits ~4 sigma of sampling noise below it. Only candidates >= t_lo (about 1.1 k) are
-    compacted and selected exactly; every token equal to the final threshold is >= t_lo, so
-    ties resolve exactly as on the full set. Few large passes, few kernel launches.
+
+def _select_sampled(
+    s: Tensor, a: Tensor, keep: Tensor | None, requests: list[tuple[bool, int, int]]
+) -> list[Tensor | None]:
+    """Exact top-k selection for large N, for T+ and/or T- in one pass over the tokens.
+
+    requests: (positive, k, n_cand) per side. For each side a strided sample estimates the
+    k-th largest candidate surprisal and t_lo sits ~4 sigma of sampling noise below it. One pass
+    compacts every token >= min(t_lo) (about 1.1 k per side); each side then keeps its own
+    candidates >= its t_lo and selects exactly among them. Every token equal to a final
+    threshold is >= t_lo, so ties resolve exactly as on the full set. A side whose sample
+    cannot bound the threshold, or was unlucky (fewer than k tokens >= t_lo), gets None and
+    the caller selects it on the full set, with the same result.
     """
-    n = s.numel()
-    stride = n // _SAMPLE
-    sample = s[::stride][cand[::stride]]  # [m_c]
-    m_c = sample.numel()
-    if m_c == 0:
-        return None
-    r = math.ceil(k * m_c / n_cand)  # expected rank (from the top) of the threshold in the sample
-    r_lo = r + 4 * math.isqrt(r) + 16
-    if r_lo >= m_c:
-        return None  # the threshold is too deep into the candidates for a useful bound
-    t_lo = torch.kthvalue(sample, m_c - r_lo + 1).values  # r_lo-th largest
-    near = s >= t_lo  # [N] bool
-    near &= cand  # in place: one fewer [N] buffer
-    sub = torch.nonzero(near).squeeze(1)  # [~1.1 k], ascending flat indices
-    if sub.numel() < k:
-        return None  # unlucky sample: t_lo was above the true threshold
-    return sub[_top_positions(s[sub], k)]
-
-
-def _select_top(s: Tensor, cand: Tensor, k: int, n_cand: int) -> Tensor:
-    """Flat indices of exactly k candidates with the highest s (ties -> lower index).
-
-    s: [N] float (no NaN); cand: [N] bool with n_cand >= k True. Returns [k] long.
-    """
-    if s.numel() > 8 * _SAMPLE:
-        idx = _select_top_sampled(s, cand, k, n_cand)
-        if idx is not None:
-            return idx
-    # Small inputs or unlucky sample: non-candidates become -inf (never chosen since k <= n_cand).
-    return _top_positions(torch.where(cand, s, float("-inf")), k)
+    stride = s.numel() // _SAMPLE
+    s_st, a_st = s[::stride], a[::stride]  # [~_SAMPLE] strided views
+    keep_st = None if keep is None else keep[::stride]
+    bounds: list[Tensor | None] = []
+    for positive, k, n_cand in requests:
+        sample = s_st[_side(a_st, positive, keep_st)]  # [m_c]
+        m_c = sample.numel()
+        r = math.ceil(k * m_c / n_cand)  # expected rank (from the top) of the threshold
+        r_lo = r + 4 * math.isqrt(r) + 16
+        bounds.append(None if r_lo >= m_c else torch.kthvalue(sample, m_c - r_lo + 1).values)
+    live = [b for b in bounds if b is not None]
+    if not live:
+        return [None] * len(requests)
+    sub = torch.nonzero(s >= torch.stack(live).min()).squeeze(1)  # [~1.1 k per side], ascending
+    s_sub, a_sub = s[sub], a[sub]
+    keep_sub = None if keep is None else keep[sub]
+    out: list[Tensor | None] = []
+    for (positive, k, _), t_lo in zip(requests, bounds):
+        if t_lo is None:
+            out.append(None)
+            continue
+        near = _side(a_sub, positive, keep_sub)
+        near &= s_sub >= t_lo
+        pos = torch.nonzero(near).squeeze(1)  # ascending, so flat-index order is kept
+        out.append(sub[pos[_top_positions(s_sub[pos], k)]] if pos.numel() >= k else None)
+    return out
 
 
 def _stare_counts(
@@ -161,32 +168,26 @@ def _stare_counts(
     s = surprisal.detach().reshape(-1)  # [N]
     a = advantages.detach().reshape(-1)  # [N]
     keep = None if mask is None else mask.reshape(-1).bool()  # [N]
-    omega = torch.ones(s.shape, dtype=torch.float32, device=s.device)  # [N]
 
-    def candidates(positive: bool) -> tuple[Tensor, int]:
-        cand = a > 0 if positive else a < 0  # [N] bool: T+ or T-
-        if keep is not None:
-            cand &= keep
-        return cand, int(torch.count_nonzero(cand))
-
-    def reweight(cand: Tensor, n_cand: int, weight: float) -> int:
-        k = num_selected(top_p, n_cand)
-        if k > 0:
-            omega.index_fill_(0, _select_top(s, cand, k, n_cand), weight)
-        return k
-
-    cand_pos, n_pos = candidates(True)
+    n_pos = int(torch.count_nonzero(_side(a, True, keep)))
+    # |T-| = |A != 0| - |T+|: a count, no second [N] mask
+    nonzero = a if keep is None else torch.where(keep, a, 0.0)
+    n_neg = int(torch.count_nonzero(nonzero)) - n_pos
     counts = {"tokens": s.numel() if keep is None else int(torch.count_nonzero(keep)),
-              "cand_pos": n_pos, "sel_pos": reweight(cand_pos, n_pos, w), "sel_neg": 0}
-    del cand_pos
-    if variant == "C2" or keep is not None:
-        cand_neg, n_neg = candidates(False)
-        counts["cand_neg"] = n_neg
-        if variant == "C2":
-            counts["sel_neg"] = reweight(cand_neg, n_neg, m)
-    else:
-        # O1 needs |T-| only as a metric: |A != 0| - |T+| costs no [N] mask.
-        counts["cand_neg"] = int(torch.count_nonzero(a)) - n_pos
+              "cand_pos": n_pos, "cand_neg": n_neg,
+              "sel_pos": num_selected(top_p, n_pos),
+              "sel_neg": num_selected(top_p, n_neg) if variant == "C2" else 0}
+    requests = [(positive, counts[key], n) for positive, key, n in
+                ((True, "sel_pos", n_pos), (False, "sel_neg", n_neg)) if counts[key] > 0]
+    picked: list[Tensor | None] = [None] * len(requests)
+    if s.numel() > 8 * _SAMPLE and requests:
+        picked = _select_sampled(s, a, keep, requests)
+    omega = torch.ones(s.shape, dtype=torch.float32, device=s.device)  # [N]
+    for (positive, k, _), idx in zip(requests, picked):
+        if idx is None:  # small input or unlucky sample: exact selection on the full set
+            cand = _side(a, positive, keep)
+            idx = _top_positions(torch.where(cand, s, float("-inf")), k)  # k <= |cand|: never -inf
+        omega.index_fill_(0, idx, w if positive else m)
     return omega.reshape(shape), counts
 
 

@@ -15,13 +15,14 @@ from stare_tir.algos.stare import (
 )
 
 
-def _reference(s, a, top_p, w, m, variant):
+def _reference(s, a, top_p, w, m, variant, mask=None):
     """Definition by full stable sort: highest surprisal first, lower index first on ties."""
     om = torch.ones(s.numel())
+    keep = torch.ones(s.numel(), dtype=torch.bool) if mask is None else mask.bool()
     for sign, wt in ((1, w), (-1, m)):
         if sign < 0 and variant != "C2":
             continue
-        c = torch.nonzero(a > 0 if sign > 0 else a < 0).squeeze(1)
+        c = torch.nonzero((a > 0 if sign > 0 else a < 0) & keep).squeeze(1)
         if c.numel() == 0:
             continue
         k = num_selected(top_p, c.numel())
@@ -112,26 +113,28 @@ def test_weights_are_constants():
     assert not om.requires_grad and om.grad_fn is None
 
 
-@pytest.mark.parametrize("kind", ["continuous", "coarse_ties", "all_tied"])
+@pytest.mark.parametrize("kind", ["continuous", "coarse_ties", "all_tied", "masked"])
 def test_large_inputs_match_definition(kind, monkeypatch):
     """N above the sampling threshold: the sampled path must give the definition's exact set."""
     g = torch.Generator().manual_seed(7)
     n = 8 * S._SAMPLE + 12345
     s = torch.rand(n, generator=g) * 3
     if kind == "coarse_ties":
-        s = torch.round(s * 8) / 8  # a few hundred thousand ties at every level
+        s = torch.round(s * 8) / 8  # tens of thousands of ties at every level
     if kind == "all_tied":
         s = torch.full((n,), 1.25)
     a = torch.randn(n // 64 + 1, 1, generator=g).expand(-1, 64).reshape(-1)[:n].contiguous()
+    mask = (torch.rand(n, generator=g) < 0.7) if kind == "masked" else None
     calls = []
-    real = S._select_top_sampled
-    monkeypatch.setattr(S, "_select_top_sampled", lambda *x: calls.append(r := real(*x)) or r)
-    om, met = stare_token_weights(s, a, top_p=0.1, w=1.1, m=0.9, variant="C2")
-    assert len(calls) == 2
-    if kind != "all_tied":
-        assert all(c is not None for c in calls)  # the fast path was really exercised
-    assert torch.equal(om, _reference(s, a, 0.1, 1.1, 0.9, "C2"))
-    assert met["stare/selected_pos"] == num_selected(0.1, int((a > 0).sum()))
+    real = S._select_sampled
+    monkeypatch.setattr(S, "_select_sampled", lambda *x: calls.append(r := real(*x)) or r)
+    om, met = stare_token_weights(s, a, top_p=0.1, w=1.1, m=0.9, variant="C2", mask=mask)
+    assert len(calls) == 1 and len(calls[0]) == 2
+    assert all(c is not None for c in calls[0])  # the fast path was really exercised
+    assert torch.equal(om, _reference(s, a, 0.1, 1.1, 0.9, "C2", mask))
+    keep = torch.ones(n, dtype=torch.bool) if mask is None else mask
+    assert met["stare/selected_pos"] == num_selected(0.1, int(((a > 0) & keep).sum()))
+    assert met["stare/cand_neg_ratio"] == int(((a < 0) & keep).sum()) / int(keep.sum())
 
 
 def test_unlucky_sample_falls_back_with_same_result(monkeypatch):
@@ -141,10 +144,10 @@ def test_unlucky_sample_falls_back_with_same_result(monkeypatch):
     s[:: n // S._SAMPLE] += 5.0  # the strided sample sees only the largest values
     a = torch.ones(n)
     calls = []
-    real = S._select_top_sampled
-    monkeypatch.setattr(S, "_select_top_sampled", lambda *x: calls.append(r := real(*x)) or r)
+    real = S._select_sampled
+    monkeypatch.setattr(S, "_select_sampled", lambda *x: calls.append(r := real(*x)) or r)
     om, _ = stare_token_weights(s, a, top_p=0.3, w=1.1)
-    assert calls == [None]
+    assert calls == [[None]]
     assert torch.equal(om, _reference(s, a, 0.3, 1.1, 0.9, "O1"))
 
 
@@ -278,3 +281,16 @@ def test_config_validation_and_from_config():
         StareController(m=1.5)
     with pytest.raises(ValueError, match="variant"):
         stare_token_weights(torch.ones(2), torch.ones(2), variant="X")
+
+
+def test_large_top_p_uses_full_set(monkeypatch):
+    # P = 0.99: the threshold sits too deep in the sample to bound, so no side is sampled
+    n = 8 * S._SAMPLE + 7
+    g = torch.Generator().manual_seed(11)
+    s, a = torch.rand(n, generator=g), torch.randn(n, generator=g)
+    calls = []
+    real = S._select_sampled
+    monkeypatch.setattr(S, "_select_sampled", lambda *x: calls.append(r := real(*x)) or r)
+    om, _ = stare_token_weights(s, a, top_p=0.99, variant="C2")
+    assert calls == [[None, None]]
+    assert torch.equal(om, _reference(s, a, 0.99, 1.1, 0.9, "C2"))
