@@ -59,9 +59,25 @@ def tool_use(rng: random.Random) -> str:
             f"<interpreter>\n{value}\n</interpreter>\n\\boxed{{{value}}}\n")
 
 
-def document(rng: random.Random) -> str:
-    """Half tool-use text, half generic copying text."""
-    if rng.random() < 0.5:
+def chat_tool_use(rng: random.Random, tok) -> str:
+    """Tool-use text inside a chat transcript (the chat template a chat model is trained in)."""
+    from envs.retool import SHORT_SYSTEM_PROMPT
+
+    e = expression(rng)
+    value = str(eval(e))  # e only holds digits and + - *
+    reply = (f"<code>\n```python\nprint({e})\n```\n</code>\n<interpreter>\n{value}\n</interpreter>\n"
+             f"\\boxed{{{value}}}")
+    messages = [{"role": "system", "content": SHORT_SYSTEM_PROMPT},
+                {"role": "user", "content": f"What is {e}?"}, {"role": "assistant", "content": reply}]
+    return tok.apply_chat_template(messages, tokenize=False)
+
+
+def document(rng: random.Random, tok, chat_fraction: float = 0.0) -> str:
+    """Tool-use text (plain or, with chat_fraction, in chat transcripts) and generic copying text."""
+    u = rng.random()
+    if u < chat_fraction:
+        return chat_tool_use(rng, tok)
+    if u < chat_fraction + (1 - chat_fraction) / 2:
         return tool_use(rng)
     return "".join(segment(rng) for _ in range(rng.randint(2, 3)))
 
@@ -76,6 +92,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "stare_tir" / "assets" / "tiny-base"),
                         help="output directory (HF model + tokenizer)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--chat-fraction", type=float, default=0.0,
+                        help="share of documents that are tool-use chat transcripts")
     parser.add_argument("--init", default=None, help="continue from this HF model directory instead of a fresh init")
     args = parser.parse_args()
 
@@ -101,7 +119,8 @@ def main() -> None:
     t0 = time.time()
     bar = tqdm(range(args.steps), desc="pretrain", unit="step")
     for step in bar:
-        docs = [tok(document(rng), add_special_tokens=False)["input_ids"] + [eos] for _ in range(args.batch_size)]
+        docs = [tok(document(rng, tok, args.chat_fraction), add_special_tokens=False)["input_ids"] + [eos]
+                for _ in range(args.batch_size)]
         length = max(len(d) for d in docs)
         ids = torch.full((len(docs), length), tok.pad_token_id)  # [B, L]
         labels = torch.full((len(docs), length), -100)  # [B, L], padding not trained
