@@ -132,3 +132,44 @@ def test_dynamic_sampling_refills_and_never_keeps_sandbox_errors():
     assert len(rolled) == 8
     assert metrics["dropped/sandbox_error"] == 1 and metrics["dropped/equal_reward_groups"] == 2
     assert len({t.group_id for t in batch}) == 2
+
+
+class SkippingLearner(OneRankLearner):
+    """A learner whose every update is non-finite (DeepSpeed skipped the step)."""
+
+    def __init__(self):
+        self.trained_on = []
+
+    def compute_logprobs_entropy(self, trajs):
+        lps = [torch.full((len(t.response_ids),), -0.5) * torch.tensor(t.loss_mask) for t in trajs]
+        return lps, [torch.full_like(lp, 0.2) for lp in lps]
+
+    def train_step(self, trajs, advantages, omega, old_lp, **kw):
+        self.trained_on.append(list(trajs))
+        return {"loss": float("nan"), "step_skipped": 1.0}
+
+    def export_weights(self):
+        return iter(())
+
+
+def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_path):
+    from stare_tir.data import PromptSampler
+    from stare_tir.trainer import Run, TrainConfig, rl_step
+
+    cfg = TrainConfig()
+    cfg.trainer.prompts_per_step = 1
+    cfg.trainer.max_nonfinite_steps = 2
+    cfg.rollout.n_per_prompt = 2
+    batches = [[traj(0, 1.0), traj(0, -1.0, sandbox_error=True), traj(0, -1.0)] for _ in range(2)]
+    engine = FakeEngine(batches)
+    engine.cfg = cfg.rollout
+    learner = SkippingLearner()
+    run = Run(cfg=cfg, run_dir=tmp_path, tokenizer=None, learner=learner, backend=None, engine=engine,
+              controller=StareController.from_config(cfg.algo.stare),
+              sampler=PromptSampler([{"id": "a"}], seed=0), eval_problems=[], log=None)
+    metrics = rl_step(run, 1)
+    assert metrics["update/nonfinite_in_row"] == 1.0 and run.nonfinite_in_row == 1
+    # The trajectory whose sandbox failed never reached the loss.
+    assert all(not t.sandbox_error for t in learner.trained_on[0]) and len(learner.trained_on[0]) == 2
+    with pytest.raises(FloatingPointError, match="2 consecutive steps"):
+        rl_step(run, 2)
