@@ -112,8 +112,11 @@ def test_output_is_capped_while_streaming(box):
     r = box.run("while True: print('x' * 1000)")  # never ends by itself
     assert r.status == "output_limit" and r.stdout_truncated and len(r.stdout) == MAX_OUT, r.status
     assert time.monotonic() - t < 2.0, "killed at the cap, not at the wall-time limit"
+    # The cap is per stream: a stderr flood truncates stderr only. (Whether the buffered 'ok' gets
+    # out before the kill is a race, so stdout is only required to be a prefix of it.)
     r = box.run("import sys; sys.stderr.write('e' * 10000); print('ok')")
-    assert r.status == "output_limit" and r.stderr_truncated and not r.stdout_truncated and r.stdout == "ok\n"
+    assert r.status == "output_limit" and r.stderr_truncated and not r.stdout_truncated, r
+    assert len(r.stderr) == MAX_OUT and "ok\n".startswith(r.stdout), r
 
 
 def test_no_network_not_even_the_hosts_loopback(box):
