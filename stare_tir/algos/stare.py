@@ -10,7 +10,10 @@ Everything else keeps weight 1. The weights act only while the batch entropy is 
 
 Selection is exact: |L+| = ceil(P * |T+|) (at least 1 when T+ is non-empty), ties at the
 threshold broken towards the lower flat index, so results never depend on the sort algorithm.
-It is O(n): a partial top-k (no full sort) plus a few element-wise passes.
+It costs O(N) with a small constant, which matters because it runs on every token of the batch:
+a strided sample bounds each threshold from below, one pass compacts the ~1.1 P N tokens above
+the bounds, and an exact partial top-k runs on those only (no sort of the whole batch). Surprisal
+must not contain NaN.
 """
 
 from __future__ import annotations
