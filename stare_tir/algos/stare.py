@@ -114,15 +114,34 @@ def _side(a: Tensor, positive: bool, keep: Tensor | None) -> Tensor:
     return cand
 
 
+def _top_positions_banded(vals: Tensor, k: int, t_hi: Tensor | None) -> Tensor:
+    """_top_positions, given t_hi, a value the k-th largest is likely not above: entries > t_hi
+    are taken as they are and the exact choice runs on the rest only (a few thousand)."""
+    if t_hi is None:
+        return _top_positions(vals, k)
+    hi = vals > t_hi  # [n] bool
+    n_hi = int(torch.count_nonzero(hi))
+    if n_hi > k:
+        return _top_positions(vals, k)  # t_hi was too low: plain exact selection
+    above = torch.nonzero(hi).squeeze(1)
+    if n_hi == k:
+        return above  # everything else is <= t_hi < every chosen value: no tie possible
+    band = torch.nonzero(~hi).squeeze(1)  # ascending, so position order (ties) is kept
+    # the final threshold is <= t_hi, so every entry equal to it is in the band
+    return torch.cat([above, band[_top_positions(vals[band], k - n_hi)]])
+
+
 def _select_sampled(
-    s: Tensor, a: Tensor, keep: Tensor | None, requests: list[tuple[bool, int, int]]
+    s: Tensor, a: Tensor, keep: Tensor | None, requests: list[tuple[bool, int, int]],
+    pos_mask: Tensor | None = None,
 ) -> list[Tensor | None]:
     """Exact top-k selection for large N, for T+ and/or T- in one pass over the tokens.
 
-    requests: (positive, k, n_cand) per side. For each side a strided sample estimates the
-    k-th largest candidate surprisal and t_lo sits ~4 sigma of sampling noise below it. One pass
-    compacts every token >= min(t_lo) (about 1.1 k per side); each side then keeps its own
-    candidates >= its t_lo and selects exactly among them. Every token equal to a final
+    requests: (positive, k, n_cand) per side; pos_mask: the T+ mask if already built.
+    For each side a strided sample estimates the k-th largest candidate surprisal; t_lo and
+    t_hi sit ~4 sigma of sampling noise below and above it. One pass compacts every token
+    >= min(t_lo) (about 1.1 k per side); each side keeps its own candidates >= its t_lo, takes
+    those > t_hi and selects exactly inside [t_lo, t_hi]. Every token equal to a final
     threshold is >= t_lo, so ties resolve exactly as on the full set. A side whose sample
     cannot bound the threshold, or was unlucky (fewer than k tokens >= t_lo), gets None and
     the caller selects it on the full set, with the same result.
@@ -130,28 +149,40 @@ def _select_sampled(
     stride = s.numel() // _SAMPLE
     s_st, a_st = s[::stride], a[::stride]  # [~_SAMPLE] strided views
     keep_st = None if keep is None else keep[::stride]
-    bounds: list[Tensor | None] = []
+    bounds: list[tuple[Tensor, Tensor | None] | None] = []
     for positive, k, n_cand in requests:
         sample = s_st[_side(a_st, positive, keep_st)]  # [m_c]
         m_c = sample.numel()
         r = math.ceil(k * m_c / n_cand)  # expected rank (from the top) of the threshold
-        r_lo = r + 4 * math.isqrt(r) + 16
-        bounds.append(None if r_lo >= m_c else torch.kthvalue(sample, m_c - r_lo + 1).values)
+        margin = 4 * math.isqrt(r) + 16
+        if r + margin >= m_c:
+            bounds.append(None)  # the threshold is too deep into the candidates to bound
+            continue
+        t_lo = torch.kthvalue(sample, m_c - r - margin + 1).values  # (r + margin)-th largest
+        t_hi = torch.kthvalue(sample, m_c - r + margin + 1).values if r > margin else None
+        bounds.append((t_lo, t_hi))
     live = [b for b in bounds if b is not None]
     if not live:
         return [None] * len(requests)
-    sub = torch.nonzero(s >= torch.stack(live).min()).squeeze(1)  # [~1.1 k per side], ascending
+    near_any = s >= torch.stack([b[0] for b in live]).min()  # [N] bool
+    live_sides = [req[0] for req, b in zip(requests, bounds) if b is not None]
+    if live_sides == [True] and pos_mask is not None:
+        near_any &= pos_mask  # T+ only (O1): compact its candidates alone
+    sub = torch.nonzero(near_any).squeeze(1)  # [~1.1 k per side], ascending flat indices
     s_sub, a_sub = s[sub], a[sub]
     keep_sub = None if keep is None else keep[sub]
     out: list[Tensor | None] = []
-    for (positive, k, _), t_lo in zip(requests, bounds):
-        if t_lo is None:
+    for (positive, k, _), b in zip(requests, bounds):
+        if b is None:
             out.append(None)
             continue
         near = _side(a_sub, positive, keep_sub)
-        near &= s_sub >= t_lo
+        near &= s_sub >= b[0]
         pos = torch.nonzero(near).squeeze(1)  # ascending, so flat-index order is kept
-        out.append(sub[pos[_top_positions(s_sub[pos], k)]] if pos.numel() >= k else None)
+        if pos.numel() < k:
+            out.append(None)  # unlucky sample: t_lo was above the true threshold
+            continue
+        out.append(sub[pos[_top_positions_banded(s_sub[pos], k, b[1])]])
     return out
 
 
@@ -172,7 +203,8 @@ def _stare_counts(
     a = advantages.detach().reshape(-1)  # [N]
     keep = None if mask is None else mask.reshape(-1).bool()  # [N]
 
-    n_pos = int(torch.count_nonzero(_side(a, True, keep)))
+    cand_pos = _side(a, True, keep)  # [N] bool, T+
+    n_pos = int(torch.count_nonzero(cand_pos))
     # |T-| = |A != 0| - |T+|: a count, no second [N] mask
     nonzero = a if keep is None else torch.where(keep, a, 0.0)
     n_neg = int(torch.count_nonzero(nonzero)) - n_pos
@@ -184,11 +216,11 @@ def _stare_counts(
                 ((True, "sel_pos", n_pos), (False, "sel_neg", n_neg)) if counts[key] > 0]
     picked: list[Tensor | None] = [None] * len(requests)
     if s.numel() > 8 * _SAMPLE and requests:
-        picked = _select_sampled(s, a, keep, requests)
+        picked = _select_sampled(s, a, keep, requests, cand_pos)
     omega = torch.ones(s.shape, dtype=torch.float32, device=s.device)  # [N]
     for (positive, k, _), idx in zip(requests, picked):
         if idx is None:  # small input or unlucky sample: exact selection on the full set
-            cand = _side(a, positive, keep)
+            cand = cand_pos if positive else _side(a, False, keep)
             idx = _top_positions(torch.where(cand, s, float("-inf")), k)  # k <= |cand|: never -inf
         omega.index_fill_(0, idx, w if positive else m)
     return omega.reshape(shape), counts

@@ -294,3 +294,23 @@ def test_large_top_p_uses_full_set(monkeypatch):
     om, _ = stare_token_weights(s, a, top_p=0.99, variant="C2")
     assert calls == [[None, None]]
     assert torch.equal(om, _reference(s, a, 0.99, 1.1, 0.9, "C2"))
+
+
+def test_banded_selection_matches_plain_selection_for_any_t_hi():
+    g = torch.Generator().manual_seed(2)
+    vals = torch.round(torch.rand(500, generator=g) * 40) / 4  # many ties
+    k = 120
+    expected = set(S._top_positions(vals, k).tolist())
+    kth = torch.sort(vals, descending=True).values[k - 1].item()
+    n_above = int((vals > kth).sum())
+    assert 0 < n_above < k  # ties straddle the threshold: the tie-break is exercised
+    assert len(expected) == k and expected == set(torch.sort(-vals, stable=True).indices[:k].tolist())
+    hi_vals = sorted(set(vals.tolist()))
+    for t_hi in [None, kth - 2.0, kth - 0.25, kth, kth + 0.25, kth + 3.0] + hi_vals[::7]:
+        got = S._top_positions_banded(vals, k, None if t_hi is None else torch.tensor(t_hi))
+        assert got.numel() == k and set(got.tolist()) == expected, t_hi
+    # distinct values: t_hi just below the k-th largest leaves exactly k above it
+    distinct = torch.randperm(500, generator=g).float()
+    t_exact = torch.tensor(500.0 - k - 1)  # the (k + 1)-th largest value
+    got = S._top_positions_banded(distinct, k, t_exact)
+    assert set(got.tolist()) == set(torch.nonzero(distinct >= 500 - k).squeeze(1).tolist())
