@@ -166,23 +166,27 @@ def _select_sampled(
         return [None] * len(requests)
     near_any = s >= torch.stack([b[0] for b in live]).min()  # [N] bool
     live_sides = [req[0] for req, b in zip(requests, bounds) if b is not None]
-    if live_sides == [True] and pos_mask is not None:
-        near_any &= pos_mask  # T+ only (O1): compact its candidates alone
+    only_pos = live_sides == [True] and pos_mask is not None
+    if only_pos:
+        near_any &= pos_mask  # T+ only (O1): compact exactly its candidates >= t_lo
     sub = torch.nonzero(near_any).squeeze(1)  # [~1.1 k per side], ascending flat indices
-    s_sub, a_sub = s[sub], a[sub]
-    keep_sub = None if keep is None else keep[sub]
+    s_sub = s[sub]
     out: list[Tensor | None] = []
     for (positive, k, _), b in zip(requests, bounds):
         if b is None:
             out.append(None)
             continue
-        near = _side(a_sub, positive, keep_sub)
-        near &= s_sub >= b[0]
-        pos = torch.nonzero(near).squeeze(1)  # ascending, so flat-index order is kept
-        if pos.numel() < k:
+        if only_pos:
+            cand_sub, s_cand = sub, s_sub
+        else:
+            near = _side(a[sub], positive, None if keep is None else keep[sub])
+            near &= s_sub >= b[0]
+            pos = torch.nonzero(near).squeeze(1)  # ascending, so flat-index order is kept
+            cand_sub, s_cand = sub[pos], s_sub[pos]
+        if cand_sub.numel() < k:
             out.append(None)  # unlucky sample: t_lo was above the true threshold
             continue
-        out.append(sub[pos[_top_positions_banded(s_sub[pos], k, b[1])]])
+        out.append(cand_sub[_top_positions_banded(s_cand, k, b[1])])
     return out
 
 
