@@ -594,7 +594,13 @@ class Learner:
                     sums[key] = sums.get(key, 0.0) + val * mb.num_tokens
 
         names = sorted(sums)
-        red = self.all_reduce_sum(torch.tensor([float(loss_sum), nonfinite] + [sums[k] for k in names],
+        if self.world_size > 1:  # a rank whose share was empty has no metric names: agree on them
+            import torch.distributed as dist
+
+            every = [None] * self.world_size
+            dist.all_gather_object(every, names)
+            names = sorted(set().union(*every))
+        red = self.all_reduce_sum(torch.tensor([float(loss_sum), nonfinite] + [sums.get(k, 0.0) for k in names],
                                                dtype=torch.float64))
         nonfinite_any = float(red[1]) > 0
         grad_norm = self._step()
@@ -614,7 +620,7 @@ class Learner:
         }
         for k, name in enumerate(names):
             out[name] = float(red[2 + k]) / g_tok
-        if names or ratio_max:
+        if names:
             out["pg/ratio_max"] = float(self.all_reduce_max(torch.tensor([ratio_max])).item())
         return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,8 +136,9 @@ def run_pipeline(cfg: Any, resume: bool = False) -> dict[str, Any]:
         "plot": str(plot) if plot else None,
         "final_model": str(run_dir / "final"),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(format_summary(summary))
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 reports
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        print(format_summary(summary))
     return summary
 
 

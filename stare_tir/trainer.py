@@ -348,7 +348,8 @@ def rl_step(run: Run, step: int) -> dict:
     metrics.update(rollout_stats(rolled))
     t_rollout = time.perf_counter() - t0
 
-    if not batch:
+    # Decided over all ranks: a rank with an empty share still joins every collective below.
+    if learner.all_reduce_sum(torch.tensor([float(len(batch))])).item() == 0:
         logger.warning(f"step {step}: no usable group in {len(rolled)} trajectories; no update")
         metrics.update({"time/rollout": t_rollout, "update/skipped_empty": 1.0})
         return metrics
@@ -594,7 +595,8 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
             bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.2f}",
                             H=f"{metrics.get('entropy/batch', float('nan')):.3f}",
                             gate=int(metrics.get("stare/gate_on", 0)))
-            logger.info(_step_line(step, metrics))
+            if run.learner.rank == 0:
+                logger.info(_step_line(step, metrics))
             if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps:
                 save_checkpoint(run, step)
         bar.close()

@@ -85,3 +85,16 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     for step in (1, 2, 3):
         for key in ("reward/mean", "entropy/batch", "update/loss", "rollout/response_len"):
             assert res[step][key] == pytest.approx(ref[step][key], rel=1e-4, abs=1e-6), (step, key)
+
+
+@pytest.mark.slow
+def test_two_process_data_parallel_run_under_torchrun(tmp_path):
+    run_dir = tmp_path / "dp2"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(SCRIPT),
+           f"trainer.run_dir={run_dir}", *FAST, "trainer.steps=2", "learner.zero_stage=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]  # rank 0 alone writes the log
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
