@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from stare_tir.config import ConfigError, from_dict, parse_override, to_dict  # noqa: E402
+from stare_tir.config import ConfigError, resolve_config  # noqa: E402
 from stare_tir.sft import SFTConfig  # noqa: E402 (light: no torch at import time)
 
 
@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                "stare_tir/learner.py for what each does):\n" + "\n".join(_fields_help(SFTConfig())),
     )
     p.add_argument("--model", required=True,
-                   help="starting model: an HF directory or hub id, or 'tiny' for the built-in tiny Qwen2 "
-                        "(created once and cached)")
+                   help="starting model: an HF directory or hub id, 'tiny' for the shipped tiny base, or "
+                        "'tiny-random' for a randomly initialised tiny Qwen2 (created once and cached)")
     p.add_argument("--data", required=True,
                    help='JSONL traces, one per line: {"messages": [system, user, assistant]} or {"text": ...}')
     p.add_argument("--output", required=True,
@@ -55,33 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_sft_config(config_path: str | None, overrides: list[str]) -> SFTConfig:
-    """Defaults, then the YAML (or its 'sft' section), then KEY=VALUE overrides; validated."""
+    """Defaults, then the YAML (SFTConfig keys, or a training config's sft.train section), then
+    KEY=VALUE overrides; validated."""
     import yaml
 
-    tree = to_dict(SFTConfig())
+    section: dict = {}
     if config_path:
         loaded = yaml.safe_load(Path(config_path).read_text()) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {config_path!r} must hold a mapping at the top level")
-        section = loaded.get("sft", loaded) if isinstance(loaded.get("sft"), dict) else loaded
-        _merge(tree, section)
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = tree
-        for k in keys[:-1]:
-            if not isinstance(node.get(k), dict):
-                raise ConfigError(f"override {text!r}: {k!r} is not a section")
-            node = node[k]
-        node[keys[-1]] = value  # unknown keys are rejected by name in from_dict
-    return from_dict(SFTConfig, tree)
-
-
-def _merge(base: dict, update: dict) -> None:
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
+        sft = loaded.get("sft")
+        section = sft["train"] if isinstance(sft, dict) and isinstance(sft.get("train"), dict) else loaded
+    return resolve_config(SFTConfig, section, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model
     if model == "tiny":
+        from stare_tir.tiny import pretrained_tiny_base
+
+        model = str(pretrained_tiny_base())
+    elif model == "tiny-random":
         from stare_tir.tiny import ensure_tiny_checkpoint
 
         model = str(ensure_tiny_checkpoint())

@@ -172,7 +172,7 @@ def load_config(
     schema: type[T], yaml_path: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> T:
     """Defaults of `schema`, then the YAML file, then each `key=value` override, validated."""
-    tree: dict = to_dict(schema())
+    loaded: dict = {}
     if yaml_path is not None:
         path = Path(yaml_path)
         if not path.is_file():
@@ -183,7 +183,13 @@ def load_config(
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
-        _merge(tree, loaded)
+    return resolve_config(schema, loaded, overrides)
+
+
+def resolve_config(schema: type[T], values: dict, overrides: Sequence[str] = ()) -> T:
+    """Defaults of `schema`, then the (nested) `values`, then each `key=value` override, validated."""
+    tree: dict = to_dict(schema())
+    _merge(tree, values)
     for text in overrides:
         keys, value = parse_override(text)
         _check_path(schema, keys)
