@@ -60,6 +60,23 @@ def bind_ro(src: str, dst: str) -> None:
     mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+TMP_ALIAS = "/.tmp-binds"  # where read-only binds of paths under /tmp are kept in the worker's root
+
+
+def _under_tmp(path: str) -> bool:
+    return path == "/tmp" or path.startswith("/tmp/")
+
+
+def _place(path: str, dst: str) -> None:
+    """Make host `path` appear read-only at `dst` (a symlink is copied as a symlink)."""
+    if os.path.islink(path):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.symlink(os.readlink(path), dst)
+    elif os.path.isdir(path):
+        os.makedirs(dst, exist_ok=True)
+        bind_ro(path, dst)
+
+
 def root_paths() -> tuple[list[str], list[str]]:
     """What the code may see (read-only): system dirs plus this interpreter and its packages.
     Home directories, /var, /run, /srv, project trees and the host's /tmp stay out. Returns
@@ -93,13 +110,10 @@ def build_root() -> None:
     mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
     paths, hide = root_paths()
     for path in paths:
-        dst = stage + path
-        if os.path.islink(path):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            os.symlink(os.readlink(path), dst)
-        elif os.path.isdir(path):
-            os.makedirs(dst, exist_ok=True)
-            bind_ro(path, dst)
+        # An interpreter under /tmp (a checkout there) is also kept at an alias: each session's
+        # private /tmp hides the original, and enter_session_mounts binds it back from the alias.
+        for dst in [stage + path] + ([stage + TMP_ALIAS + path] if _under_tmp(path) else []):
+            _place(path, dst)
     for path in hide:
         mount("tmpfs", stage + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
     dev = stage + "/dev"
@@ -114,7 +128,7 @@ def build_root() -> None:
     os.mkdir(f"{dev}/shm")
     mount(None, dev, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     os.mkdir(stage + "/proc")
-    os.mkdir(stage + "/tmp")
+    os.makedirs(stage + "/tmp", exist_ok=True)
     os.chdir(stage)
     try:  # pivot_root(".", ".") stacks the old root on top; detaching it makes it unreachable
         _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
@@ -150,6 +164,9 @@ def enter_session_mounts(disk_mb: int, uid: int) -> None:
     shows only this session's pid namespace."""
     opts = f"size={disk_mb}m,mode=0700,uid={uid},gid={uid}"
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+    for path in root_paths()[0]:  # the interpreter, when it lives under /tmp: bind it back
+        if _under_tmp(path) and os.path.lexists(TMP_ALIAS + path):
+            _place(TMP_ALIAS + path, path)
     mount("/tmp", "/dev/shm", None, MS_BIND)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
