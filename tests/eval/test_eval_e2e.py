@@ -99,10 +99,10 @@ class ScriptedBackend:
         return Generation(ids, [-0.1] * len(ids), "eos")
 
     def update_weights(self, named_tensors) -> None:
-        raise NotImplementedError
+        raise RuntimeError("a scripted policy has no weights to update")
 
     def update_weights_from_disk(self, path: str) -> None:
-        raise NotImplementedError
+        raise RuntimeError("a scripted policy has no weights to update")
 
     def close(self) -> None:
         pass
