@@ -36,7 +36,7 @@ def main() -> None:
     s = json.loads((run_dir / "summary.json").read_text())
     a, b = s["acc_before_rl"], s["acc_after_rl"]
     secs = s["seconds"]
-    print(f"phases: " + ", ".join(f"{k}={v:.1f}s" for k, v in secs.items()))
+    print("phases: " + ", ".join(f"{k}={v:.1f}s" for k, v in secs.items()))
     print(f"RESULT wall_s={wall:.1f} acc_sft={a:.3f} acc_rl={b:.3f} acc_gain={b - a:+.3f} "
           f"sft_s={secs.get('sft', 0.0):.1f} rl_s={secs.get('rl', 0.0):.1f}")
 

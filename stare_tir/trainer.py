@@ -21,7 +21,7 @@ from envs.retool import RetoolConfig, make_retool_env_factory
 from sandbox import SandboxConfig, make_sandbox
 from stare_tir.algos.advantage import get_advantage_estimator
 from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights, stare_token_weights_scoped
-from stare_tir.config import save_config, to_dict
+from stare_tir.config import to_dict
 from stare_tir.data import DataConfig, PromptSampler, load_split
 from stare_tir.learner import Learner, LearnerConfig
 from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
