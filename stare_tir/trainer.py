@@ -246,6 +246,16 @@ def rollout_stats(trajs: list[Trajectory]) -> dict[str, float]:
     return out
 
 
+def global_means(learner: Learner, means: dict[str, float], count: int) -> dict[str, float]:
+    """Per-rank means -> means over all ranks (weighted by `count`); finish/* stay rank-local."""
+    keys = sorted(k for k in means if not k.startswith("finish/"))
+    if learner.world_size == 1 or not keys:
+        return means
+    red = learner.all_reduce_sum(torch.tensor([means[k] * count for k in keys] + [float(count)],
+                                              dtype=torch.float64))
+    return {**means, **{k: float(red[i] / red[-1].clamp(min=1)) for i, k in enumerate(keys)}}
+
+
 def logprob_mismatch(trajs: list[Trajectory], old_logprobs: list[torch.Tensor]) -> dict[str, float]:
     """Rollout (sampler) vs recomputed (learner) log-probs on model tokens: drift to watch."""
     diffs = []
@@ -345,7 +355,7 @@ def rl_step(run: Run, step: int) -> dict:
     cfg, algo, learner = run.cfg, run.cfg.algo, run.learner
     t0 = time.perf_counter()
     batch, rolled, metrics = collect_batch(run, step)
-    metrics.update(rollout_stats(rolled))
+    metrics.update(global_means(learner, rollout_stats(rolled), len(rolled)))
     t_rollout = time.perf_counter() - t0
 
     # Decided over all ranks: a rank with an empty share still joins every collective below.

@@ -173,3 +173,18 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
     assert all(not t.sandbox_error for t in learner.trained_on[0]) and len(learner.trained_on[0]) == 2
     with pytest.raises(FloatingPointError, match="2 consecutive steps"):
         rl_step(run, 2)
+
+
+def test_rollout_means_are_weighted_over_ranks_and_finish_reasons_stay_local():
+    from stare_tir.trainer import global_means
+
+    class TwoRanks(OneRankLearner):
+        world_size = 2
+
+        def all_reduce_sum(self, x):  # the other rank: 3 trajectories with reward mean 1.0
+            other = {"reward/mean": 1.0}
+            return x + torch.tensor([other.get("reward/mean") * 3, 3.0], dtype=x.dtype)
+
+    out = global_means(TwoRanks(), {"reward/mean": -1.0, "finish/eos": 0.5}, count=1)
+    assert out["reward/mean"] == pytest.approx((-1.0 + 3.0) / 4)
+    assert out["finish/eos"] == 0.5
