@@ -1,0 +1,46 @@
+"""Smoke test of scripts/study_entropy.py: two arms, two RL steps each, tiny budgets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "study_entropy.py"
+
+# Budgets as in tests/trainer/test_trainer_e2e.py FAST.
+FAST = [
+    "data.arithmetic_train_size=200", "data.arithmetic_eval_size=8",
+    "trainer.prompts_per_step=4", "rollout.n_per_prompt=4", "rollout.max_total_tokens=64",
+    "rollout.max_new_tokens_per_turn=40", "trainer.save_every=1", "algo.dynamic_sampling_rounds=2",
+]
+SFT_FAST = ["sft.num_traces=96", "sft.train.epochs=3", "sft.train.batch_size=32"]
+
+
+@pytest.mark.slow
+def test_two_arms_two_steps_write_table_and_plot(tmp_path):
+    out, docs = tmp_path / "runs", tmp_path / "docs"
+    cmd = [sys.executable, str(SCRIPT), "--seeds", "0", "--steps", "2", "--eval-every", "0",
+           "--arms", "grpo_ds", "stare_o1", "--target", "100", "--targets",
+           "--out", str(out), "--docs", str(docs), "--set", *FAST, "--sft-set", *SFT_FAST]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for name in ("grpo_ds_s0", "stare_o1_s0"):
+        assert (out / name / "summary.json").is_file(), name
+    assert (docs / "entropy.png").stat().st_size > 0
+    table = (docs / "table.md").read_text()
+    assert "GRPO-ds" in table and "STARE-O1" in table
+    data = json.loads((docs / "table.json").read_text())
+    assert set(data["arms"]) == {"grpo_ds", "stare_o1"}
+    o1 = data["arms"]["stare_o1"]["agg"]
+    assert o1["frac_gated"] == 1.0  # target 100: gate on from step 1
+    assert data["arms"]["grpo_ds"]["per_seed"][0]["steps"] == 2
+
+    # Resumable: a second call skips finished arms.
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("skip") == 2, proc.stdout
