@@ -8,7 +8,9 @@
    vocabulary (151,665): peak memory, each path in a fresh subprocess (peak RSS minus the RSS
    before the computation) -> logprob_mem_ratio (target <= 0.25), plus the largest differences.
 
-Timings are medians over interleaved repeats, so drifting machine load hits both sides alike.
+Timings are medians over interleaved repeats; a ratio is the median over repeats of the two
+times measured in the same round, so drifting machine load hits both sides alike. The load
+average is printed: on a busy machine every figure is noisier.
 The last line is `RESULT key=value ...`.
 """
 
@@ -37,8 +39,13 @@ from stare_tir.algos import (
 QWEN25_VOCAB = 151_665
 
 
-def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per function, running them round-robin so load drifts hit all equally."""
+def interleaved_medians(
+    fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 2
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds per function, and the median over repeats of each function's time divided
+    by the first function's time in the same round. Functions run round-robin (order reversed
+    every other round), so load that drifts during the run hits all of them alike, and the
+    paired ratio cancels what changes from one round to the next."""
     for _ in range(warmup):
         for f in fns.values():
             f()
@@ -49,7 +56,10 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, warmup
             t0 = time.perf_counter()
             fns[k]()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    base = next(iter(fns))
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    ratios = {k: statistics.median(a / b for a, b in zip(v, times[base])) for k, v in times.items()}
+    return medians, ratios
 
 
 def bench_loss(n_tokens: int, repeats: int) -> dict[str, float]:
@@ -77,11 +87,11 @@ def bench_loss(n_tokens: int, repeats: int) -> dict[str, float]:
     def weights_only() -> None:
         stare_token_weights(-old, adv, top_p=0.1, w=1.1, m=0.9)
 
-    med = interleaved_medians({"grpo": plain, "stare_o1": stare("O1"), "stare_c2": stare("C2"),
-                               "weights": weights_only}, repeats)
+    med, ratio = interleaved_medians({"grpo": plain, "stare_o1": stare("O1"), "stare_c2": stare("C2"),
+                                      "weights": weights_only}, repeats)
     return {
-        "stare_loss_ratio": med["stare_o1"] / med["grpo"],
-        "stare_c2_loss_ratio": med["stare_c2"] / med["grpo"],
+        "stare_loss_ratio": ratio["stare_o1"],
+        "stare_c2_loss_ratio": ratio["stare_c2"],
         "grpo_loss_ms": med["grpo"] * 1e3,
         "stare_loss_ms": med["stare_o1"] * 1e3,
         "stare_weights_ms": med["weights"] * 1e3,
@@ -121,9 +131,9 @@ def bench_step(repeats: int) -> dict[str, float]:
             loss.backward()
         return run
 
-    med = interleaved_medians({"grpo": step(False), "stare": step(True)}, repeats)
+    med, ratio = interleaved_medians({"grpo": step(False), "stare": step(True)}, repeats)
     assert ctrl.gate_on
-    return {"stare_step_ratio": med["stare"] / med["grpo"], "grpo_step_ms": med["grpo"] * 1e3,
+    return {"stare_step_ratio": ratio["stare"], "grpo_step_ms": med["grpo"] * 1e3,
             "stare_step_ms": med["stare"] * 1e3, "step_tokens": float(b * (t - 1))}
 
 
