@@ -94,8 +94,11 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
     rows, evals = load_rows(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     H = [r["entropy/batch"] for r in rows]
+    gate_logged = any("stare/gate_on" in r for r in rows)
     gate = [float(r.get("stare/gate_on", 0.0) or 0.0) for r in rows]
-    first = next((i for i, g in enumerate(gate) if g > 0), None)
+    # GRPO-ds has no gate: use the step where H first falls below H* (where the gate would engage).
+    first = (next((i for i, g in enumerate(gate) if g > 0), None) if gate_logged
+             else next((i for i, h in enumerate(H) if h < target), None))
     dev = None if first is None else sum(abs(h - target) for h in H[first:]) / len(H[first:])
     last = rows[-tail:] if rows else []
 
@@ -107,7 +110,7 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         "steps": len(rows), "H_first": H[0] if H else None, "H_final": H[-1] if H else None,
         "H_min": min(H) if H else None, "H_max": max(H) if H else None,
         "first_gate_step": None if first is None else rows[first]["step"],
-        "mean_abs_dev_after_gate": dev, "frac_gated": sum(gate) / len(gate) if gate else None,
+        "mean_abs_dev_after_gate": dev, "frac_gated": sum(gate) / len(gate) if gate and gate_logged else None,
         "acc_before_rl": summary.get("acc_before_rl"), "acc_after_rl": summary.get("acc_after_rl"),
         "reward_final": mean("reward/mean"), "acc_train_final": mean("acc/train"),
         "tool_calls": mean("rollout/tool_calls"), "response_len": mean("rollout/response_len"),
@@ -142,7 +145,8 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
     lines = [f"# Entropy study table\n", f"Settings: `{json.dumps(meta)}`\n",
              "Means over seeds (± sample s.d. when >1 seed). Final entropy = last RL step's batch "
              f"entropy; rates/lengths = mean over the last {meta['tail']} steps; "
-             "|H-H*| = mean over steps from the first gated step on (n/a: gate never engaged); "
+             "|H-H*| = mean over steps from the first gated step on (n/a: gate never engaged; for "
+             "GRPO-ds, which has no gate, from the first step with H < H*); "
              "held-out acc = eval/acc after RL.\n",
              "| arm | H* | seeds | H step1 | H final | H min | mean abs(H-H*) after gate | frac gated "
              "| held-out acc (before -> after) | train acc (final) | tool calls | response len |",
