@@ -220,7 +220,7 @@ def bench_memory(n: int, hdim: int, vocab: int, chunk: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loss-tokens", type=int, default=1 << 20)
-    ap.add_argument("--loss-repeats", type=int, default=31)
+    ap.add_argument("--loss-repeats", type=int, default=41)
     ap.add_argument("--step-repeats", type=int, default=21)
     ap.add_argument("--n", type=int, default=2048, help="tokens for the memory benchmark")
     ap.add_argument("--hdim", type=int, default=64)
