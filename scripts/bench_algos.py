@@ -1,7 +1,7 @@
 """Benchmark the algorithmic core, side by side in one run (CPU).
 
 1. STARE weights + clipped loss vs the plain GRPO loss on 1M response tokens, forward+backward
-   -> stare_loss_ratio (target <= 1.3).
+   -> stare_loss_ratio (target <= 1.3); also for C2 and on one thread (*_1thread).
 2. A whole learner micro-step on a tiny random Qwen2ForCausalLM: forward, chunked log-probs,
    loss, backward; with STARE weights vs without -> stare_step_ratio (target <= 1.03).
 3. Chunked log-probs + entropy (forward+backward) vs the naive full-logits path at the Qwen2.5
@@ -17,7 +17,6 @@ The last line is `RESULT key=value ...`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
