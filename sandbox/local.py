@@ -98,14 +98,18 @@ class LocalSandbox:
             raise
         return client
 
-    def _stop_worker(self) -> None:
-        """Runs on the loop: closing our end makes the worker kill its sessions and exit."""
+    def _drop_worker(self) -> None:
+        """Closing our end of the worker and its spares makes it kill its sessions and exit."""
         if self.worker is not None:
             self.worker.close()
             self.worker = None
         for proc in self.spares:
             proc._close_ctl()
         self.spares.clear()
+
+    def _stop_worker(self) -> None:
+        """Runs on the loop: drop the worker and wait for it."""
+        self._drop_worker()
         self._reap_worker()
 
     def _reap_worker(self) -> None:
@@ -159,12 +163,7 @@ class LocalSandbox:
         if self.refill is not None:
             self.refill.cancel()
             await asyncio.gather(self.refill, return_exceptions=True)
-        if self.worker is not None:
-            self.worker.close()
-            self.worker = None
-        for proc in self.spares:
-            proc._close_ctl()
-        self.spares.clear()
+        self._drop_worker()
         await asyncio.get_running_loop().run_in_executor(None, self._reap_worker)
 
     async def __aenter__(self) -> "LocalSandbox":

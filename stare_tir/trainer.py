@@ -171,7 +171,7 @@ def informative_groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
 def group_advantages(trajs: list[Trajectory], norm_by_std: bool) -> tuple[list[float], dict]:
     """GRPO advantages: reward normalised inside each group, one scalar per trajectory."""
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)  # [N]
-    group_ids = torch.tensor([hash(t.group_id) for t in trajs], dtype=torch.long)  # [N]
+    group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)  # [N]
     adv, metrics = get_advantage_estimator("grpo" if norm_by_std else "drgrpo")(rewards, group_ids)
     return adv.tolist(), metrics
 
