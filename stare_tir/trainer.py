@@ -187,6 +187,29 @@ def batch_entropy(learner: Learner, trajs: list[Trajectory], entropies: list[tor
     return float(total[0] / total[1].clamp(min=1))
 
 
+def lplus_entropy_raising_frac(
+    learner: Learner, trajs: list[Trajectory], advantages: list[float], omegas: list[torch.Tensor],
+    old_logprobs: list[torch.Tensor], entropies: list[torch.Tensor], w: float,
+) -> float | None:
+    """Share of L+ tokens (weight w, A > 0) whose surprisal exceeds their position's entropy.
+
+    Reinforcing a token raises its position's entropy only if -log p > H there
+    (dH/dz_a = p_a (-log p_a - H)). Near 0, STARE's W on L+ sharpens instead of exploring: the
+    "surprising" correct tokens are still the modal choice. None when w == 1 (L+ not marked).
+    """
+    if w == 1.0:
+        return None
+    counts = torch.zeros(2, dtype=torch.float64)  # [raising, |L+|]
+    for t, a, om, lp, ent in zip(trajs, advantages, omegas, old_logprobs, entropies):
+        if a <= 0:
+            continue
+        sel = (om == w) & torch.tensor(t.loss_mask, dtype=torch.bool)
+        counts[0] += float(((-lp > ent) & sel).sum())
+        counts[1] += float(sel.sum())
+    counts = learner.all_reduce_sum(counts)
+    return float(counts[0] / counts[1]) if counts[1] > 0 else None
+
+
 def stare_weights(
     learner: Learner, trajs: list[Trajectory], advantages: list[float], old_logprobs: list[torch.Tensor],
     controller: StareController, cfg: StareConfig,
@@ -381,6 +404,9 @@ def rl_step(run: Run, step: int) -> dict:
         metrics.update(run.controller.metrics())
         metrics.update(stare_metrics)
         metrics["stare/gate_on"] = float(run.controller.gate_on)
+        if omega is not None:
+            metrics["stare/lplus_s_gt_h_frac"] = lplus_entropy_raising_frac(
+                learner, batch, advantages, omega, old_logprobs, entropies, run.controller.w)
 
     t2 = time.perf_counter()
     for epoch in range(algo.ppo_epochs):

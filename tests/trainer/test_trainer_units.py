@@ -15,6 +15,7 @@ from stare_tir.trainer import (
     drop_for_update,
     group_advantages,
     informative_groups,
+    lplus_entropy_raising_frac,
     stare_weights,
 )
 
@@ -97,6 +98,25 @@ def test_stare_weights_off_gate_means_plain_grpo_and_batch_scope_selects_globall
     for t, w in zip(trajs, omega):
         assert torch.all(w[torch.tensor(t.loss_mask) == 0] == 1.0)
     assert (torch.cat(omega) == 1.5).any() and (torch.cat(omega) == 0.5).any()
+
+
+def test_lplus_entropy_raising_frac_counts_only_l_plus_tokens_above_their_entropy():
+    trajs = [traj(0, 1.0, n_model=4), traj(0, -1.0, n_model=4)]
+    n = [len(t.response_ids) for t in trajs]
+    adv = [1.0, -1.0]
+    omegas = [torch.ones(k) for k in n]
+    lp = [torch.full((k,), -1.0) for k in n]  # surprisal 1 everywhere
+    ent = [torch.full((k,), 0.5) for k in n]
+    model0 = [j for j, m in enumerate(trajs[0].loss_mask) if m]
+    omegas[0][model0[:2]] = 1.5  # two L+ tokens
+    ent[0][model0[0]] = 2.0  # the first sits where entropy exceeds its surprisal
+    omegas[1][:] = 1.5  # A < 0: never L+, whatever the weight says
+    obs0 = [j for j, m in enumerate(trajs[0].loss_mask) if not m]
+    if obs0:
+        omegas[0][obs0[0]] = 1.5  # observation tokens are never L+
+    frac = lplus_entropy_raising_frac(OneRankLearner(), trajs, adv, omegas, lp, ent, w=1.5)
+    assert frac == pytest.approx(0.5)
+    assert lplus_entropy_raising_frac(OneRankLearner(), trajs, adv, omegas, lp, ent, w=1.0) is None
 
 
 class FakeEngine:
