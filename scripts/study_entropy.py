@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,12 @@ def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
                                     f"algo.stare.target_entropy={target}"],
                       "label": "open-loop W=2.0"},
     }
+    # Not one of the issue's arms: the strongest in-spec setting of C2's M lever (see
+    # scripts/study_mechanism.py: on this task M moves the entropy under Adam, W does not).
+    arms["c2_adaptive"] = {"overrides": ["algo.name=stare", "algo.stare.variant=C2",
+                                         "algo.stare.adaptive=true", "algo.stare.adapt_rate=0.05",
+                                         "algo.stare.m_min=0.1", f"algo.stare.target_entropy={target}"],
+                           "label": f"STARE-C2 adaptive, M->0.1 (H*={target})", "optional": True}
     for t in extra_targets:
         if t == target:
             continue
@@ -58,10 +65,13 @@ def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
     return arms
 
 
-def run(cmd: list[str], log: Path) -> int:
+def run(cmd: list[str], log: Path, threads: int | None = None) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     with open(log, "w") as fh:
-        return subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
+        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
 
 
 def ensure_sft(args) -> str:
@@ -106,14 +116,23 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         vals = [r[key] for r in last if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
 
+    def gated_mean(key):
+        vals = [r[key] for r in rows if r.get("stare/gate_on") and r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
     return {
         "steps": len(rows), "H_first": H[0] if H else None, "H_final": H[-1] if H else None,
+        # Where the entropy settles: mean over the second half of the run (less noisy than one step).
+        "H_second_half": sum(H[len(H) // 2:]) / len(H[len(H) // 2:]) if H else None,
         "H_min": min(H) if H else None, "H_max": max(H) if H else None,
         "first_gate_step": None if first is None else rows[first]["step"],
         "mean_abs_dev_after_gate": dev, "frac_gated": sum(gate) / len(gate) if gate and gate_logged else None,
         "acc_before_rl": summary.get("acc_before_rl"), "acc_after_rl": summary.get("acc_after_rl"),
         "reward_final": mean("reward/mean"), "acc_train_final": mean("acc/train"),
         "tool_calls": mean("rollout/tool_calls"), "response_len": mean("rollout/response_len"),
+        # Over gated steps only: how strongly STARE reweighted, and how many L+ tokens could raise
+        # entropy at all (surprisal above their position's entropy).
+        "mean_weight": gated_mean("stare/mean_weight"), "lplus_s_gt_h": gated_mean("stare/lplus_s_gt_h_frac"),
         "entropy": H, "gate": gate, "step": [r["step"] for r in rows],
         "acc_train": [r.get("acc/train") for r in rows],
         "eval": [(r["step"], r["eval/acc"]) for r in evals],
@@ -121,9 +140,9 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
 
 
 def aggregate(per_seed: list[dict]) -> dict:
-    keys = ["H_first", "H_final", "H_min", "H_max", "mean_abs_dev_after_gate", "frac_gated",
+    keys = ["H_first", "H_final", "H_second_half", "H_min", "H_max", "mean_abs_dev_after_gate", "frac_gated",
             "acc_before_rl", "acc_after_rl", "reward_final", "acc_train_final", "tool_calls",
-            "response_len", "first_gate_step"]
+            "response_len", "first_gate_step", "mean_weight", "lplus_s_gt_h"]
     out = {}
     for k in keys:
         vals = [m[k] for m in per_seed if m.get(k) is not None]
@@ -138,43 +157,73 @@ def fmt(v, p="{:.3f}", sd=None):
     if v is None:
         return "n/a"
     s = p.format(v)
-    return s + (" ± " + p.format(sd) if sd is not None else "")
+    return s + (" ± " + p.replace("+", "").format(sd) if sd is not None else "")
 
 
 def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
     lines = [f"# Entropy study table\n", f"Settings: `{json.dumps(meta)}`\n",
              "Means over seeds (± sample s.d. when >1 seed). Final entropy = last RL step's batch "
-             f"entropy; rates/lengths = mean over the last {meta['tail']} steps; "
+             "entropy; H 2nd half = mean batch entropy over the second half of the steps, and its "
+             "difference to GRPO-ds of the same seed (same prompts and sampling seeds); "
+             f"rates/lengths = mean over the last {meta['tail']} steps; "
              "|H-H*| = mean over steps from the first gated step on (n/a: gate never engaged; for "
              "GRPO-ds, which has no gate, from the first step with H < H*); "
              "held-out acc = eval/acc after RL.\n",
-             "| arm | H* | seeds | H step1 | H final | H min | mean abs(H-H*) after gate | frac gated "
-             "| held-out acc (before -> after) | train acc (final) | tool calls | response len |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Mean weight and L+ s>H are over gated steps: the mean STARE weight of model tokens, and "
+             "the share of L+ tokens whose surprisal exceeds their position's entropy (only those "
+             "can raise entropy when reinforced).\n",
+             "| arm | H* | seeds | H step1 | H final | H 2nd half | paired diff vs GRPO-ds | H min | mean abs(H-H*) after gate | frac gated "
+             "| held-out acc (before -> after) | train acc (final) | tool calls | response len "
+             "| mean weight | L+ s>H |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
     for name, spec in arms.items():
         if name not in results:
             continue
         a = results[name]["agg"]
+        # Arms share prompts and sampling seeds per seed, so differences to GRPO-ds are paired.
+        diffs = [m["H_second_half"] - ref[m["seed"]]["H_second_half"] for m in results[name]["per_seed"]
+                 if m["seed"] in ref and m["H_second_half"] is not None]
+        d_mean = sum(diffs) / len(diffs) if diffs and name != "grpo_ds" else None
+        d_sd = ((sum((d - d_mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
+                if d_mean is not None and len(diffs) > 1 else None)
+        results[name]["agg"]["dH_second_half_vs_grpo_ds"] = d_mean
         lines.append(
             f"| {spec['label']} | {spec['target']} | {a['n_seeds']} | {fmt(a['H_first'])} | "
-            f"{fmt(a['H_final'], sd=a['H_final_sd'])} | {fmt(a['H_min'])} | "
+            f"{fmt(a['H_final'], sd=a['H_final_sd'])} | "
+            f"{fmt(a['H_second_half'], sd=a['H_second_half_sd'])} | {fmt(d_mean, '{:+.4f}', d_sd)} | "
+            f"{fmt(a['H_min'])} | "
             f"{fmt(a['mean_abs_dev_after_gate'])} | {fmt(a['frac_gated'], '{:.2f}')} | "
             f"{fmt(a['acc_before_rl'], '{:.2f}')} -> {fmt(a['acc_after_rl'], '{:.2f}', a['acc_after_rl_sd'])} | "
             f"{fmt(a['acc_train_final'], '{:.2f}')} | {fmt(a['tool_calls'], '{:.2f}')} | "
-            f"{fmt(a['response_len'], '{:.1f}')} |")
+            f"{fmt(a['response_len'], '{:.1f}')} | {fmt(a['mean_weight'], '{:.4f}')} | "
+            f"{fmt(a['lplus_s_gt_h'], '{:.3f}')} |")
     (docs / "table.md").write_text("\n".join(lines) + "\n")
     slim = {n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"],
                 "per_seed": r["per_seed"]} for n, r in results.items()}
     (docs / "table.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
 
 
-def plot(arms: dict, results: dict, docs: Path) -> None:
+def smooth(y, k: int):
+    """Trailing mean over k steps (NaN-aware), so noisy per-step curves stay readable."""
+    import numpy as np
+
+    out = np.full(len(y), np.nan)
+    for i in range(len(y)):
+        win = y[max(0, i - k + 1): i + 1]
+        if np.isfinite(win).any():
+            out[i] = np.nanmean(win)
+    return out
+
+
+def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
+    fig, ((ax1, ax4), (ax2, ax3)) = plt.subplots(2, 2, figsize=(16, 10))
+    ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
     targets = sorted({arms[n]["target"] for n in results})
     for t in targets:
         ax1.axhspan(t * 0.9, t * 1.1, color="grey", alpha=0.12)
@@ -184,27 +233,42 @@ def plot(arms: dict, results: dict, docs: Path) -> None:
         n = min(len(m["entropy"]) for m in seeds)
         if n == 0:
             continue
+        # GRPO-ds is the reference every other arm is read against: draw it black and on top.
+        style = {"color": "black", "lw": 2.0, "zorder": 5} if name == "grpo_ds" else {"lw": 1.2}
+        label = arms[name]["label"]
         H = np.array([m["entropy"][:n] for m in seeds])
         x = np.array(seeds[0]["step"][:n])
-        line, = ax1.plot(x, H.mean(0), label=arms[name]["label"])
+        line, = ax1.plot(x, H.mean(0), label=label, **style)
+        color = line.get_color()
         if len(seeds) > 1:
-            ax1.fill_between(x, H.min(0), H.max(0), color=line.get_color(), alpha=0.2)
+            ax1.fill_between(x, H.min(0), H.max(0), color=color, alpha=0.12)
+        ev_steps = sorted({s for m in seeds for s, _ in m["eval"]})
+        ev = np.array([[dict(m["eval"]).get(s, np.nan) for s in ev_steps] for m in seeds])
+        if ev_steps:
+            ax2.plot(ev_steps, np.nanmean(ev, 0), "o-", ms=4, label=label, **style)
+            if len(seeds) > 1:
+                ax2.fill_between(ev_steps, np.nanmin(ev, 0), np.nanmax(ev, 0), color=color, alpha=0.12)
         A = np.array([[np.nan if v is None else v for v in m["acc_train"][:n]] for m in seeds])
-        ax2.plot(x, np.nanmean(A, 0), color=line.get_color(), alpha=0.6, label=arms[name]["label"])
-        if len(seeds) > 1:
-            ax2.fill_between(x, np.nanmin(A, 0), np.nanmax(A, 0), color=line.get_color(), alpha=0.15)
-        ev = [e for e in seeds[0]["eval"]]
-        if ev:
-            steps = [s for s, _ in ev]
-            vals = np.array([[v for _, v in m["eval"][:len(ev)]] for m in seeds
-                             if len(m["eval"]) >= len(ev)])
-            ax2.plot(steps, vals.mean(0), "o--", color=line.get_color(), ms=4)
+        ax3.plot(x, smooth(np.nanmean(A, 0), smooth_k), label=label, **style)
+        paired = [m for m in seeds if m["seed"] in ref and len(ref[m["seed"]]["entropy"]) >= n]
+        if paired and name != "grpo_ds":
+            D = np.array([np.array(m["entropy"][:n]) - np.array(ref[m["seed"]]["entropy"][:n]) for m in paired])
+            ax4.plot(x, smooth(D.mean(0), smooth_k), label=label, **style)
+            if len(paired) > 1:
+                ax4.fill_between(x, smooth(D.min(0), smooth_k), smooth(D.max(0), smooth_k), color=color,
+                                 alpha=0.12)
     ax1.set(xlabel="RL step", ylabel="batch entropy (nats/token)", yscale="log",
-            title="Policy entropy (mean, min-max over seeds; shaded: H* ±10%)")
-    ax2.set(xlabel="RL step", ylabel="accuracy",
-            title="Train accuracy (lines) and held-out eval/acc (dots)")
-    ax1.legend(fontsize=7)
-    ax2.legend(fontsize=7)
+            title="Policy entropy (mean, min-max over seeds; grey: H* ±10%)")
+    ax2.set(xlabel="RL step", ylabel="held-out accuracy",
+            title="Held-out accuracy (mean, min-max over seeds)")
+    ax3.set(xlabel="RL step", ylabel="train accuracy",
+            title=f"Train accuracy (mean over seeds, trailing {smooth_k}-step mean)")
+    ax4.axhline(0.0, color="black", lw=1.0)
+    ax4.set(xlabel="RL step", ylabel="H(arm) - H(GRPO-ds), same seed",
+            title=f"Entropy difference to GRPO-ds, paired by seed (trailing {smooth_k}-step mean, min-max)")
+    for ax in (ax1, ax2, ax3, ax4):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(docs / "entropy.png", dpi=110)
     plt.close(fig)
@@ -224,8 +288,11 @@ def main(argv=None) -> None:
                    help="target entropies for the STARE-O1 target sweep (default: 0.2 0.3 0.4; "
                         "the one equal to --target reuses the stare_o1 arm)")
     p.add_argument("--arms", nargs="*", default=None,
-                   help="subset of arm names to run (default: all): grpo_ds stare_o1 stare_c2 "
-                        "open_w1.01 open_w2.0 stare_o1_t<T>")
+                   help="subset of arm names to run (default: the issue's arms): grpo_ds stare_o1 "
+                        "stare_c2 open_w1.01 open_w2.0 stare_o1_t<T> c2_adaptive")
+    p.add_argument("--extra-arms", nargs="*", default=[],
+                   help="optional arms added to the default set: c2_adaptive (C2 with the adaptive "
+                        "schedule, a=0.05, M down to 0.1)")
     p.add_argument("--out", default="runs/study",
                    help="directory for run dirs, logs and the shared SFT checkpoint (not committed; "
                         "default: runs/study)")
@@ -242,6 +309,11 @@ def main(argv=None) -> None:
                    help="extra config overrides passed to every train_tir.py call (incl. SFT)")
     p.add_argument("--sft-set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra overrides for the shared SFT run only")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="arm/seed runs launched in parallel (default: 1; 2 on a 2-core machine with "
+                        "--threads 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for each run (default: inherit)")
     p.add_argument("--report-only", action="store_true",
                    help="do not launch runs; only build the table and plot from finished runs")
     args = p.parse_args(argv)
@@ -255,9 +327,12 @@ def main(argv=None) -> None:
         if unknown:
             raise SystemExit(f"unknown arms {sorted(unknown)}; known: {sorted(arms)}")
         arms = {k: v for k, v in arms.items() if k in args.arms}
+    else:
+        arms = {k: v for k, v in arms.items() if not v.get("optional") or k in args.extra_arms}
 
     if not args.report_only:
         sft = ensure_sft(args)
+        todo = []
         for name, spec in arms.items():
             for seed in args.seeds:
                 rd = out / f"{name}_s{seed}"
@@ -270,9 +345,19 @@ def main(argv=None) -> None:
                        f"trainer.eval_every={args.eval_every}", *args.set, *spec["overrides"]]
                 if (rd / "checkpoints" / "latest").is_file():
                     cmd.append("--resume")
-                t0 = time.time()
-                rc = run(cmd, out / f"{name}_s{seed}.log")
-                print(f"[study] {name} seed={seed} rc={rc} {time.time() - t0:.0f}s", flush=True)
+                todo.append((name, seed, cmd))
+
+        def launch(item) -> None:
+            name, seed, cmd = item
+            t0 = time.time()
+            rc = run(cmd, out / f"{name}_s{seed}.log", threads=args.threads)
+            print(f"[study] {name} seed={seed} rc={rc} {time.time() - t0:.0f}s", flush=True)
+
+        t_all = time.time()
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            list(pool.map(launch, todo))
+        print(f"[study] {len(todo)} runs in {time.time() - t_all:.0f}s with {args.jobs} parallel job(s)",
+              flush=True)
 
     results = {}
     for name, spec in arms.items():
@@ -280,7 +365,7 @@ def main(argv=None) -> None:
         for seed in args.seeds:
             rd = out / f"{name}_s{seed}"
             if (rd / "summary.json").is_file():
-                per_seed.append(arm_metrics(rd, spec["target"], args.tail))
+                per_seed.append({**arm_metrics(rd, spec["target"], args.tail), "seed": seed})
         if per_seed:
             results[name] = {"per_seed": per_seed, "agg": aggregate(per_seed)}
     meta = {"seeds": args.seeds, "steps": args.steps, "lr": args.lr, "target": args.target,

@@ -42,9 +42,9 @@ def batch_tensors(model, batch, advantages, pad_id: int):
     """Per loss token: log pi, entropy (both with grad), advantage, and the STARE group masks."""
     import torch
 
-    from stare_tir.learner import _build_micro_batch
+    from stare_tir.micro_batch import build_micro_batch
 
-    mb = _build_micro_batch(batch, list(range(len(batch))), pad_id)
+    mb = build_micro_batch(batch, list(range(len(batch))), pad_id)
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                    position_ids=mb.position_ids).logits  # [B, L, V]
     # Plain autograd (the trainer's fused kernel has no entropy gradient): [N, V] is small here.
@@ -118,12 +118,18 @@ def analyse_batch(model, batch, advantages, pad_id, args) -> dict:
         gw = g_of(w)
         pred[str(w)] = {"sgd_dH_per_lr": float(gH @ gw), "adam_dH": float(args.lr * (gH @ adam_dir(gw))),
                         "sign_flips": float((torch.sign(gw) != torch.sign(g_of(1.0))).float().mean())}
+    for m in args.ms:  # C2's M on L- (W = 1): the other lever STARE has
+        gm = g_of(1.0, m)
+        pred[f"M={m}"] = {"sgd_dH_per_lr": float(gH @ gm), "adam_dH": float(args.lr * (gH @ adam_dir(gm))),
+                          "sign_flips": float((torch.sign(gm) != torch.sign(g_of(1.0))).float().mean())}
     # Real one-step updates on the same batch: does the first-order picture hold?
     sgd_lr = abs(pred["1.0"]["adam_dH"]) / max(abs(pred["1.0"]["sgd_dH_per_lr"]), 1e-12)
     real = {}
-    for w in args.ws:
+    settings = [(str(w), w, 1.0) for w in args.ws] + [(f"M={m}", 1.0, m) for m in args.ms]
+    for key, w, m in settings:
         weights = torch.ones_like(adv)
         weights[masks["L+"]] = w
+        weights[masks["L-"]] = m
         row = {}
         for opt_name in ("sgd", "adam"):
             m2 = copy.deepcopy(model)
@@ -136,7 +142,7 @@ def analyse_batch(model, batch, advantages, pad_id, args) -> dict:
             with torch.no_grad():
                 _, ent2, _ = batch_tensors(m2, batch, advantages, pad_id)
             row[f"{opt_name}_dH"] = float(ent2.mean() - H.detach())
-        real[str(w)] = row
+        real[key] = row
     return {"H": float(H.detach()), "tokens": int(logp.numel()), "groups": groups, "w_balance_sgd": w_balance,
             "predicted": pred, "real": real, "sgd_lr": sgd_lr, "p_sweep": p_sweep}
 
@@ -162,12 +168,13 @@ def write_report(results: list[dict], args, docs: Path) -> None:
         wb = r["w_balance_sgd"]
         lines += ["", f"W at which L+ cancels the other groups' first-order entropy change under SGD: "
                       f"{'n/a' if wb is None else f'{wb:.1f}'}\n",
-                  f"| W on L+ | SGD dH/dlr (pred.) | SGD dH real (lr {r['sgd_lr']:.3g}) | "
-                  f"Adam dH (pred.) | Adam dH real | params whose sign flips vs W=1 |",
+                  f"| weights | SGD dH/dlr (pred.) | SGD dH real (lr {r['sgd_lr']:.3g}) | "
+                  f"Adam dH (pred.) | Adam dH real | params whose sign flips vs GRPO |",
                   "|---|---|---|---|---|---|"]
-        for w in args.ws:
-            p, q = r["predicted"][str(w)], r["real"][str(w)]
-            lines.append(f"| {w} | {p['sgd_dH_per_lr']:+.5f} | {q['sgd_dH']:+.5f} | {p['adam_dH']:+.5f} | "
+        for key in [str(w) for w in args.ws] + [f"M={m}" for m in args.ms]:
+            p, q = r["predicted"][key], r["real"][key]
+            name = f"L- x {key[2:]}" if key.startswith("M=") else f"L+ x {key}"
+            lines.append(f"| {name} | {p['sgd_dH_per_lr']:+.5f} | {q['sgd_dH']:+.5f} | {p['adam_dH']:+.5f} | "
                          f"{q['adam_dH']:+.5f} | {p['sign_flips']:.3f} |")
         lines += ["", "L+ selected at other P (top-P surprisal of T+), and all T+ tokens with s > H:\n",
                   "| selection | tokens | mean surprisal | frac s > H | SGD dH/dlr |", "|---|---|---|---|---|"]
@@ -191,6 +198,8 @@ def main(argv=None) -> None:
     p.add_argument("--top-p", type=float, default=0.1, help="STARE P (default: 0.1)")
     p.add_argument("--ws", type=float, nargs="+", default=[1.0, 1.1, 2.0, 10.0],
                    help="weights W on L+ to evaluate (must include 1.0; default: 1 1.1 2 10)")
+    p.add_argument("--ms", type=float, nargs="*", default=[0.9, 0.5, 0.0],
+                   help="weights M on L- (C2's lever, with W = 1) to evaluate (default: 0.9 0.5 0)")
     p.add_argument("--p-sweep", type=float, nargs="*", default=[0.01, 0.02, 0.05, 0.1, 0.2],
                    help="other P values at which to report L+'s entropy effect")
     p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default: 1e-4, the study's)")

@@ -25,7 +25,7 @@ SFT_FAST = ["sft.num_traces=96", "sft.train.epochs=3", "sft.train.batch_size=32"
 def test_two_arms_two_steps_write_table_and_plot(tmp_path):
     out, docs = tmp_path / "runs", tmp_path / "docs"
     cmd = [sys.executable, str(SCRIPT), "--seeds", "0", "--steps", "2", "--eval-every", "0",
-           "--arms", "grpo_ds", "stare_o1", "--target", "100", "--targets",
+           "--arms", "grpo_ds", "stare_o1", "--target", "100", "--targets", "--jobs", "2", "--threads", "1",
            "--out", str(out), "--docs", str(docs), "--set", *FAST, "--sft-set", *SFT_FAST]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
@@ -40,6 +40,7 @@ def test_two_arms_two_steps_write_table_and_plot(tmp_path):
     o1 = data["arms"]["stare_o1"]["agg"]
     assert o1["frac_gated"] == 1.0  # target 100: gate on from step 1
     assert data["arms"]["grpo_ds"]["per_seed"][0]["steps"] == 2
+    assert "2 runs in" in proc.stdout  # both arms went through the parallel launcher
 
     # Resumable: a second call skips finished arms.
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
