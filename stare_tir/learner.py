@@ -11,10 +11,7 @@ What it does for the RL loop (and for cold-start SFT):
 - `sft_step(trajs)`: one optimizer step of token-mean NLL on loss_mask == 1 tokens.
 - `export_weights()`, `save_checkpoint()` / `load_checkpoint()`, `save_hf()`.
 
-Batching. Sequences (prompt + response) are right-padded into micro-batches whose padded size
-(rows x longest row) stays within a token budget; longest first, so rows of similar length share a
-micro-batch. With right padding and causal attention a real token never sees a pad, and position
-ids are the plain 0..L-1 of each row, whatever the attention implementation.
+Batching: token-budget micro-batches of right-padded rows (`stare_tir.micro_batch`).
 
 Loss scale. Each micro-batch loss is already divided by the global token count, so the sum of all
 micro-batch losses of all ranks is the global token mean. DeepSpeed would (a) divide each
@@ -37,6 +34,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Sequence
+
+from stare_tir.distributed import init_process_group, rng_state, set_rng_state, skip_shm_comm_build
+from stare_tir.micro_batch import MicroBatch, as_long_list, build_micro_batch, empty_micro_batch, plan_micro_batches
 
 if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: LearnerConfig
     from torch import Tensor, nn  # stays importable by light paths (CLI --help, config loading)
@@ -131,122 +131,6 @@ class LearnerConfig:
 
 
 # ----------------------------------------------------------------------------------------------
-# Micro-batching (pure functions, also used by the trainer for STARE's micro_batch scope)
-
-
-def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group sequence indices into micro-batches with rows x longest <= token_budget.
-
-    Longest first (stable for ties), greedy: similar lengths share a micro-batch, so padding stays
-    small. A sequence longer than the budget is alone in its micro-batch. Deterministic.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    plan: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and new_max * (len(cur) + 1) > token_budget:
-            plan.append(cur)
-            cur, cur_max = [], 0
-            new_max = lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        plan.append(cur)
-    return plan
-
-
-def _as_long_list(x: Any) -> list[int]:
-    return x.tolist() if hasattr(x, "tolist") else list(x)  # tensor, array or list
-
-
-@dataclass
-class _MicroBatch:
-    """One right-padded micro-batch. Built on CPU, moved to the device before the forward."""
-
-    input_ids: Tensor  # [B, L] long, pad id after each row's end
-    attention_mask: Tensor  # [B, L] long, 1 on real tokens
-    position_ids: Tensor  # [B, L] long, 0..L-1
-    sel_rows: Tensor  # [N] long: row of each loss token
-    sel_pos: Tensor  # [N] long: position whose hidden state predicts the loss token
-    sel_resp: Tensor  # [N] long: index of the loss token inside its response
-    targets: Tensor  # [N] long: the loss token ids
-    mask: Tensor  # [B, R] float, 1 on loss tokens (R = longest response of the micro-batch)
-    indices: list[int]  # positions of these rows in the caller's list
-    num_tokens: int  # loss tokens N
-
-    def to(self, device: Any) -> "_MicroBatch":
-        moved = {k: (v if isinstance(v, (list, int)) else v.to(device)) for k, v in self.__dict__.items()}
-        return _MicroBatch(**moved)
-
-    def per_token(self, values: Sequence[Any], default: float = 0.0) -> Tensor:
-        """Per-row values (a float or a response-length vector) -> [B, R] float32 tensor."""
-        import torch
-
-        out = torch.full(self.mask.shape, float(default), dtype=torch.float32)  # [B, R]
-        for row, i in enumerate(self.indices):
-            v = values[i]
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                out[row, : v.numel()] = v.detach().to(torch.float32).cpu()
-            elif isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) > 0:  # list or numpy vector
-                t = torch.as_tensor(v, dtype=torch.float32)
-                out[row, : t.numel()] = t
-            else:
-                out[row, :] = float(v)
-        return out
-
-
-def _build_micro_batch(trajs: Sequence[Any], indices: list[int], pad_id: int) -> _MicroBatch:
-    import torch
-
-    rows = []
-    for i in indices:
-        t = trajs[i]
-        p, r, m = _as_long_list(t.prompt_ids), _as_long_list(t.response_ids), _as_long_list(t.loss_mask)
-        if not p:
-            raise ValueError(f"trajectory {i}: empty prompt_ids (the first response token needs context)")
-        if len(m) != len(r):
-            raise ValueError(f"trajectory {i}: loss_mask has {len(m)} entries for {len(r)} response tokens")
-        rows.append((p, r, m))
-    b = len(rows)
-    lmax = max(len(p) + len(r) for p, r, _ in rows)
-    rmax = max(max(len(r) for _, r, _ in rows), 1)
-    input_ids = torch.full((b, lmax), pad_id, dtype=torch.long)  # [B, L]
-    attention_mask = torch.zeros((b, lmax), dtype=torch.long)  # [B, L]
-    mask = torch.zeros((b, rmax), dtype=torch.float32)  # [B, R]
-    sel_rows, sel_pos, sel_resp, targets = [], [], [], []
-    for row, (p, r, m) in enumerate(rows):
-        n = len(p) + len(r)
-        input_ids[row, :n] = torch.tensor(p + r, dtype=torch.long)
-        attention_mask[row, :n] = 1
-        r_t = torch.tensor(r, dtype=torch.long)  # [r]
-        js = torch.nonzero(torch.tensor(m, dtype=torch.bool)).squeeze(1)  # [n_loss] response indices
-        mask[row, js] = 1.0
-        sel_rows.append(torch.full_like(js, row))
-        sel_pos.append(js + (len(p) - 1))  # the hidden state just before token j predicts it
-        sel_resp.append(js)
-        targets.append(r_t[js])
-    position_ids = torch.arange(lmax, dtype=torch.long).expand(b, lmax).contiguous()  # [B, L]
-    cat = lambda xs: torch.cat(xs).long()  # noqa: E731  [N]
-    tgt = cat(targets)
-    return _MicroBatch(input_ids, attention_mask, position_ids, cat(sel_rows), cat(sel_pos), cat(sel_resp),
-                       tgt, mask, list(indices), int(tgt.numel()))
-
-
-def _empty_micro_batch(pad_id: int) -> _MicroBatch:
-    """A 2-token, 1-target micro-batch whose loss is multiplied by 0: keeps collectives in step."""
-    import torch
-
-    z = torch.zeros(1, dtype=torch.long)
-    return _MicroBatch(
-        input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
-        position_ids=torch.arange(2).view(1, 2), sel_rows=z, sel_pos=z.clone(), sel_resp=z.clone(),
-        targets=torch.full((1,), pad_id, dtype=torch.long), mask=torch.zeros(1, 1), indices=[], num_tokens=0,
-    )
-
-
-# ----------------------------------------------------------------------------------------------
 # The module DeepSpeed wraps
 
 
@@ -295,33 +179,6 @@ def _lr_lambda(cfg: LearnerConfig) -> Callable[[int], float]:
     return f
 
 
-def _init_process_group(backend: str) -> None:
-    """Join the launcher's process group, or make a 1-process one when started without a launcher."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend=backend)  # env:// from torchrun / the deepspeed launcher
-    else:
-        # An in-process store: a 1-process group needs no address, port or file. DeepSpeed's
-        # engine still insists on LOCAL_RANK, which a launcher would have set.
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-        os.environ.setdefault("LOCAL_RANK", "0")
-
-
-def _skip_shm_comm_build() -> None:
-    """Keep DeepSpeed from compiling its CPU shared-memory all-reduce op on first use.
-
-    DeepSpeed builds it (~40-60 s of g++ on a cold cache) when its comm backend is created, but only
-    `inference_all_reduce` (tensor-parallel inference) ever uses it; training collectives go
-    through torch.distributed (gloo) either way. Marking it incompatible makes DeepSpeed skip it.
-    """
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
 class Learner:
     """A DeepSpeed engine around an HF causal LM; see the module docstring.
 
@@ -347,8 +204,8 @@ class Learner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
-            _skip_shm_comm_build()
-        _init_process_group("nccl" if on_cuda else "gloo")
+            skip_shm_comm_build()
+        init_process_group("nccl" if on_cuda else "gloo")
         deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
         import torch.distributed as dist
 
@@ -450,20 +307,20 @@ class Learner:
         budget = self.cfg.micro_batch_tokens
         if forward_only:
             budget = self.cfg.forward_micro_batch_tokens or 2 * self.cfg.micro_batch_tokens
-        lengths = [len(_as_long_list(t.prompt_ids)) + len(_as_long_list(t.response_ids)) for t in trajs]
+        lengths = [len(as_long_list(t.prompt_ids)) + len(as_long_list(t.response_ids)) for t in trajs]
         return plan_micro_batches(lengths, budget)
 
-    def _micro_batches(self, trajs: Sequence[Any], forward_only: bool) -> list[_MicroBatch]:
+    def _micro_batches(self, trajs: Sequence[Any], forward_only: bool) -> list[MicroBatch]:
         """Micro-batches of this rank, padded with empty ones to the largest count over ranks."""
         import torch
 
         plan = self.micro_batch_plan(trajs, forward_only)
-        mbs = [_build_micro_batch(trajs, idx, self.pad_id) for idx in plan]
+        mbs = [build_micro_batch(trajs, idx, self.pad_id) for idx in plan]
         n_max = int(self.all_reduce_max(torch.tensor([len(mbs)])).item())
-        mbs += [_empty_micro_batch(self.pad_id) for _ in range(n_max - len(mbs))]
+        mbs += [empty_micro_batch(self.pad_id) for _ in range(n_max - len(mbs))]
         return mbs
 
-    def _forward(self, mb: _MicroBatch, with_entropy: bool) -> tuple["Tensor", Optional["Tensor"]]:
+    def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple["Tensor", Optional["Tensor"]]:
         d = mb.to(self.device)
         return self.engine(d.input_ids, d.attention_mask, d.position_ids, d.sel_rows, d.sel_pos,
                            d.targets, with_entropy=with_entropy)
@@ -490,7 +347,7 @@ class Learner:
                     lp_rows = torch.zeros(mb.mask.shape).index_put(idx, lp.float().cpu())  # [B, R]
                     ent_rows = torch.zeros(mb.mask.shape).index_put(idx, ent.float().cpu())  # [B, R]
                     for row, i in enumerate(mb.indices):
-                        n = len(_as_long_list(trajs[i].response_ids))
+                        n = len(as_long_list(trajs[i].response_ids))
                         logps[i], ents[i] = lp_rows[row, :n].clone(), ent_rows[row, :n].clone()
         finally:
             self.engine.train(was_training)
@@ -531,7 +388,7 @@ class Learner:
             raise ValueError("tis_cap needs old_logprobs (the trainer's recomputed log-probs)")
         rollout_lp = [t.rollout_logprobs for t in trajs] if tis_cap is not None else None
 
-        def loss_fn(mb: _MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
+        def loss_fn(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
             lp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=self.device)  # [B, R]
             lp = lp.index_put((mb.sel_rows, mb.sel_resp), logp.float())
             mask = mb.mask
@@ -550,7 +407,7 @@ class Learner:
     def sft_step(self, trajs: Sequence[Any]) -> dict[str, float]:
         """One optimizer step of token-mean NLL over loss_mask == 1 tokens (global batch)."""
 
-        def loss_fn(mb: _MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
+        def loss_fn(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
             return -logp.float().sum() / denom_tok, {}
 
         return self._optimizer_step(trajs, loss_fn)
@@ -686,7 +543,7 @@ class Learner:
                  "steps_skipped": self.steps_skipped}
         self.engine.save_checkpoint(str(directory), tag="deepspeed", client_state={"learner": state},
                                     save_latest=False)
-        torch.save(_rng_state(), directory / f"rng_rank{self.rank}.pt")
+        torch.save(rng_state(), directory / f"rng_rank{self.rank}.pt")
         dist.barrier()
 
     def load_checkpoint(self, directory: str | os.PathLike) -> dict:
@@ -702,7 +559,7 @@ class Learner:
         self.steps_applied, self.steps_skipped = state["steps_applied"], state["steps_skipped"]
         rng_file = directory / f"rng_rank{self.rank}.pt"
         if rng_file.exists():
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(torch.load(rng_file, weights_only=False))
         return state["client_state"]
 
     def save_hf(self, directory: str | os.PathLike) -> None:
@@ -734,24 +591,3 @@ class Learner:
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-
-
-def _rng_state() -> dict:
-    import numpy as np
-    import torch
-
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    import numpy as np
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
