@@ -235,7 +235,9 @@ class Learner:
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         # Every rank loads the full model on CPU; under ZeRO-3 deepspeed.initialize then partitions
         # it (host memory: one model copy per rank, transiently). Loading straight into partitions
-        # (zero.Init through transformers' HfDeepSpeedConfig) would need `accelerate` installed.
+        # (zero.Init through transformers' HfDeepSpeedConfig + accelerate) was measured and not
+        # adopted: for a 155M-parameter model on 2 CPU ranks its peak RSS per rank was 1918 MB
+        # against 1551 MB here, since each rank still reads the whole checkpoint to fill its shard.
         lm = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype,
                                                   attn_implementation=cfg.attn_implementation)
         if cfg.gradient_checkpointing:

@@ -49,11 +49,13 @@ def _launch(model: str, out: Path, world: int, extra: list[str]) -> None:
         assert p.returncode == 0, f"rank {rank} failed (exit {p.returncode}):\n{log.read_text()[-4000:]}"
 
 
-def test_two_process_zero2_matches_one_process(tiny_path, worker, tmp_path):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_process_zero_matches_one_process(tiny_path, worker, tmp_path, stage):
+    """ZeRO-3: every parameter is partitioned over the ranks and gathered at each use."""
     out = tmp_path / "two.pt"
-    _launch(tiny_path, out, 2, ["--zero-stage", "2", "--budget", "64", "--stare"])
+    _launch(tiny_path, out, 2, ["--zero-stage", str(stage), "--budget", "64", "--stare"])
     two = torch.load(out, weights_only=False)
-    one = worker.run(tiny_path, zero_stage=2, budget=64, stare=True)
+    one = worker.run(tiny_path, zero_stage=stage, budget=64, stare=True)
     assert two["world_size"] == 2 and one["world_size"] == 1
 
     for step, (m1, m2) in enumerate(zip(one["metrics"], two["metrics"])):
