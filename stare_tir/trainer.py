@@ -26,7 +26,7 @@ from stare_tir.config import to_dict
 from stare_tir.data import PromptSampler, load_split
 from stare_tir.learner import Learner
 from stare_tir.rollout.engine import RolloutEngine
-from stare_tir.rollout.trajectory import Trajectory
+from stare_tir.rollout.trajectory import FINISH_REASONS, Trajectory
 from stare_tir.tracking import MetricsLog
 from stare_tir.train_config import AlgoConfig, ModelConfig, TrainConfig, TrainerConfig  # noqa: F401 (re-exported)
 
@@ -145,9 +145,10 @@ def stare_weights(
 
 def rollout_stats(trajs: list[Trajectory]) -> dict[str, float]:
     n = max(len(trajs), 1)
-    finish: dict[str, int] = {}
+    # Every reason gets a key, even at 0: all ranks then reduce the same key set.
+    finish = {reason: 0 for reason in (*FINISH_REASONS, "none")}
     for t in trajs:
-        finish[t.finish_reason or "none"] = finish.get(t.finish_reason or "none", 0) + 1
+        finish[t.finish_reason or "none"] += 1
     out = {
         "reward/mean": sum(t.reward for t in trajs) / n,
         "acc/train": sum(bool(t.info.get("correct")) for t in trajs) / n,
@@ -167,8 +168,8 @@ def rollout_stats(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 def global_means(learner: Learner, means: dict[str, float], count: int) -> dict[str, float]:
-    """Per-rank means -> means over all ranks (weighted by `count`); finish/* stay rank-local."""
-    keys = sorted(k for k in means if not k.startswith("finish/"))
+    """Per-rank means -> means over all ranks, weighted by `count`; every rank must pass the same keys."""
+    keys = sorted(means)
     if learner.world_size == 1 or not keys:
         return means
     red = learner.all_reduce_sum(torch.tensor([means[k] * count for k in keys] + [float(count)],

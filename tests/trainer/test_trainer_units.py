@@ -195,16 +195,21 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
         rl_step(run, 2)
 
 
-def test_rollout_means_are_weighted_over_ranks_and_finish_reasons_stay_local():
-    from stare_tir.trainer import global_means
+def test_rollout_means_are_weighted_over_ranks_finish_reasons_included():
+    from stare_tir.trainer import global_means, rollout_stats
 
+    # Keys are sorted before the reduction: "finish/eos" < "reward/mean".
     class TwoRanks(OneRankLearner):
         world_size = 2
 
-        def all_reduce_sum(self, x):  # the other rank: 3 trajectories with reward mean 1.0
-            other = {"reward/mean": 1.0}
-            return x + torch.tensor([other.get("reward/mean") * 3, 3.0], dtype=x.dtype)
+        def all_reduce_sum(self, x):  # the other rank: 3 trajectories, reward mean 1.0, none ended at eos
+            return x + torch.tensor([0.0 * 3, 1.0 * 3, 3.0], dtype=x.dtype)
 
-    out = global_means(TwoRanks(), {"reward/mean": -1.0, "finish/eos": 0.5}, count=1)
+    out = global_means(TwoRanks(), {"reward/mean": -1.0, "finish/eos": 1.0}, count=1)
     assert out["reward/mean"] == pytest.approx((-1.0 + 3.0) / 4)
-    assert out["finish/eos"] == 0.5
+    assert out["finish/eos"] == pytest.approx(1 / 4)
+
+    # Same key set whatever the trajectories (a rank with other finish reasons reduces the same keys).
+    a = rollout_stats([traj(0, 1.0, finish="answer")])
+    b = rollout_stats([traj(0, 1.0, finish="eos"), traj(1, -1.0, finish="max_tokens")])
+    assert a.keys() == b.keys() and a["finish/answer"] == 1.0 and b["finish/eos"] == 0.5
