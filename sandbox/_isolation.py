@@ -19,6 +19,8 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SYS_PIVOT_ROOT = 155  # x86_64
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -49,6 +51,30 @@ def setns(fd: int, nstype: int) -> None:
 
 def prctl(option: int, arg: int) -> None:
     _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
+
+
+def enter_user_namespace(outer_uid: int, outer_gid: int) -> None:
+    """Become uid/gid 0 of a new user namespace that maps only (outer_uid, outer_gid).
+
+    Without host privileges this gives the capabilities to create the other namespaces and the
+    mounts the sandbox needs, all owned by the new namespace (rootless mode); the process stays
+    outer_uid on the host. Pass the caller's own ids (a nested namespace: 0, 0)."""
+    unshare(CLONE_NEWUSER)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {outer_uid} 1"), ("gid_map", f"0 {outer_gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def drop_capabilities() -> None:
+    """Empty every capability set, the bounding set included: uid 0 of a user namespace then has no
+    more power than any unprivileged user, and an execve cannot hand capabilities back."""
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == 0:
+        cap += 1  # EINVAL past the last capability this kernel knows
+    _libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (x2 words): all zero
+    _check(_libc.capset(header, data), "capset")
 
 
 def sethostname(name: str) -> None:
@@ -98,10 +124,12 @@ def root_paths() -> tuple[list[str], list[str]]:
     return paths, hide
 
 
-def build_root() -> None:
+def build_root(rootless: bool = False) -> None:
     """Enter a private mount namespace whose root is a read-only tmpfs holding only root_paths().
     Called once by the worker, after everything it reads from /proc; each session then adds its
-    own /tmp, /proc and namespaces."""
+    own /tmp, /proc and namespaces. Rootless, the new root also gets a proc of the worker's pid
+    namespace: inside a user namespace the kernel lets a session mount its own proc only while a
+    fully visible one exists in its mount namespace (the session's own then covers it)."""
     unshare(CLONE_NEWNS)
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do propagates back to the host
     # the new root is assembled over /proc: a mount point that always exists, that is never a
@@ -128,6 +156,8 @@ def build_root() -> None:
     os.mkdir(f"{dev}/shm")
     mount(None, dev, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     os.mkdir(stage + "/proc")
+    if rootless:
+        mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.makedirs(stage + "/tmp", exist_ok=True)
     os.chdir(stage)
     try:  # pivot_root(".", ".") stacks the old root on top; detaching it makes it unreachable

@@ -5,7 +5,9 @@ It imports numpy/sympy once, then forks. Per session (local mode) the child beco
 pid/net/mount/ipc/uts namespaces inside its own memory+pids cgroup, mounts a private tmpfs at /tmp,
 drops to an unprivileged uid with no capabilities, sets no_new_privs and a seccomp filter, and runs
 cells (_cells.py). Its death (any cause) makes the kernel kill every process of the session; the
-worker reaps it and reports the wait status. In docker mode the container is the boundary and a
+worker reaps it and reports the wait status. Without root (rootless) the worker first enters a
+user namespace of its own and no cgroups are used; a session then gets its own nested user
+namespace and drops every capability instead of switching uid. In docker mode the container is the boundary and a
 reaper that kills every process of the code's uid replaces the pid namespace.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Worker:
         self.sids: dict[int, int] = {}  # sid -> pid
         self.cg_fds: dict[int, list[int]] = {}
         self.cgroups = self.seccomp = None
+        self.rootless = False  # local mode without root: user namespaces, no cgroups
         self.oom_fd: int | None = None  # docker: the container's own memory cgroup
         self.dirty = False  # docker: the code's uid may have processes or files left
         self.reaper: tuple[int, int] | None = None  # docker: (pid, go-pipe) of a waiting reaper
@@ -57,9 +60,23 @@ class Worker:
             except OSError:
                 self.seccomp = None
         if self.local:
-            self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+            self.rootless = os.geteuid() != 0
+            if self.rootless:
+                # Own a user namespace, then serve from pid 1 of a pid namespace it owns: each
+                # session's pid namespace can then be entered and left without host privileges.
+                try:
+                    iso.enter_user_namespace(os.geteuid(), os.getegid())
+                except OSError as e:
+                    raise OSError(e.errno, f"{e.strerror}: without root the local sandbox needs unprivileged "
+                                  "user namespaces (sysctl user.max_user_namespaces > 0, and on Debian/Ubuntu "
+                                  "kernel.unprivileged_userns_clone=1); or run as root, or use "
+                                  "sandbox.backend=docker") from None
+                iso.unshare(iso.CLONE_NEWPID)
+                _become_child_of_waiter()
+            else:
+                self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-            iso.build_root()
+            iso.build_root(rootless=self.rootless)
         else:
             self.reaper = self._fork_reaper()
             for path in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
@@ -70,7 +87,7 @@ class Worker:
                 except OSError:
                     self.oom_fd = None
         return {"op": "ready", "cgroups": self.cgroups is not None, "seccomp": self.seccomp is not None,
-                "huge_mb": self.huge_mb, "pid": os.getpid()}
+                "rootless": self.local and self.rootless, "huge_mb": self.huge_mb, "pid": os.getpid()}
 
     def oom_kills(self, sid: int | None = None) -> int:
         if self.cgroups is not None and sid is not None:
@@ -112,6 +129,8 @@ class Worker:
                     self.reap()
 
     def uid(self, sid: int) -> int:
+        if self.local and self.rootless:
+            return 0  # the only uid of our user namespace; sessions get their own namespace instead
         return self.cfg["uid_base"] + sid % 1000 if self.local else self.cfg["uid_base"]
 
     def spawn(self, sid: int, ctl_fd: int) -> None:
@@ -191,9 +210,15 @@ class Worker:
             os.dup2(null, fd)
         os.closerange(4, 1 << 20)  # the worker's sockets, cgroup and namespace fds stay out
         os.chdir("/tmp")
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)  # all capabilities are gone from here on
+        if self.local and self.rootless:
+            # A user namespace of its own: its process count (RLIMIT_NPROC) is not shared with
+            # other sessions; then no capability is left in it or in ours.
+            self.iso.enter_user_namespace(0, 0)
+            self.iso.drop_capabilities()
+        else:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)  # all capabilities are gone from here on
         self.iso.prctl(self.iso.PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
         self.iso.prctl(self.iso.PR_SET_NO_NEW_PRIVS, 1)
         if self.seccomp is not None:
@@ -297,6 +322,19 @@ class Worker:
             for sid in list(self.cg_fds):
                 self.cgroups.remove(sid)
             self.cgroups.close()
+
+
+def _become_child_of_waiter() -> None:
+    """Fork; the parent (which the host started and watches) waits and exits with the child's
+    status, and the child (pid 1 of the pid namespace just unshared) carries on as the worker.
+    The child dies with the parent, and with it every session."""
+    pid = os.fork()
+    if pid != 0:
+        os.closerange(3, 1 << 20)  # the host's socket stays with the child only
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    import _isolation as iso
+    iso.prctl(iso.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _live_processes(uid: int) -> bool:

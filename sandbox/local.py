@@ -21,7 +21,11 @@ Guarantees (each has an adversarial test in tests/sandbox/test_sandbox_local.py)
   interpreter is replaced at the next cell (its state is lost); a dead worker is restarted.
 Not covered: kernel exploits (use Docker or a VM for hostile code at scale); CPU time is bounded
 only by wall time; the code can forge its own cell's status by writing into its control socket
-(it cannot affect other sessions). Needs root (namespaces, cgroups, setuid).
+(it cannot affect other sessions).
+Root gives all of the above. Without root the worker runs rootless in a user namespace of its
+own: the same namespaces, root, seccomp and limits, except that memory and processes are bounded
+by per-process rlimits (no cgroups) and each session is uid 0 of its own nested user namespace
+with no capabilities (instead of a per-session host uid). See sandbox/README.md.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ class LocalSandbox:
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
         self.worker: WorkerClient | None = None
         self.popen: subprocess.Popen | None = None
-        self.info: dict = {}  # what the worker could set up: {"cgroups": bool, "seccomp": bool}
+        self.info: dict = {}  # what the worker set up: {"cgroups": bool, "seccomp": bool, "rootless": bool}
         self.spares: list[Proc] = []  # started, isolated, never used: a session takes one at once
         self.refill: asyncio.Task | None = None
         self.starting: asyncio.Lock | None = None
@@ -71,8 +75,6 @@ class LocalSandbox:
         return self.worker
 
     async def _start_worker(self) -> WorkerClient:
-        if os.geteuid() != 0:
-            raise SandboxError("the local sandbox needs root (namespaces, cgroups, setuid); use docker")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = {"mode": "local", "fd": theirs.fileno(), "limits": asdict(self.limits),
                 "preload": list(self.cfg.preload), "seccomp": self.cfg.seccomp,

@@ -473,6 +473,9 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path) -> Run:
     sandbox = make_sandbox(cfg.sandbox)
     engine = RolloutEngine(backend, tokenizer, make_retool_env_factory(sandbox, cfg.env), cfg.rollout)
     engine.run_coroutine(sandbox.__aenter__())  # the sandbox lives on the engine's event loop
+    if getattr(sandbox, "info", {}).get("rootless"):
+        logger.warning("local sandbox runs rootless (not root): per-process memory and process limits "
+                       "instead of per-session cgroups; see sandbox/README.md")
     engine.sandbox = sandbox  # closed in close_run
     return Run(
         cfg=cfg, run_dir=run_dir, tokenizer=tokenizer, learner=learner, backend=backend, engine=engine,

@@ -16,7 +16,8 @@ TEST_LIMITS = Limits(wall_time_s=5.0, memory_mb=256, max_output_bytes=4096, disk
 def open_sandbox(backend: str, **overrides) -> SyncSandbox:
     """A started sandbox; skips (with the reason) when the backend cannot run on this machine."""
     if backend == "local" and os.geteuid() != 0:
-        pytest.skip("the local sandbox needs root (namespaces, cgroups, setuid)")
+        pytest.skip("these tests expect the local sandbox's root mode (cgroups, per-session uids); "
+                    "its rootless mode is tested in test_sandbox_rootless.py")
     # docker: a container competes for CPU as one cgroup, so under a loaded CI it runs slower still
     limits = TEST_LIMITS if backend == "local" else dataclasses.replace(TEST_LIMITS, wall_time_s=8.0)
     cfg = SandboxConfig(backend=backend, limits=limits, workers=2, docker=DockerConfig(warm=2))

@@ -1,0 +1,55 @@
+"""Run inside a user namespace where this process is not root: exercise the local sandbox's
+rootless mode and print what was observed as one JSON object (read by test_sandbox_rootless.py)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+
+from sandbox import Limits, SandboxConfig, make_sandbox
+
+CODE_PROBE = """import os
+caps = {l.split(':')[0]: l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))}
+print(os.getpid(), sorted(caps.items()), sorted(os.listdir('/')), [p for p in os.listdir('/proc') if p.isdigit()],
+      os.environ.get('PROBE_SECRET'))
+"""
+
+
+async def probe() -> dict:
+    os.environ["PROBE_SECRET"] = "hunter2"  # must never reach the code
+    fd, marker = tempfile.mkstemp(prefix="rootless-probe-", dir="/tmp")  # must stay invisible to the code
+    os.write(fd, b"host")
+    os.close(fd)
+    limits = Limits(wall_time_s=3.0, memory_mb=256, max_output_bytes=4096, disk_mb=16, max_processes=32)
+    out: dict = {"euid": os.geteuid()}
+    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=1)) as sb:
+        out["info"] = sb.info
+        r = await sb.run(CODE_PROBE)
+        out["probe"] = [r.status.value, r.stdout]
+        async with sb.session() as s:
+            out["state"] = [(await s.run("x = 41")).status.value, (await s.run("print(x + 1)")).stdout]
+            out["write_tmp"] = (await s.run("open('/tmp/mine', 'w').write('a')")).status.value
+            t0 = time.monotonic()
+            r = await s.run("while True: pass")
+            out["timeout"] = [r.status.value, round(time.monotonic() - t0, 1)]
+            out["after_timeout"] = (await s.run("print('x' in dir())")).stdout
+        async with sb.session() as other:  # a fresh session sees neither the host's /tmp nor another's
+            out["tmp_other"] = (await other.run("import os; print(sorted(os.listdir('/tmp')))")).stdout
+        r = await sb.run("import socket; socket.socket().connect(('127.0.0.1', 22))")
+        out["network"] = [r.status.value, r.stderr.strip().splitlines()[-1] if r.stderr else ""]
+        out["write_usr"] = (await sb.run("open('/usr/x', 'w')")).stderr.strip().splitlines()[-1]
+        out["memory"] = (await sb.run("b = bytearray(600 << 20)")).status.value
+        out["setuid"] = (await sb.run("import os; os.setuid(1)")).stderr.strip().splitlines()[-1]
+        out["unshare"] = (await sb.run("import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                                       "print(l.unshare(0x10000000), ctypes.get_errno())")).stdout
+        out["sympy"] = (await sb.run("import sympy; print(sympy.factorint(360))")).stdout
+    os.unlink(marker)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(probe())))
+    sys.stdout.flush()
