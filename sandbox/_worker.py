@@ -193,6 +193,10 @@ class Worker:
             iso.sethostname("sandbox")
             iso.enter_session_mounts(lim["disk_mb"], uid)
             iso.join_cgroups(cg)
+            if self.rootless:
+                # A user namespace of its own, entered before RLIMIT_NPROC is lowered: the kernel
+                # then counts this session's processes apart from every other session's.
+                iso.enter_user_namespace(0, 0)
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")  # under memory pressure the code dies first, never the worker
         disk = lim["disk_mb"] << 20
@@ -211,10 +215,7 @@ class Worker:
         os.closerange(4, 1 << 20)  # the worker's sockets, cgroup and namespace fds stay out
         os.chdir("/tmp")
         if self.local and self.rootless:
-            # A user namespace of its own: its process count (RLIMIT_NPROC) is not shared with
-            # other sessions; then no capability is left in it or in ours.
-            self.iso.enter_user_namespace(0, 0)
-            self.iso.drop_capabilities()
+            self.iso.drop_capabilities()  # uid 0 of its own user namespace, with nothing left to use
         else:
             os.setgroups([])
             os.setresgid(uid, uid, uid)

@@ -1,5 +1,5 @@
-"""Run inside a user namespace where this process is not root: exercise the local sandbox's
-rootless mode and print what was observed as one JSON object (read by test_sandbox_rootless.py)."""
+"""Run as a user who is not root: exercise the local sandbox's rootless mode and print what was
+observed as one JSON object (read by test_sandbox_rootless.py). Needs only the stdlib."""
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +25,7 @@ async def probe() -> dict:
     os.close(fd)
     limits = Limits(wall_time_s=3.0, memory_mb=256, max_output_bytes=4096, disk_mb=16, max_processes=32)
     out: dict = {"euid": os.geteuid()}
-    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=1)) as sb:
+    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=2)) as sb:
         out["info"] = sb.info
         r = await sb.run(CODE_PROBE)
         out["probe"] = [r.status.value, r.stdout]
@@ -45,7 +45,14 @@ async def probe() -> dict:
         out["setuid"] = (await sb.run("import os; os.setuid(1)")).stderr.strip().splitlines()[-1]
         out["unshare"] = (await sb.run("import ctypes; l = ctypes.CDLL(None, use_errno=True); "
                                        "print(l.unshare(0x10000000), ctypes.get_errno())")).stdout
-        out["sympy"] = (await sb.run("import sympy; print(sympy.factorint(360))")).stdout
+        out["stdlib"] = (await sb.run("import fractions; print(fractions.Fraction(6, 4))")).stdout
+        # Two fork bombs at once: each session is held to its own max_processes (itself included).
+        bomb = ("import os, time\nn = 0\nfor i in range(200):\n    try:\n        if os.fork() == 0:\n"
+                "            time.sleep(2)\n            os._exit(0)\n        n += 1\n    except OSError:\n"
+                "        break\nprint(n)")
+        a, b = await asyncio.gather(sb.run(bomb), sb.run(bomb))
+        out["bombs"] = [[a.status.value, a.stdout.strip()], [b.status.value, b.stdout.strip()]]
+        out["after_bombs"] = (await sb.run("print('ok')")).stdout
     os.unlink(marker)
     return out
 

@@ -1,9 +1,9 @@
 """The local sandbox without root: user namespaces instead of root, rlimits instead of cgroups.
 
-rootless_probe.py runs the sandbox (host side and worker) in a user namespace in which it is uid
-1000, so the worker takes the rootless path whatever user runs the tests. Not covered here: the
-fork-bomb limit. Rootless, it is RLIMIT_NPROC per session, which the kernel does not apply to a
-process whose real uid is host root, as it is in CI (the namespace maps uid 1000 onto it).
+rootless_probe.py runs the whole sandbox (host side and worker) as uid 65534, so the worker takes
+the rootless path. The project's interpreter may sit where that user cannot read it (a home
+directory), so the probe runs on a copy of the base interpreter and its stdlib, which is all the
+sandbox needs. Needs root to switch user, and unprivileged user namespaces.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,22 +23,76 @@ pytestmark = pytest.mark.xdist_group("sandbox-rootless")
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().parent / "rootless_probe.py"
-AS_USER = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
+NOBODY = 65534
+MAX_PROCESSES = 32  # rootless_probe.py's limit
+
+
+def _as_nobody() -> None:
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+
+
+def _readable_by_all(path: Path) -> bool:
+    """Every directory above `path` searchable and `path` readable by any user."""
+    p = path.resolve()
+    return all(os.stat(d).st_mode & 0o001 for d in p.parents) and bool(os.stat(p).st_mode & 0o004)
+
+
+def _stdlib_python(dest: Path) -> tuple[str, dict]:
+    """A copy of the running interpreter with its stdlib (no site-packages), readable by anyone."""
+    base = Path(sys.base_prefix)
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (dest / "bin").mkdir(parents=True)
+    exe = dest / "bin" / version
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    libdir = Path(sysconfig.get_config_var("LIBDIR") or base / "lib")
+    (dest / "lib").mkdir()
+    for lib in libdir.glob("libpython3*.so*"):
+        shutil.copy2(lib, dest / "lib" / lib.name)
+    shutil.copytree(base / "lib" / version, dest / "lib" / version, symlinks=True,
+                    ignore=shutil.ignore_patterns("site-packages", "test", "__pycache__", "idlelib", "tkinter",
+                                                  "ensurepip", "lib2to3"))
+    for d, _dirs, files in os.walk(dest):
+        os.chmod(d, 0o755)
+        for f in files:
+            if not os.path.islink(os.path.join(d, f)):
+                os.chmod(os.path.join(d, f), 0o755)
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(dest / "lib"), "PYTHONPATH": str(ROOT),
+           "PYTHONHOME": str(dest), "OMP_NUM_THREADS": "1"}
+    return str(exe), env
 
 
 @pytest.fixture(scope="module")
 def seen() -> dict:
-    if shutil.which("unshare") is None or subprocess.run([*AS_USER, "true"], capture_output=True).returncode != 0:
-        pytest.skip("no unprivileged user namespaces here (unshare --user failed)")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([*AS_USER, sys.executable, str(PROBE)], cwd="/", env=env, capture_output=True,
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the probe as another user (as a non-root user, the local "
+                    "sandbox already runs rootless)")
+    if not _readable_by_all(ROOT / "sandbox" / "local.py"):
+        pytest.skip(f"the checkout at {ROOT} is not readable by uid {NOBODY}")
+    home = Path(tempfile.mkdtemp(prefix="rootless-python-"))  # pytest's own tmp dirs are root-only
+    os.chmod(home, 0o755)
+    try:
+        return _probe(home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _probe(home: Path) -> dict:
+    exe, env = _stdlib_python(home / "python")
+    check = subprocess.run([exe, "-c", "import ctypes, asyncio"], env=env, preexec_fn=_as_nobody,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, f"copied interpreter does not start as uid {NOBODY}: {check.stderr}"
+    proc = subprocess.run([exe, str(PROBE)], cwd="/", env=env, preexec_fn=_as_nobody, capture_output=True,
                           text=True, timeout=180)
+    if "user namespaces" in proc.stdout + proc.stderr and proc.returncode != 0:
+        pytest.skip("no unprivileged user namespaces here: " + proc.stderr.strip().splitlines()[-1])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_the_worker_took_the_rootless_path(seen):
-    assert seen["euid"] == 1000
+    assert seen["euid"] == NOBODY
     assert seen["info"]["rootless"] is True and seen["info"]["cgroups"] is False, seen["info"]
     assert seen["info"]["seccomp"] is True
 
@@ -61,7 +117,10 @@ def test_sessions_keep_state_time_out_and_do_not_share_tmp(seen):
     status, seconds = seen["timeout"]
     assert status == "timeout" and seconds < 5.0
     assert seen["after_timeout"] == "False\n"  # the killed interpreter was replaced
-    assert seen["tmp_other"] == "[]\n"  # neither the host's /tmp nor the other session's file
+    # Neither the host's /tmp (the probe's marker file) nor the other session's file; only the
+    # interpreter's own directory, bound back read-only when it lives under /tmp as here.
+    tmp = ast.literal_eval(seen["tmp_other"])
+    assert "mine" not in tmp and not any(name.startswith("rootless-probe-") for name in tmp), tmp
 
 
 def test_network_root_memory_and_privileges_are_closed(seen):
@@ -70,4 +129,10 @@ def test_network_root_memory_and_privileges_are_closed(seen):
     assert seen["memory"] == "oom"
     assert seen["setuid"].startswith("OSError")
     assert seen["unshare"] == "-1 1\n"  # no new user namespace from inside (EPERM)
-    assert seen["sympy"] == "{2: 3, 3: 2, 5: 1}\n"  # preloaded libraries still work
+    assert seen["stdlib"] == "3/2\n"
+
+
+def test_each_session_has_its_own_process_limit(seen):
+    # Both bombs ran at once; each stopped at its own limit (the session itself is one process).
+    assert seen["bombs"] == [["ok", str(MAX_PROCESSES - 1)]] * 2, seen["bombs"]
+    assert seen["after_bombs"] == "ok\n"
