@@ -7,8 +7,8 @@ drops to an unprivileged uid with no capabilities, sets no_new_privs and a secco
 cells (_cells.py). Its death (any cause) makes the kernel kill every process of the session; the
 worker reaps it and reports the wait status. Without root (rootless) the worker first enters a
 user namespace of its own and no cgroups are used; a session then gets its own nested user
-namespace and drops every capability instead of switching uid. In docker mode the container is the boundary and a
-reaper that kills every process of the code's uid replaces the pid namespace.
+namespace and drops every capability instead of switching uid. In docker mode the container is
+the boundary and a reaper that kills every process of the code's uid replaces the pid namespace.
 """
 from __future__ import annotations
 
