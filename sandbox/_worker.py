@@ -72,7 +72,7 @@ class Worker:
                                   "kernel.unprivileged_userns_clone=1); or run as root, or use "
                                   "sandbox.backend=docker") from None
                 iso.unshare(iso.CLONE_NEWPID)
-                _become_child_of_waiter()
+                _become_child_of_waiter(iso)
             else:
                 self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -325,7 +325,7 @@ class Worker:
             self.cgroups.close()
 
 
-def _become_child_of_waiter() -> None:
+def _become_child_of_waiter(iso) -> None:
     """Fork; the parent (which the host started and watches) waits and exits with the child's
     status, and the child (pid 1 of the pid namespace just unshared) carries on as the worker.
     The child dies with the parent, and with it every session."""
@@ -334,7 +334,6 @@ def _become_child_of_waiter() -> None:
         os.closerange(3, 1 << 20)  # the host's socket stays with the child only
         _, status = os.waitpid(pid, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-    import _isolation as iso
     iso.prctl(iso.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 

@@ -139,18 +139,34 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
     }
 
 
+def mean_sd(vals: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample s.d. (None when there are too few values)."""
+    if not vals:
+        return None, None
+    m = sum(vals) / len(vals)
+    return m, ((sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None)
+
+
 def aggregate(per_seed: list[dict]) -> dict:
     keys = ["H_first", "H_final", "H_second_half", "H_min", "H_max", "mean_abs_dev_after_gate", "frac_gated",
             "acc_before_rl", "acc_after_rl", "reward_final", "acc_train_final", "tool_calls",
             "response_len", "first_gate_step", "mean_weight", "lplus_s_gt_h"]
     out = {}
     for k in keys:
-        vals = [m[k] for m in per_seed if m.get(k) is not None]
-        out[k] = sum(vals) / len(vals) if vals else None
-        out[k + "_sd"] = ((sum((v - out[k]) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
-                          if len(vals) > 1 else None)
+        out[k], out[k + "_sd"] = mean_sd([m[k] for m in per_seed if m.get(k) is not None])
     out["n_seeds"] = len(per_seed)
     return out
+
+
+def add_paired_diffs(results: dict) -> None:
+    """Each arm's second-half entropy minus GRPO-ds's for the same seed (same prompts and sampling
+    seeds, so the difference is paired), as mean and s.d. over seeds in the arm's agg."""
+    ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
+    for name, r in results.items():
+        diffs = [m["H_second_half"] - ref[m["seed"]]["H_second_half"] for m in r["per_seed"]
+                 if m["seed"] in ref and m["H_second_half"] is not None]
+        d, sd = mean_sd(diffs) if name != "grpo_ds" else (None, None)
+        r["agg"]["dH_second_half_vs_grpo_ds"], r["agg"]["dH_second_half_vs_grpo_ds_sd"] = d, sd
 
 
 def fmt(v, p="{:.3f}", sd=None):
@@ -176,18 +192,11 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
              "| held-out acc (before -> after) | train acc (final) | tool calls | response len "
              "| mean weight | L+ s>H |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
     for name, spec in arms.items():
         if name not in results:
             continue
         a = results[name]["agg"]
-        # Arms share prompts and sampling seeds per seed, so differences to GRPO-ds are paired.
-        diffs = [m["H_second_half"] - ref[m["seed"]]["H_second_half"] for m in results[name]["per_seed"]
-                 if m["seed"] in ref and m["H_second_half"] is not None]
-        d_mean = sum(diffs) / len(diffs) if diffs and name != "grpo_ds" else None
-        d_sd = ((sum((d - d_mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
-                if d_mean is not None and len(diffs) > 1 else None)
-        results[name]["agg"]["dH_second_half_vs_grpo_ds"] = d_mean
+        d_mean, d_sd = a["dH_second_half_vs_grpo_ds"], a["dH_second_half_vs_grpo_ds_sd"]
         lines.append(
             f"| {spec['label']} | {spec['target']} | {a['n_seeds']} | {fmt(a['H_first'])} | "
             f"{fmt(a['H_final'], sd=a['H_final_sd'])} | "
@@ -371,6 +380,7 @@ def main(argv=None) -> None:
     meta = {"seeds": args.seeds, "steps": args.steps, "lr": args.lr, "target": args.target,
             "targets": args.targets, "eval_every": args.eval_every, "tail": args.tail,
             "set": args.set}
+    add_paired_diffs(results)
     write_table(arms, results, docs, meta)
     if results:
         plot(arms, results, docs)
