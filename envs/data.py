@@ -23,7 +23,6 @@ import gzip
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
 
@@ -53,39 +52,6 @@ class DataError(ValueError):
     """A bad row (or source), with the file and row in the message."""
 
 
-@dataclass
-class DataConfig:
-    """Where training/eval problems come from."""
-
-    # Short name (aime24, aime25, amc23, math500, minerva, olympiadbench, dapo17k), a file path
-    # (.jsonl, .jsonl.gz, .json, .parquet) or "hf:<owner>/<name>[:<split>]".
-    source: str = "dapo17k"
-    # Field (dotted path, list indices allowed: "prompt.0.content") holding the problem text.
-    problem_field: str = "problem"
-    # Field holding the reference answer.
-    answer_field: str = "answer"
-    # Field holding the row id; rows without it get "<file stem>-<row>".
-    id_field: str = "id"
-    # "error": the first bad row raises; "skip": bad rows are logged, counted and left out.
-    on_bad_row: Literal["error", "skip"] = "error"
-    # Keep only the first `limit` valid rows (None: all).
-    limit: Optional[int] = None
-    # Drop problems that appear in both DAPO-17k and an eval set (see envs/data/README.md).
-    exclude_overlap: bool = False
-
-    def __post_init__(self) -> None:
-        if self.on_bad_row not in ("error", "skip"):
-            raise ValueError(f"on_bad_row={self.on_bad_row!r}: must be 'error' or 'skip'")
-        if self.limit is not None and self.limit < 0:
-            raise ValueError(f"limit={self.limit!r}: must be >= 0 or None")
-
-
-def load_from_config(cfg: DataConfig) -> list[dict]:
-    fields = {"problem": cfg.problem_field, "answer": cfg.answer_field, "id": cfg.id_field}
-    return load_problems(cfg.source, fields=fields, on_bad_row=cfg.on_bad_row, limit=cfg.limit,
-                         exclude_overlap=cfg.exclude_overlap)
-
-
 def load_problems(source: str, *, fields: dict | None = None,
                   on_bad_row: Literal["error", "skip"] = "error", limit: int | None = None,
                   exclude_overlap: bool = False) -> list[dict]:
@@ -108,6 +74,8 @@ def load_problems_report(source: str, *, fields: dict | None = None,
         mapping.update(fields)
     name, rows = _open_source(source)
     excluded_ids = _overlap_ids(source) if exclude_overlap else set()
+    # A source outside the curated overlap list is checked by problem text instead (see below).
+    eval_texts = _eval_texts() if exclude_overlap and source not in SHIPPED else {}
 
     problems: list[dict] = []
     skipped: Counter = Counter()
@@ -131,7 +99,7 @@ def load_problems_report(source: str, *, fields: dict | None = None,
             continue
         seen_ids[prob["id"]] = row_no
         seen_texts[text_key] = row_no
-        if prob["id"] in excluded_ids:
+        if prob["id"] in excluded_ids or text_key.casefold() in eval_texts:
             n_excluded += 1
             continue
         problems.append(prob)
@@ -143,8 +111,15 @@ def load_problems_report(source: str, *, fields: dict | None = None,
     if skipped:
         logger.warning("{}: skipped {} bad rows of {} read ({})", name, report["skipped"], n_rows,
                        ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())))
-    if exclude_overlap:
+    if exclude_overlap and source in SHIPPED:
         logger.info("{}: excluded {} problems overlapping DAPO-17k/eval sets", name, n_excluded)
+    elif exclude_overlap:
+        report["overlap_check"] = "text"
+        logger.warning(
+            "{}: not a shipped set, so the curated overlap list (near-duplicates found by hand) does not "
+            "apply; checked exact problem text (whitespace and case folded) against the {} shipped eval "
+            "sets instead and excluded {}; reworded duplicates are not detected", name, len(EVAL_SETS),
+            n_excluded)
     return problems, report
 
 
@@ -278,11 +253,20 @@ def _read_hf(spec: str) -> Iterator[tuple[int, Any]]:
 
 
 def _overlap_ids(source: str) -> set[str]:
-    """Ids to drop from `source` because the same problem is in DAPO-17k and an eval set."""
+    """Ids to drop from a shipped `source` because the same problem is in DAPO-17k and an eval set
+    (empty for other sources: those are checked by text, `_eval_texts`)."""
     data = json.loads((DATA_DIR / OVERLAP_FILE).read_text(encoding="utf-8"))["overlaps"]
     if source == "dapo17k":
         return {p["train_id"] for pairs in data.values() for p in pairs}
     if source in EVAL_SETS:
         return {p["eval_id"] for p in data.get(_OVERLAP_KEYS[source], [])}
-    raise ValueError(f"exclude_overlap applies to the shipped sets only ({', '.join(SHIPPED)}), "
-                     f"not to {source!r}")
+    return set()
+
+
+def _eval_texts() -> dict[str, str]:
+    """Problem text of every shipped eval set (whitespace collapsed, case folded) -> its set."""
+    texts: dict[str, str] = {}
+    for name in EVAL_SETS:
+        for prob in load_problems(name):
+            texts[re.sub(r"\s+", " ", prob["problem"].strip()).casefold()] = name
+    return texts

@@ -201,11 +201,11 @@ def main() -> None:
         walls.append(rollout(args.tool_latency))
     gen_only = min(gen_runs)
     wall, stats = min(walls, key=lambda w: w[0])
-    serial = stats["tool_calls"] * args.tool_latency
+    serial = stats["engine/tool_calls"] * args.tool_latency
     overlap = wall / (gen_only + serial)
     print(f"[2] multi-turn: {len(mproblems)} x {args.multi_n} trajectories, "
-          f"{stats['tool_calls']} tool calls of {args.tool_latency} s, "
-          f"{stats['turns_mean']:.1f} turns, {stats['model_tokens']} model tokens")
+          f"{stats['engine/tool_calls']:.0f} tool calls of {args.tool_latency} s, "
+          f"{stats['rollout/turns']:.1f} turns, {stats['engine/model_tokens']:.0f} model tokens")
     print(f"    generation only (0 s sandbox): {gen_only:.3f} s   runs={[round(x, 3) for x in gen_runs]}")
     print(f"    serial sandbox time:           {serial:.3f} s")
     finish = {k[len("finish/"):]: round(v, 3) for k, v in stats.items() if k.startswith("finish/") and v}

@@ -22,7 +22,7 @@ from pathlib import Path
 # Flags that map onto dotted config keys (dest -> keys). Left unset, a flag changes nothing, so
 # values from --config survive.
 FLAG_KEYS = {
-    "model": ["model"],
+    "model": ["model.path"],
     "n": ["eval.n"],
     "limit": ["eval.limit"],
     "temperature": ["eval.temperature"],
@@ -100,7 +100,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not (args.model or args.config or any(o.startswith("model=") for o in args.overrides)):
+    if not (args.model or args.config or any(o.startswith("model.path=") for o in args.overrides)):
         print("error: name the model to evaluate with --model PATH_OR_HF_ID ('tiny' for the tiny "
               "CPU model)", file=sys.stderr)
         return 2

@@ -25,6 +25,10 @@ import copy
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported inside the functions: --help stays light
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("L+", "T+ rest", "L-", "T- rest")
@@ -218,7 +222,8 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM
 
     from stare_tir.config import load_config
-    from stare_tir.trainer import TrainConfig, build_run, close_run, collect_batch, group_advantages
+    from stare_tir.train_config import TrainConfig
+    from stare_tir.trainer import build_run, close_run, collect_batch, group_advantages
 
     torch.manual_seed(0)
     cfg = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml",
@@ -234,14 +239,14 @@ def main(argv=None) -> None:
                     raise SystemExit(f"batch {step}: no prompt group with differing rewards, nothing to "
                                      "analyse; raise trainer.prompts_per_step or use a better SFT model")
                 batches.append(batch)
-            pad_id = run.tokenizer.pad_token_id
+            pad_id = run.parts.tokenizer.pad_token_id
         finally:
             close_run(run)
     model = AutoModelForCausalLM.from_pretrained(args.sft, dtype=torch.float32)
     model.eval()  # no dropout: the gradients are the policy's, not a noisy sample of them
     results = []
     for i, batch in enumerate(batches):
-        adv, _ = group_advantages(batch, cfg.algo.norm_adv_by_std)
+        adv, _ = group_advantages(batch, cfg.algo.advantage)
         r = analyse_batch(model, batch, adv, pad_id, args)
         results.append(r)
         print(f"[mechanism] batch {i + 1}: H={r['H']:.3f} " + " ".join(

@@ -34,7 +34,7 @@ def main() -> None:
     import yaml
 
     from stare_tir.config import ConfigError, load_config, to_dict
-    from stare_tir.trainer import TrainConfig
+    from stare_tir.train_config import TrainConfig
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)

@@ -21,7 +21,7 @@ class DataConfig:
     arithmetic_eval_size: int = 100
     # Keep only the first N eval problems (None: all).
     eval_limit: Optional[int] = None
-    # Source field names -> ours, e.g. {question: problem, solution: answer}.
+    # Our field -> the source's field (a dotted path), e.g. {problem: question, answer: solution}.
     fields: dict[str, str] = field(default_factory=dict)
     # Malformed rows: fail naming file and row ("error"), or count, log and skip them ("skip").
     on_bad_row: Literal["error", "skip"] = "error"

@@ -32,8 +32,9 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Sequenc
 
 from loguru import logger
 
-from envs.retool import RetoolConfig, make_retool_env_factory
+from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
+from stare_tir.components import ModelConfig, build_components
 from stare_tir.eval_metrics import (  # noqa: F401 (re-exported: the metrics are part of this API)
     DEFAULT_PASS_KS,
     SIX_BENCHMARKS,
@@ -189,29 +190,13 @@ def eval_rollout_config(cfg: EvalConfig, base: Any) -> Any:
     return replace(base, **changes)
 
 
-@contextlib.contextmanager
-def _engine_config(engine: Any, cfg: Any) -> Iterator[None]:
-    """Run `engine` with another RolloutConfig for a while, then restore its own.
-
-    Why swap instead of building a second engine: the engine owns the event loop that the
-    sandbox's worker tasks are bound to, so evaluation must run on the same engine instance
-    (the trainer's, during training) and only its sampling settings may differ.
-    """
-    saved = engine.cfg
-    engine.cfg = cfg
-    try:
-        yield
-    finally:
-        engine.cfg = saved
-
-
 def _chunk_seed(engine: Any, tag: str) -> contextlib.AbstractContextManager:
     """A per-chunk sampling seed derived from the engine's seed, so that two chunks (e.g. before
     and after a resume) never replay the same random streams; no-op without a seed."""
     if getattr(engine.cfg, "seed", None) is None:
         return contextlib.nullcontext()
     seed = (engine.cfg.seed * 1_000_003 + zlib.crc32(tag.encode())) % (1 << 31)
-    return _engine_config(engine, replace(engine.cfg, seed=seed))
+    return engine.configured(seed=seed)
 
 
 def evaluate_problems(
@@ -312,7 +297,7 @@ def evaluate(
         datasets = {name: probs[: cfg.limit] for name, probs in datasets.items()}
     out = Path(out_dir) if out_dir is not None else None
     per_dataset: dict[str, dict] = {}
-    with _engine_config(engine, eval_rollout_config(cfg, engine.cfg)):
+    with engine.configured(eval_rollout_config(cfg, engine.cfg)):
         for name, problems in datasets.items():
             key = dataset_key(name)
             n = cfg.n if cfg.n is not None else default_n(key)
@@ -370,11 +355,10 @@ def format_table(summary: dict) -> str:
 class EvalRunConfig:
     """Everything `scripts/eval_aime.py` needs (sections reuse the training components' configs)."""
 
-    # HF model directory (e.g. a training run's exported checkpoint) or hub id; "tiny" builds (once,
-    # cached) the tiny random CPU model of the default training run.
-    model: str = "tiny"
-    # Tokenizer directory or hub id; "" uses the model's own.
-    tokenizer: str = ""
+    # The model, with the same keys as in training: model.path (an HF directory such as a training
+    # run's final/, a hub id, "tiny" for the shipped tiny base, "tiny-random"), model.tokenizer,
+    # model.chat_template, model.trust_remote_code.
+    model: ModelConfig = field(default_factory=ModelConfig)
     # Rollout backend: hf (in-process transformers, CPU or one GPU) or sglang (running servers at
     # rollout.sglang.urls; the model is whatever they serve, `model` then only names the run).
     backend: Literal["hf", "sglang"] = "hf"
@@ -387,8 +371,6 @@ class EvalRunConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("model='': name an HF model directory, a hub id or 'tiny'")
         if self.backend == "sglang" and not self.rollout.sglang.urls:
             raise ValueError("backend='sglang': set rollout.sglang.urls (--sglang-url) to the "
                              "servers' URLs")
@@ -411,34 +393,11 @@ def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def build_backend(cfg: EvalRunConfig, model_path: str, tokenizer: Any) -> Any:
-    """The rollout backend named by cfg.backend, with the rollout section's backend settings."""
-    if cfg.backend == "hf":
-        from stare_tir.rollout.backends.hf import HFBackend
-
-        return HFBackend(model_path, tokenizer, cfg.rollout.hf)
-    from stare_tir.rollout.backends.sglang import SGLangBackend
-
-    return SGLangBackend(cfg.rollout.sglang.urls, cfg.rollout.sglang)
-
-
 def run_eval(cfg: EvalRunConfig) -> dict[str, Any]:
     """Build tokenizer, backend, sandbox and engine from `cfg`, evaluate, close; return the summary."""
-    from transformers import AutoTokenizer
-
-    from sandbox import make_sandbox
     from stare_tir.config import save_config, to_dict
-    from stare_tir.rollout.engine import RolloutEngine
 
-    model_path = cfg.model
-    if model_path == "tiny":
-        from stare_tir.tiny import ensure_tiny_checkpoint
-
-        model_path = str(ensure_tiny_checkpoint())
-    elif Path(model_path).exists() and not (Path(model_path) / "config.json").is_file():
-        raise FileNotFoundError(f"model={model_path!r} exists but holds no config.json: point it "
-                                "at a Hugging Face model directory or a hub id")
-    out = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.model)
+    out = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.model.path)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "config.yaml"
     if saved.exists():
@@ -450,20 +409,11 @@ def run_eval(cfg: EvalRunConfig) -> dict[str, Any]:
                            f"written keep the old ones: " + "; ".join(changes))
     save_config(cfg, saved)
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_path)
-    backend = build_backend(cfg, model_path, tokenizer)
-    sandbox = make_sandbox(cfg.sandbox)
-    engine = RolloutEngine(backend, tokenizer, make_retool_env_factory(sandbox, cfg.env), cfg.rollout)
+    parts = build_components(cfg.model, cfg.backend, cfg.rollout, cfg.env, cfg.sandbox)
     try:
-        # The sandbox's worker tasks must live on the engine's event loop (see RolloutEngine).
-        engine.run_coroutine(sandbox.__aenter__())
-        try:
-            summary = evaluate(engine, cfg.eval, out,
-                               meta={"model": cfg.model, "backend": cfg.backend})
-        finally:
-            engine.run_coroutine(sandbox.__aexit__(None, None, None))
+        summary = evaluate(parts.engine, cfg.eval, out,
+                           meta={"model": cfg.model.path, "backend": cfg.backend})
     finally:
-        engine.close()
-        backend.close()
+        parts.close()
     logger.info(f"wrote {out / 'summary.json'} and per-sample rows in {out}")
     return summary

@@ -369,6 +369,7 @@ class Learner:
         dual_clip_c: Optional[float] = 3.0,
         loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean",
         tis_cap: Optional[float] = None,
+        loss_fn: Optional[Callable[..., tuple["Tensor", dict]]] = None,
     ) -> dict[str, float]:
         """One optimizer step of the clipped policy loss over this rank's `trajs`.
 
@@ -376,12 +377,15 @@ class Learner:
         token_weights: per trajectory a response-length tensor (STARE omega) or None (all ones).
         old_logprobs: from compute_logprobs_entropy (None: the current policy's, i.e. ratio 1).
         tis_cap: truncated importance sampling against each trajectory's rollout_logprobs.
+        loss_fn: a registered policy loss (`algos.policy_loss.get_policy_loss(name)`, the config's
+            algo.policy_loss) with `policy_loss`'s signature; None: the clipped surrogate.
         The loss is aggregated over the global batch (all micro-batches, all ranks).
         """
         import torch
 
         from stare_tir.algos.policy_loss import policy_loss, truncated_is_weights
 
+        pg_loss = loss_fn if loss_fn is not None else policy_loss
         n = len(trajs)
         for name, v in (("advantages", advantages), ("token_weights", token_weights), ("old_logprobs", old_logprobs)):
             if v is not None and len(v) != n:
@@ -390,7 +394,7 @@ class Learner:
             raise ValueError("tis_cap needs old_logprobs (the trainer's recomputed log-probs)")
         rollout_lp = [t.rollout_logprobs for t in trajs] if tis_cap is not None else None
 
-        def loss_fn(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
+        def mb_loss(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
             lp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=self.device)  # [B, R]
             lp = lp.index_put((mb.sel_rows, mb.sel_resp), logp.float())
             mask = mb.mask
@@ -400,16 +404,16 @@ class Learner:
             tis = None
             if rollout_lp is not None:
                 tis = truncated_is_weights(old, mb.per_token(rollout_lp).to(self.device), mask, tis_cap)
-            return policy_loss(lp, old, adv, mask, clip_low=clip_low, clip_high=clip_high,
-                               dual_clip_c=dual_clip_c, token_weights=tw, tis_weights=tis, agg=loss_agg,
-                               global_tokens=denom_tok, global_seqs=denom_seq)
+            return pg_loss(lp, old, adv, mask, clip_low=clip_low, clip_high=clip_high,
+                           dual_clip_c=dual_clip_c, token_weights=tw, tis_weights=tis, agg=loss_agg,
+                           global_tokens=denom_tok, global_seqs=denom_seq)
 
-        return self._optimizer_step(trajs, loss_fn)
+        return self._optimizer_step(trajs, mb_loss)
 
     def sft_step(self, trajs: Sequence[Any]) -> dict[str, float]:
         """One optimizer step of token-mean NLL over loss_mask == 1 tokens (global batch)."""
 
-        def loss_fn(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
+        def mb_loss(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
             return -logp.float().sum() / denom_tok, {}
 
         return self._optimizer_step(trajs, loss_fn)

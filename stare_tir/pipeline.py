@@ -17,42 +17,23 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from loguru import logger
 
-from stare_tir.sft import SFTConfig
+from envs.arithmetic import amake_sft_traces, make_problems
+from sandbox import make_sandbox
+from stare_tir.components import resolve_model_path
+from stare_tir.config import save_config
+from stare_tir.sft import run_sft
+from stare_tir.tracking import plot_runs, read_metrics
+from stare_tir.train_config import TrainConfig
+from stare_tir.trainer import train_rl
 
 
-@dataclass
-class ColdStartConfig:
-    # Run the cold-start SFT stage before RL (off when model.path already is an SFT checkpoint).
-    enabled: bool = True
-    # "arithmetic": make Retool traces of the synthetic task by running their code in the sandbox;
-    # otherwise a JSONL file of {"messages": [...]} or {"text": ...} rows.
-    traces: str = "arithmetic"
-    # Number of synthetic traces to make.
-    num_traces: int = 600
-    # Share of synthetic traces that call the tool (the rest answer directly, often wrongly for a
-    # tiny model): leaves RL room to learn when the tool pays off.
-    tool_fraction: float = 0.5
-    # Optimisation settings of the SFT stage.
-    train: SFTConfig = field(default_factory=SFTConfig)
-
-    def __post_init__(self) -> None:
-        if self.num_traces < 1:
-            raise ValueError(f"num_traces={self.num_traces!r}: must be >= 1")
-        if not 0.0 <= self.tool_fraction <= 1.0:
-            raise ValueError(f"tool_fraction={self.tool_fraction!r}: must be in [0, 1]")
-
-
-def make_synthetic_traces(cfg: Any, out_path: Path) -> list[dict]:
+def make_synthetic_traces(cfg: TrainConfig, out_path: Path) -> list[dict]:
     """Cold-start traces of the arithmetic task, their code run in a real sandbox session."""
-    from envs.arithmetic import amake_sft_traces, make_problems
-    from sandbox import make_sandbox
-
     problems = make_problems(cfg.sft.num_traces, seed=cfg.data.seed + 1, split="train")
 
     async def go() -> list[dict]:
@@ -68,16 +49,14 @@ def make_synthetic_traces(cfg: Any, out_path: Path) -> list[dict]:
     return traces
 
 
-def sft_stage(cfg: Any, base_model: str, run_dir: Path) -> tuple[str, dict]:
+def sft_stage(cfg: TrainConfig, base_model: str, run_dir: Path) -> tuple[str, dict]:
     """Cold-start SFT (skipped when its checkpoint exists); returns (model path, summary)."""
-    from stare_tir.sft import run_sft
-
     out = run_dir / "sft" / "model"
     if (out / "config.json").is_file():
         logger.info(f"sft: reusing {out}")
         return str(out), {"reused": True}
     if cfg.sft.traces == "arithmetic":
-        data: Any = make_synthetic_traces(cfg, run_dir / "sft" / "traces.jsonl")
+        data: list[dict] | Path = make_synthetic_traces(cfg, run_dir / "sft" / "traces.jsonl")
     else:
         data = Path(cfg.sft.traces)
         if not data.is_file():
@@ -87,12 +66,8 @@ def sft_stage(cfg: Any, base_model: str, run_dir: Path) -> tuple[str, dict]:
     return str(out), summary
 
 
-def run_pipeline(cfg: Any, resume: bool = False) -> dict[str, Any]:
-    """SFT -> RL -> summary table and plots. `cfg` is a `stare_tir.trainer.TrainConfig`."""
-    from stare_tir.config import save_config
-    from stare_tir.tracking import plot_runs, read_metrics
-    from stare_tir.trainer import resolve_model_path, train_rl
-
+def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
+    """SFT -> RL -> summary table and plots."""
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
@@ -100,7 +75,7 @@ def run_pipeline(cfg: Any, resume: bool = False) -> dict[str, Any]:
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    model_path = resolve_model_path(cfg)
+    model_path = resolve_model_path(cfg.model)
     times["build_model"] = time.perf_counter() - t0
 
     sft_summary: Optional[dict] = None

@@ -73,6 +73,31 @@ class SFTConfig:
             raise ValueError(f"val_fraction={self.val_fraction!r}: must be in [0, 1)")
 
 
+@dataclass
+class ColdStartConfig:
+    """The SFT stage of a training run (`sft.*` in a training config)."""
+
+    # Run the cold-start SFT stage before RL (off when model.path already is an SFT checkpoint).
+    enabled: bool = True
+    # "arithmetic": make Retool traces of the synthetic task by running their code in the sandbox;
+    # otherwise a JSONL file of {"messages": [...]} or {"text": ...} rows.
+    traces: str = "arithmetic"
+    # Number of synthetic traces to make.
+    num_traces: int = 600
+    # Share of synthetic traces that call the tool (the rest answer directly, often wrongly for a
+    # tiny model): leaves RL room to learn when the tool pays off.
+    tool_fraction: float = 0.5
+    # Optimisation settings of the SFT stage.
+    train: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if self.num_traces < 1:
+            raise ValueError(f"num_traces={self.num_traces!r}: must be >= 1")
+        if not 0.0 <= self.tool_fraction <= 1.0:
+            raise ValueError(f"tool_fraction={self.tool_fraction!r}: must be in [0, 1]")
+
+
+
 # ----------------------------------------------------------------------------------------------
 # Encoding: the same token layout as an RL trajectory
 

@@ -12,20 +12,11 @@ from typing import Literal, Optional
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
 from stare_tir.algos.stare import StareConfig
+from stare_tir.components import ModelConfig
 from stare_tir.data import DataConfig
 from stare_tir.learner import LearnerConfig
-from stare_tir.pipeline import ColdStartConfig
 from stare_tir.rollout.engine import RolloutConfig
-
-
-@dataclass
-class ModelConfig:
-    # HF model directory or hub id. "tiny": the pretrained tiny base shipped with the package (a
-    # 0.14M-parameter Qwen2 with a real tokenizer and chat template); "tiny-random": a randomly
-    # initialised tiny Qwen2, built once and cached.
-    path: str = "tiny"
-    # Shape of the random tiny model (only when path == "tiny-random").
-    tiny_size: Literal["tiny", "small", "base"] = "tiny"
+from stare_tir.sft import ColdStartConfig
 
 
 @dataclass
@@ -33,8 +24,12 @@ class AlgoConfig:
     # grpo: symmetric clip, no dynamic sampling. grpo_ds: clip-higher, token-mean, dynamic sampling
     # (DAPO-style). stare: grpo_ds + STARE token reweighting (variant and gate in `stare`).
     name: Literal["grpo", "grpo_ds", "stare"] = "stare"
-    # Group-normalise advantages by the group std (GRPO) or only centre them (Dr. GRPO).
-    norm_adv_by_std: bool = True
+    # Advantage estimator, by its name in `stare_tir.algos.advantage` (register_advantage_estimator):
+    # "grpo" normalises rewards inside each group by the group std, "drgrpo" only centres them.
+    advantage: str = "grpo"
+    # Policy loss, by its name in `stare_tir.algos.policy_loss` (register_policy_loss): "clip" is
+    # the clipped surrogate with clip-higher, dual clip, TIS and STARE's token weights.
+    policy_loss: str = "clip"
     clip_low: float = 0.2
     # Upper clip; ignored (set to clip_low) for plain grpo.
     clip_high: float = 0.28
@@ -120,3 +115,27 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sft: ColdStartConfig = field(default_factory=ColdStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        check_sampling_matches_learner(self.rollout, self.learner, self.algo)
+
+
+def check_sampling_matches_learner(rollout: RolloutConfig, learner: LearnerConfig, algo: AlgoConfig) -> None:
+    """The learner must score tokens under the distribution the rollouts sampled from.
+
+    Log-probs, entropy, STARE's surprisal and the TIS ratio are all computed by the learner as
+    softmax(z / learner.temperature) over the full vocabulary. A different rollout temperature
+    would make every one of them describe another distribution than the one sampled, silently.
+    Nucleus / top-k sampling truncates the sampler's distribution, so rollout log-probs are not
+    comparable with the learner's and truncated IS would correct towards the wrong target.
+    """
+    if rollout.temperature != learner.temperature:
+        raise ValueError(
+            f"rollout.temperature={rollout.temperature!r} but learner.temperature={learner.temperature!r}: "
+            "the learner would score tokens under another distribution than the one sampled; "
+            f"set both to the same value (e.g. learner.temperature={rollout.temperature!r})")
+    if algo.tis_cap is not None and (rollout.top_p < 1.0 or rollout.top_k > 0):
+        raise ValueError(
+            f"algo.tis_cap={algo.tis_cap!r} with rollout.top_p={rollout.top_p!r}, rollout.top_k={rollout.top_k!r}: "
+            "truncated IS compares the sampler's truncated distribution with the learner's full one; "
+            "set rollout.top_p=1.0 and rollout.top_k=-1, or algo.tis_cap=null")

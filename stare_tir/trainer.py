@@ -2,33 +2,34 @@
 
 `train_rl(cfg, ...)` reads top to bottom. One step is `rl_step`; everything it calls is a small
 function or a component built once in `build_run`. The config dataclasses live in
-`stare_tir.train_config` and are re-exported here.
+`stare_tir.train_config`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from loguru import logger
 from tqdm import tqdm
 
-from envs.retool import make_retool_env_factory
-from sandbox import make_sandbox
 from stare_tir.algos.advantage import get_advantage_estimator
+from stare_tir.algos.policy_loss import get_policy_loss
 from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights, stare_token_weights_scoped
+from stare_tir.components import Components, build_components, load_tokenizer
 from stare_tir.config import to_dict
 from stare_tir.data import PromptSampler, load_split
+from stare_tir.evaluate import evaluate_problems
 from stare_tir.learner import Learner
-from stare_tir.rollout.engine import RolloutEngine
-from stare_tir.rollout.trajectory import FINISH_REASONS, Trajectory
+from stare_tir.rollout.engine import RolloutEngine, rollout_stats
+from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.tracking import MetricsLog
-from stare_tir.train_config import AlgoConfig, ModelConfig, TrainConfig, TrainerConfig  # noqa: F401 (re-exported)
+from stare_tir.train_config import AlgoConfig, TrainConfig
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,11 +66,12 @@ def informative_groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
     return [g for g in groups.values() if len(g) >= 2 and len({t.reward for t in g}) > 1]
 
 
-def group_advantages(trajs: list[Trajectory], norm_by_std: bool) -> tuple[list[float], dict]:
-    """GRPO advantages: reward normalised inside each group, one scalar per trajectory."""
+def group_advantages(trajs: list[Trajectory], estimator: str) -> tuple[list[float], dict]:
+    """Group advantages by the registered estimator `estimator` (algo.advantage), one scalar per
+    trajectory: grpo normalises rewards inside each group by its std, drgrpo only centres them."""
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)  # [N]
     group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)  # [N]
-    adv, metrics = get_advantage_estimator("grpo" if norm_by_std else "drgrpo")(rewards, group_ids)
+    adv, metrics = get_advantage_estimator(estimator)(rewards, group_ids)
     return adv.tolist(), metrics
 
 
@@ -143,30 +145,6 @@ def stare_weights(
     return omegas, metrics  # type: ignore[return-value]
 
 
-def rollout_stats(trajs: list[Trajectory]) -> dict[str, float]:
-    n = max(len(trajs), 1)
-    # Every reason gets a key, even at 0: all ranks then reduce the same key set.
-    finish = {reason: 0 for reason in (*FINISH_REASONS, "none")}
-    for t in trajs:
-        finish[t.finish_reason or "none"] += 1
-    out = {
-        "reward/mean": sum(t.reward for t in trajs) / n,
-        "acc/train": sum(bool(t.info.get("correct")) for t in trajs) / n,
-        "rollout/response_len": sum(t.num_model_tokens for t in trajs) / n,
-        "rollout/total_len": sum(len(t.response_ids) for t in trajs) / n,
-        "rollout/turns": sum(t.num_turns for t in trajs) / n,
-        "rollout/tool_calls": sum(t.tool_calls for t in trajs) / n,
-        "rollout/tool_use_frac": sum(t.tool_calls > 0 for t in trajs) / n,
-        "rollout/timeout_rate": sum(t.timeouts for t in trajs) / max(sum(t.tool_calls for t in trajs), 1),
-        "rollout/code_error_rate": sum(t.info.get("env_stats", {}).get("code_errors", 0) for t in trajs)
-        / max(sum(t.tool_calls for t in trajs), 1),
-        "rollout/sandbox_error_rate": sum(t.sandbox_error for t in trajs) / n,
-        "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
-    }
-    out.update({f"finish/{k}": v / n for k, v in finish.items()})
-    return out
-
-
 def global_means(learner: Learner, means: dict[str, float], count: int) -> dict[str, float]:
     """Per-rank means -> means over all ranks, weighted by `count`; every rank must pass the same keys."""
     keys = sorted(means)
@@ -200,10 +178,8 @@ class Run:
 
     cfg: TrainConfig
     run_dir: Path
-    tokenizer: Any
+    parts: Components  # tokenizer, rollout backend, engine (which owns the sandbox)
     learner: Learner
-    backend: Any
-    engine: RolloutEngine
     controller: StareController
     sampler: PromptSampler
     eval_problems: list[dict]
@@ -212,17 +188,18 @@ class Run:
     nonfinite_in_row: int = 0
     dropped_total: dict = field(default_factory=dict)
 
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.parts.engine
 
-@contextlib.contextmanager
-def rollout_settings(engine: RolloutEngine, **changes: Any) -> Iterator[None]:
-    """Temporarily change the engine's sampling settings (one engine owns the event loop that the
-    backend and sandbox live on, so evaluation reuses it with other settings)."""
-    saved = engine.cfg
-    engine.cfg = dataclasses.replace(saved, **changes)
-    try:
-        yield
-    finally:
-        engine.cfg = saved
+    @property
+    def backend(self) -> Any:
+        return self.parts.backend
+
+
+def rollout_seed(seed: int, step: int, rnd: int, rank: int) -> int:
+    """The engine's base seed for one sampling round of one rank (it derives per-turn seeds)."""
+    return ((seed * 100_003 + step) * 1_009 + rnd) * 65_537 + rank
 
 
 def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajectory], dict]:
@@ -243,9 +220,9 @@ def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajector
         if need <= 0:
             break
         problems = run.learner.shard(run.sampler.take(need))
-        # Seeds derive from (step, round): a resumed run samples exactly what an uninterrupted one would.
-        seed = cfg.trainer.seed * 100_003 + step * 101 + rnd
-        with rollout_settings(run.engine, seed=seed):
+        # Seeds derive from (step, round, rank): a resumed run samples exactly what an uninterrupted
+        # one would, and no two ranks share the sampling streams of their k-th problem.
+        with run.engine.configured(seed=rollout_seed(cfg.trainer.seed, step, rnd, run.learner.rank)):
             trajs, _ = run.engine.run(problems, cfg.rollout.n_per_prompt)
         for t in trajs:  # unique group ids across rounds and ranks
             t.group_id = (rnd * want + t.group_id) * run.learner.world_size + run.learner.rank
@@ -285,7 +262,7 @@ def rl_step(run: Run, step: int) -> dict:
         metrics.update({"time/rollout": t_rollout, "update/skipped_empty": 1.0})
         return metrics
 
-    advantages, adv_metrics = group_advantages(batch, algo.norm_adv_by_std)
+    advantages, adv_metrics = group_advantages(batch, algo.advantage)
     metrics.update(adv_metrics)
 
     t1 = time.perf_counter()
@@ -307,11 +284,11 @@ def rl_step(run: Run, step: int) -> dict:
                 learner, batch, advantages, omega, old_logprobs, entropies, run.controller.w)
 
     t2 = time.perf_counter()
-    for epoch in range(algo.ppo_epochs):
+    for _ in range(algo.ppo_epochs):
         update = learner.train_step(
             batch, advantages, omega, old_logprobs, clip_low=algo.clip_low,
             clip_high=algo.effective_clip_high, dual_clip_c=algo.dual_clip_c, loss_agg=algo.loss_agg,
-            tis_cap=algo.tis_cap)
+            tis_cap=algo.tis_cap, loss_fn=get_policy_loss(algo.policy_loss))
         metrics.update({f"update/{k}": v for k, v in update.items()})
         if update["step_skipped"]:
             break
@@ -383,8 +360,6 @@ def save_checkpoint(run: Run, step: int) -> Path:
         tmp.replace(ckpt_root / "latest")  # atomic: a kill mid-save leaves the previous pointer
         old = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
         for stale in old[: -run.cfg.trainer.keep_checkpoints]:
-            import shutil
-
             shutil.rmtree(stale, ignore_errors=True)
     logger.info(f"checkpoint: {path}")
     return path
@@ -408,11 +383,9 @@ def resume_from(run: Run, path: Path) -> None:
 
 def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
     """Accuracy and tool use on the held-out problems with the live rollout backend."""
-    from stare_tir.evaluate import evaluate_problems
-
     problems = run.learner.shard(run.eval_problems)
     n = run.cfg.trainer.eval_n
-    with rollout_settings(run.engine, seed=run.cfg.trainer.seed + 7, progress=False):
+    with run.engine.configured(seed=run.cfg.trainer.seed + 7, progress=False):
         metrics, _ = evaluate_problems(run.engine, problems, n, dataset="heldout", pass_ks=[1])
     out = {
         "eval/acc": metrics[f"avg@{n}"],
@@ -420,10 +393,7 @@ def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
         "eval/response_len": metrics["mean_generated_tokens"],
         "eval/answer_rate": metrics["answer_rate"],
     }
-    # Average over ranks, weighted by their share of problems.
-    n = float(len(problems))
-    red = run.learner.all_reduce_sum(torch.tensor([v * n for v in out.values()] + [n], dtype=torch.float64))
-    out = {k: float(red[i] / red[-1].clamp(min=1)) for i, k in enumerate(out)}
+    out = global_means(run.learner, out, len(problems))  # weighted by each rank's share of problems
     logger.info(f"eval ({tag}): acc={out['eval/acc']:.3f} tool_calls={out['eval/tool_calls']:.2f}")
     return out
 
@@ -432,53 +402,22 @@ def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
 # Building a run, and the loop
 
 
-def resolve_model_path(cfg: TrainConfig) -> str:
-    """'tiny' / 'tiny-random' -> the built-in tiny models; otherwise a readable HF dir or hub id."""
-    if cfg.model.path == "tiny":
-        from stare_tir.tiny import pretrained_tiny_base
-
-        return str(pretrained_tiny_base())
-    if cfg.model.path == "tiny-random":
-        from stare_tir.tiny import ensure_tiny_checkpoint
-
-        return str(ensure_tiny_checkpoint(size=cfg.model.tiny_size))
-    path = Path(cfg.model.path)
-    if path.exists() and not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path={cfg.model.path!r} exists but holds no config.json: point it at a Hugging Face "
-            "model directory (save_pretrained output) or a hub id")
-    return cfg.model.path
-
-
-def make_backend(cfg: TrainConfig, model_path: str, tokenizer: Any) -> Any:
-    if cfg.trainer.backend == "hf":
-        from stare_tir.rollout.backends.hf import HFBackend
-
-        return HFBackend(model_path, tokenizer, cfg.rollout.hf)
-    from stare_tir.rollout.backends.sglang import SGLangBackend
-
-    if not cfg.rollout.sglang.urls:
-        raise ValueError("trainer.backend=sglang needs rollout.sglang.urls (one or more SGLang server "
-                         "URLs, e.g. rollout.sglang.urls=[http://127.0.0.1:30000])")
-    return SGLangBackend(cfg.rollout.sglang.urls, cfg.rollout.sglang)
-
-
 def build_run(cfg: TrainConfig, model_path: str, run_dir: Path) -> Run:
-    from transformers import AutoTokenizer
+    """Learner, rollout components, controller, data and metrics log of one RL run.
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model_path: the resolved starting checkpoint (`components.resolve_model_path`, or the SFT
+    stage's output).
+    """
+    tokenizer = load_tokenizer(cfg.model, model_path)
     learner_cfg = dataclasses.replace(cfg.learner, total_steps=cfg.learner.total_steps or cfg.trainer.steps)
     learner = Learner(model_path, learner_cfg, tokenizer)
-    backend = make_backend(cfg, model_path, tokenizer)
-    sandbox = make_sandbox(cfg.sandbox)
-    engine = RolloutEngine(backend, tokenizer, make_retool_env_factory(sandbox, cfg.env), cfg.rollout)
-    engine.run_coroutine(sandbox.__aenter__())  # the sandbox lives on the engine's event loop
-    if getattr(sandbox, "info", {}).get("rootless"):
+    parts = build_components(cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox,
+                             model_path=model_path, tokenizer=tokenizer)
+    if getattr(parts.engine.sandbox, "info", {}).get("rootless"):
         logger.warning("local sandbox runs rootless (not root): per-process memory and process limits "
                        "instead of per-session cgroups; see sandbox/README.md")
-    engine.sandbox = sandbox  # closed in close_run
     return Run(
-        cfg=cfg, run_dir=run_dir, tokenizer=tokenizer, learner=learner, backend=backend, engine=engine,
+        cfg=cfg, run_dir=run_dir, parts=parts, learner=learner,
         controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler(load_split(cfg.data, "train"), seed=cfg.data.seed),
         eval_problems=load_split(cfg.data, "eval"),
@@ -496,13 +435,10 @@ class _NullLog:
 
 
 def close_run(run: Run) -> None:
-    sandbox = getattr(run.engine, "sandbox", None)
-    if sandbox is not None:
-        run.engine.run_coroutine(sandbox.__aexit__(None, None, None))
-    run.engine.close()
-    if run.backend is not None:
-        run.backend.close()
-    run.log.close()
+    try:
+        run.parts.close()
+    finally:
+        run.log.close()
 
 
 def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> dict[str, Any]:

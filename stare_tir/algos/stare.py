@@ -351,6 +351,8 @@ class StareController:
         self.gate_on = False
         self.last_entropy: float | None = None
         self.steps = 0
+        # Steps whose batch entropy was NaN or infinite: their update kept the previous state.
+        self.nonfinite_entropy_steps = 0
 
     @classmethod
     def from_config(cls, cfg: StareConfig) -> "StareController":
@@ -359,10 +361,17 @@ class StareController:
                    open_loop=cfg.open_loop)
 
     def update(self, batch_entropy: float) -> bool:
-        """Set the gate (and adapt W/M) from this step's batch entropy; returns gate_on."""
+        """Set the gate (and adapt W/M) from this step's batch entropy; returns gate_on.
+
+        A non-finite entropy (NaN or inf, e.g. from a diverged recompute pass) carries no
+        information about the policy: the gate, W and M keep their previous values and the step
+        is counted in `nonfinite_entropy_steps` (a metric), rather than killing the run. The
+        update that follows is then guarded by the trainer's non-finite-step limit.
+        """
         h = float(batch_entropy)
-        if math.isnan(h):
-            raise ValueError("batch_entropy is NaN")
+        if not math.isfinite(h):
+            self.nonfinite_entropy_steps += 1
+            return self.gate_on
         self.gate_on = self.open_loop or h < self.target_entropy
         if self.adaptive:
             d = self.target_entropy - h
@@ -374,16 +383,17 @@ class StareController:
         return self.gate_on
 
     def metrics(self) -> dict:
+        # The gate and the batch entropy are logged by the trainer (stare/gate_on, entropy/batch).
         return {
-            "stare/gate": float(self.gate_on),
             "stare/w": self.w,
             "stare/m": self.m,
-            "stare/batch_entropy": float("nan") if self.last_entropy is None else self.last_entropy,
+            "stare/nonfinite_entropy_steps": float(self.nonfinite_entropy_steps),
         }
 
     def state_dict(self) -> dict:
         return {"w": self.w, "m": self.m, "gate_on": self.gate_on,
-                "last_entropy": self.last_entropy, "steps": self.steps}
+                "last_entropy": self.last_entropy, "steps": self.steps,
+                "nonfinite_entropy_steps": self.nonfinite_entropy_steps}
 
     def load_state_dict(self, state: dict) -> None:
         missing = {"w", "m", "gate_on", "steps"} - set(state)
@@ -394,3 +404,4 @@ class StareController:
         self.gate_on = bool(state["gate_on"])
         self.last_entropy = state.get("last_entropy")
         self.steps = int(state["steps"])
+        self.nonfinite_entropy_steps = int(state.get("nonfinite_entropy_steps", 0))

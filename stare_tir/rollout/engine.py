@@ -27,10 +27,12 @@ hand it to the env (turn text) and to grade (the full response).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from stare_tir.rollout.backends.base import Backend, Generation, SamplingParams
 from stare_tir.rollout.backends.hf import HFBackendConfig
@@ -122,16 +124,23 @@ class RolloutEngine:
     backend: implements `stare_tir.rollout.backends.base.Backend`.
     tokenizer: the policy's HF tokenizer (chat template, decoding, observation tokenization).
     env_factory: problem dict -> Env (one per trajectory; see `envs.base.Env`).
+    sandbox: the (not yet started) sandbox the envs run code in, if any. The engine owns it from
+        here on: it is started on the engine's event loop at once (its worker tasks are bound to
+        that loop) and stopped by `close()`.
     """
 
     def __init__(self, backend: Backend, tokenizer: Any, env_factory: Callable[[dict], Any],
-                 cfg: Optional[RolloutConfig] = None) -> None:
+                 cfg: Optional[RolloutConfig] = None, *, sandbox: Any = None) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.env_factory = env_factory
         self.cfg = cfg or RolloutConfig()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.last_stats: dict = {}
+        self.sandbox = None
+        if sandbox is not None:
+            self.run_coroutine(sandbox.__aenter__())
+            self.sandbox = sandbox  # set only once started: close() stops only what runs
 
     # ------------------------------------------------------------------ public API
 
@@ -178,6 +187,22 @@ class RolloutEngine:
         self.last_stats = rollout_stats(trajs, time.perf_counter() - t0)
         return list(trajs)
 
+    @contextlib.contextmanager
+    def configured(self, cfg: Optional[RolloutConfig] = None, **changes: Any) -> Iterator[RolloutConfig]:
+        """Run with another RolloutConfig (`cfg`, and/or field `changes` over the current one) for
+        the duration of the block, then restore the engine's own.
+
+        Why swap instead of building a second engine: the engine owns the event loop that the
+        backend and sandbox live on, so evaluation during training, a per-round seed, or an eval
+        script's sampling settings all reuse this one instance with other settings.
+        """
+        saved = self.cfg
+        self.cfg = dataclasses.replace(cfg or saved, **changes)
+        try:
+            yield self.cfg
+        finally:
+            self.cfg = saved
+
     def run(self, problems: list[dict], n: Optional[int] = None) -> tuple[list[Trajectory], dict]:
         """Synchronous wrapper: (trajectories, per-batch stats)."""
         trajs = self.run_coroutine(self.generate(problems, n))
@@ -195,10 +220,14 @@ class RolloutEngine:
         return self._loop.run_until_complete(coro)
 
     def close(self) -> None:
-        """Close the engine's event loop (the backend and the sandbox are closed by their owners)."""
+        """Stop the sandbox handed to the constructor, then close the event loop (the backend is
+        closed by its owner)."""
         if self._loop is not None and not self._loop.is_closed():
             loop = self._loop
             try:
+                if self.sandbox is not None:
+                    sandbox, self.sandbox = self.sandbox, None
+                    loop.run_until_complete(sandbox.__aexit__(None, None, None))
                 pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
                 for task in pending:
                     task.cancel()
@@ -303,31 +332,46 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="rollout", unit="traj", leave=False, dynamic_ncols=True)
 
 
-def rollout_stats(trajs: list[Trajectory], wall_s: float) -> dict:
-    """Per-batch statistics: throughput, turns, tool use, time split, finish reasons."""
+def rollout_stats(trajs: list[Trajectory], wall_s: Optional[float] = None) -> dict[str, float]:
+    """Per-batch statistics, the one definition the engine, the trainer and evaluation share.
+
+    Every value is a mean over trajectories (or a rate), so the trainer can average it over ranks
+    weighted by trajectory counts; every finish reason gets a key, even at 0, so all ranks reduce
+    the same key set. With `wall_s` (the engine's own batches) throughput and time split are
+    added under `engine/`: totals of this call, not means.
+    """
     n = max(len(trajs), 1)
-    model_tokens = sum(t.num_model_tokens for t in trajs)
-    obs_tokens = sum(len(t.response_ids) for t in trajs) - model_tokens
+    tool_calls = sum(t.tool_calls for t in trajs)
+    finish = dict.fromkeys((*FINISH_REASONS, "none"), 0)
+    for t in trajs:
+        finish[t.finish_reason or "none"] += 1
     stats = {
-        "trajectories": len(trajs),
-        "wall_s": wall_s,
-        "model_tokens": model_tokens,
-        "obs_tokens": obs_tokens,
-        "tokens_per_s": model_tokens / max(wall_s, 1e-9),
-        "response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
-        "turns_mean": sum(t.num_turns for t in trajs) / n,
-        "tool_calls_mean": sum(t.tool_calls for t in trajs) / n,
-        "tool_calls": sum(t.tool_calls for t in trajs),
-        "timeouts": sum(t.timeouts for t in trajs),
-        "void_turns": sum(t.void_turns for t in trajs),
-        "sandbox_errors": sum(t.sandbox_error for t in trajs),
-        "errors": sum(t.finish_reason == "error" for t in trajs),
-        "reward_mean": sum(t.reward for t in trajs) / n,
-        # Summed over trajectories (they overlap in time, so these can exceed wall_s).
-        "gen_time_s": sum(t.info.get("gen_s", 0.0) for t in trajs),
-        "env_time_s": sum(t.info.get("env_s", 0.0) for t in trajs),
+        "reward/mean": sum(t.reward for t in trajs) / n,
+        "acc/train": sum(bool(t.info.get("correct")) for t in trajs) / n,
+        "rollout/response_len": sum(t.num_model_tokens for t in trajs) / n,
+        "rollout/total_len": sum(len(t.response_ids) for t in trajs) / n,
+        "rollout/turns": sum(t.num_turns for t in trajs) / n,
+        "rollout/tool_calls": tool_calls / n,
+        "rollout/tool_use_frac": sum(t.tool_calls > 0 for t in trajs) / n,
+        "rollout/timeout_rate": sum(t.timeouts for t in trajs) / max(tool_calls, 1),
+        "rollout/code_error_rate": sum(t.info.get("env_stats", {}).get("code_errors", 0) for t in trajs)
+        / max(tool_calls, 1),
+        "rollout/sandbox_error_rate": sum(t.sandbox_error for t in trajs) / n,
+        "rollout/error_rate": sum(t.finish_reason == "error" for t in trajs) / n,
+        "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
     }
-    reasons = Counter(t.finish_reason for t in trajs)
-    for reason in FINISH_REASONS:
-        stats[f"finish/{reason}"] = reasons.get(reason, 0) / n
+    stats.update({f"finish/{k}": v / n for k, v in finish.items()})
+    if wall_s is not None:
+        model_tokens = sum(t.num_model_tokens for t in trajs)
+        stats.update({
+            "engine/trajectories": float(len(trajs)),
+            "engine/model_tokens": float(model_tokens),
+            "engine/obs_tokens": float(sum(len(t.response_ids) for t in trajs) - model_tokens),
+            "engine/tool_calls": float(tool_calls),
+            "engine/wall_s": wall_s,
+            # Summed over trajectories (they overlap in time, so these can exceed wall_s).
+            "engine/gen_s": sum(t.info.get("gen_s", 0.0) for t in trajs),
+            "engine/env_s": sum(t.info.get("env_s", 0.0) for t in trajs),
+            "engine/tokens_per_s": model_tokens / max(wall_s, 1e-9),
+        })
     return stats

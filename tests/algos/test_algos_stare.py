@@ -230,9 +230,24 @@ def test_controller_gate_and_open_loop():
     assert c.update(0.5) is False
     o = StareController(target_entropy=0.3, open_loop=True)
     assert o.update(5.0) is True
-    assert c.metrics()["stare/gate"] == 0.0 and o.metrics()["stare/gate"] == 1.0
-    with pytest.raises(ValueError, match="NaN"):
-        c.update(float("nan"))
+    assert not c.gate_on and o.gate_on
+    # One name per quantity: the trainer logs stare/gate_on and entropy/batch.
+    assert "stare/gate" not in c.metrics() and "stare/batch_entropy" not in c.metrics()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_controller_keeps_its_state_on_a_nonfinite_entropy_and_counts_it(bad):
+    c = StareController(target_entropy=0.3, w=1.1, m=0.9, adaptive=True, adapt_rate=0.05)
+    assert c.update(0.1) is True
+    before = (c.gate_on, c.w, c.m, c.last_entropy, c.steps)
+    assert c.update(bad) is True  # no raise: the previous gate stands
+    assert (c.gate_on, c.w, c.m, c.last_entropy, c.steps) == before
+    assert c.metrics()["stare/nonfinite_entropy_steps"] == 1.0
+    c.update(0.9)  # a finite entropy moves the controller again
+    assert c.gate_on is False and c.steps == 2
+    restored = StareController(target_entropy=0.3)
+    restored.load_state_dict(c.state_dict())
+    assert restored.nonfinite_entropy_steps == 1
 
 
 def test_controller_adaptive_schedule():

@@ -19,7 +19,7 @@ def schema_for(path: Path):
         from stare_tir.evaluate import EvalRunConfig
 
         return EvalRunConfig
-    from stare_tir.trainer import TrainConfig
+    from stare_tir.train_config import TrainConfig
 
     return TrainConfig
 
@@ -31,7 +31,7 @@ def test_every_config_file_loads(path):
 
 
 def test_gpu_configs_hold_the_paper_settings():
-    from stare_tir.trainer import TrainConfig
+    from stare_tir.train_config import TrainConfig
 
     stare = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_stare.yaml")
     grpo = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_grpo_ds.yaml")
@@ -46,7 +46,7 @@ def test_gpu_configs_hold_the_paper_settings():
 
 
 def test_bad_override_of_train_config_names_the_key():
-    from stare_tir.trainer import TrainConfig
+    from stare_tir.train_config import TrainConfig
 
     with pytest.raises(ConfigError, match=r"unknown key 'algo.stare.targt_entropy'"):
         load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", ["algo.stare.targt_entropy=0.2"])

@@ -11,8 +11,7 @@ import types
 import pytest
 from loguru import logger
 
-from envs.data import (EVAL_SETS, DataConfig, DataError, load_from_config, load_problems,
-                       load_problems_report)
+from envs.data import EVAL_SETS, DataError, load_problems, load_problems_report
 
 COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272,
           "olympiadbench": 675, "dapo17k": 17176}
@@ -50,11 +49,24 @@ def test_exclude_overlap_removes_the_listed_pair():
     assert "amc2023-12A-12" not in {p["id"] for p in load_problems("amc23", exclude_overlap=True)}
 
 
-def test_exclude_overlap_needs_a_shipped_set(tmp_path):
+def test_exclude_overlap_checks_a_custom_file_by_text_and_says_what_it_skipped(tmp_path):
+    aime = load_problems("aime24")[0]["problem"]
     f = tmp_path / "x.jsonl"
-    f.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
-    with pytest.raises(ValueError, match="shipped"):
-        load_problems(str(f), exclude_overlap=True)
+    rows = [{"problem": "What is 2+3?", "answer": "5"},
+            {"problem": "  " + aime.upper().replace(" ", "\n  ") + " ", "answer": "204"},  # same text, reflowed
+            {"problem": "What is 7*6?", "answer": "42"}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    messages: list[str] = []
+    sink = logger.add(messages.append, level="WARNING", format="{message}")
+    try:
+        probs, report = load_problems_report(str(f), exclude_overlap=True)
+    finally:
+        logger.remove(sink)
+    assert [p["answer"] for p in probs] == ["5", "42"]
+    assert report["excluded_overlap"] == 1 and report["overlap_check"] == "text"
+    assert any("curated overlap list" in m and "reworded duplicates are not detected" in m for m in messages)
+    # Without the flag nothing is excluded.
+    assert len(load_problems(str(f))) == 3
 
 
 def test_eval_set_names():
@@ -207,14 +219,3 @@ def test_unknown_sources(tmp_path):
         load_problems("aime24", fields={"question": "q"})
     with pytest.raises(ValueError, match="on_bad_row"):
         load_problems("aime24", on_bad_row="ignore")
-
-
-def test_data_config(tmp_path):
-    f = tmp_path / "p.jsonl"
-    write_jsonl(f, [{"q": "a", "a": "1"}, {"q": "b"}])
-    cfg = DataConfig(source=str(f), problem_field="q", answer_field="a", on_bad_row="skip", limit=5)
-    assert [p["answer"] for p in load_from_config(cfg)] == ["1"]
-    with pytest.raises(ValueError, match="on_bad_row"):
-        DataConfig(on_bad_row="drop")
-    with pytest.raises(ValueError, match="limit"):
-        DataConfig(limit=-1)

@@ -35,7 +35,7 @@ def test_flags_become_config_values() -> None:
     cfg = load_config(EvalRunConfig, str(ROOT / "configs" / "eval_aime.yaml"),
                       ns["flag_overrides"](args) + args.overrides)
     e = cfg.eval
-    assert cfg.model == "some/model" and cfg.out_dir == "some dir" and cfg.backend == "sglang"
+    assert cfg.model.path == "some/model" and cfg.out_dir == "some dir" and cfg.backend == "sglang"
     assert e.datasets == ["aime24", "math500"] and e.n == 3 and e.limit == 2 and e.seed == 7
     assert (e.temperature, e.top_p, e.max_turns, e.max_tokens, e.max_tokens_per_turn) == (
         0.6, 0.95, 4, 512, 128)
@@ -123,7 +123,7 @@ def test_sglang_backend_run_against_the_standin_server(tmp_path: Path) -> None:
     proc, url = launch_standin(str(ensure_tiny_checkpoint()))
     try:
         cfg = load_config(EvalRunConfig, None, [
-            "model=tiny", "backend=sglang", f"rollout.sglang.urls=[{json.dumps(url)}]",
+            "model.path=tiny", "backend=sglang", f"rollout.sglang.urls=[{json.dumps(url)}]",
             "eval.datasets=[aime25]", "eval.limit=1", "eval.n=2", "eval.max_turns=2",
             "eval.max_tokens=40", "eval.max_tokens_per_turn=24", f"out_dir={json.dumps(str(tmp_path))}",
             "env.prompt=short", "rollout.progress=false",

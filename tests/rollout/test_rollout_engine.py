@@ -67,7 +67,7 @@ def test_two_turn_trajectory_is_token_exact(qwen_tok, fake_env_cls, scripted_bac
     assert be.calls[1].prompt_ids == t.prompt_ids + t.response_ids[:s1]
     assert t.response_ids[-1] == qwen_tok.eos_token_id
     assert t.text.endswith("\\boxed{42}.")
-    assert stats["finish/answer"] == 1.0 and stats["tool_calls"] == 1
+    assert stats["finish/answer"] == 1.0 and stats["engine/tool_calls"] == 1
     assert envs[0].closed
 
 
@@ -167,14 +167,14 @@ def test_env_failures_are_flagged_not_lost(qwen_tok, fake_env_cls, scripted_back
     (t,), stats = _engine(qwen_tok, be, lambda p: envs.append(fake_env_cls(p, fail_on_step=True))
                           or envs[-1], n_per_prompt=1).run([PROBLEM])
     assert t.finish_reason == "error" and "env exploded" in t.info["error"]
-    assert t.reward == 0.0 and envs[0].closed and stats["errors"] == 1
+    assert t.reward == 0.0 and envs[0].closed and stats["rollout/error_rate"] == 1.0
     assert t.infra_failure and not t.sandbox_error
     t.check()
 
     be = scripted_backend_cls(qwen_tok, [CODE_TURN, ANSWER_TURN])
     (t,), stats = _engine(qwen_tok, be, lambda p: fake_env_cls(p, sandbox_error_on_call=1),
                           n_per_prompt=1).run([PROBLEM])
-    assert t.sandbox_error and t.finish_reason == "error" and stats["sandbox_errors"] == 1
+    assert t.sandbox_error and t.finish_reason == "error" and stats["rollout/sandbox_error_rate"] == 1.0
     assert t.infra_failure
 
 
@@ -186,7 +186,7 @@ def test_sandbox_time_overlaps_generation(qwen_tok, fake_env_cls, scripted_backe
     trajs, stats = eng.run([PROBLEM])
     wall = time.perf_counter() - t0
     assert all(t.tool_calls == 2 and t.finish_reason == "answer" for t in trajs)
-    assert stats["env_time_s"] >= 6.4
+    assert stats["engine/env_s"] >= 6.4
     assert wall < 2.0
 
 
@@ -273,7 +273,7 @@ def test_tiny_model_conditioned_on_exactly_prompt_plus_response(tiny_path):
         obs_ids = [i for i, m in zip(t.response_ids, t.loss_mask) if m == 0]
         assert tok.convert_tokens_to_ids("<|im_end|>") not in obs_ids
     assert worst < 1e-4
-    assert stats["tokens_per_s"] > 0 and stats["trajectories"] == 12
+    assert stats["engine/tokens_per_s"] > 0 and stats["engine/trajectories"] == 12
 
 
 def test_progress_bar_and_stats(qwen_tok, fake_env_cls, scripted_backend_cls, capsys):
@@ -281,9 +281,9 @@ def test_progress_bar_and_stats(qwen_tok, fake_env_cls, scripted_backend_cls, ca
     eng = _engine(qwen_tok, be, fake_env_cls, n_per_prompt=3, progress=True)
     trajs, stats = eng.run([PROBLEM])
     assert "rollout" in capsys.readouterr().err
-    assert stats["trajectories"] == 3 and stats["turns_mean"] == 2.0
-    assert stats["tool_calls_mean"] == 1.0 and stats["obs_tokens"] > 0
-    assert stats["model_tokens"] == sum(t.num_model_tokens for t in trajs)
+    assert stats["engine/trajectories"] == 3 and stats["rollout/turns"] == 2.0
+    assert stats["rollout/tool_calls"] == 1.0 and stats["engine/obs_tokens"] > 0
+    assert stats["engine/model_tokens"] == sum(t.num_model_tokens for t in trajs)
     assert abs(sum(v for k, v in stats.items() if k.startswith("finish/")) - 1.0) < 1e-9
     assert eng.last_stats is stats
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights
+from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
+from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer import (
-    AlgoConfig,
     collect_batch,
     drop_for_update,
     group_advantages,
@@ -66,7 +67,7 @@ def test_informative_groups_need_two_members_and_different_rewards():
 
 def test_group_advantages_are_normalised_per_group():
     trajs = [traj(0, 1.0), traj(0, -1.0), traj(1, 1.0), traj(1, 1.0)]
-    adv, metrics = group_advantages(trajs, norm_by_std=True)
+    adv, metrics = group_advantages(trajs, "grpo")
     assert adv[0] == pytest.approx(-adv[1]) and adv[0] > 0
     assert adv[2] == adv[3] == 0.0 and metrics["adv/zero_var_groups"] == 1.0
 
@@ -120,6 +121,7 @@ def test_lplus_entropy_raising_frac_counts_only_l_plus_tokens_above_their_entrop
 
 
 class FakeEngine:
+    configured = RolloutEngine.configured  # the real settings swap (collect_batch seeds each round)
     """Returns scripted trajectories per call; records what it was asked for."""
 
     def __init__(self, batches):
@@ -133,7 +135,7 @@ class FakeEngine:
 
 def test_dynamic_sampling_refills_and_never_keeps_sandbox_errors():
     from stare_tir.data import PromptSampler
-    from stare_tir.trainer import TrainConfig
+    from stare_tir.train_config import TrainConfig
 
     cfg = TrainConfig()
     cfg.trainer.prompts_per_step = 2
@@ -142,7 +144,7 @@ def test_dynamic_sampling_refills_and_never_keeps_sandbox_errors():
              traj(1, 1.0), traj(1, -1.0, sandbox_error=True)]  # one left after the drop
     second = [traj(0, 1.0), traj(0, -1.0), traj(1, -1.0), traj(1, 1.0)]
     engine = FakeEngine([first, second])
-    engine.cfg = cfg.rollout  # rollout_settings swaps in a copy with the round's seed
+    engine.cfg = cfg.rollout
     run = SimpleNamespace(cfg=cfg, learner=OneRankLearner(), engine=engine,
                           sampler=PromptSampler([{"id": str(i)} for i in range(10)], seed=0))
     batch, rolled, metrics = collect_batch(run, step=1)
@@ -174,7 +176,8 @@ class SkippingLearner(OneRankLearner):
 
 def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_path):
     from stare_tir.data import PromptSampler
-    from stare_tir.trainer import Run, TrainConfig, rl_step
+    from stare_tir.train_config import TrainConfig
+    from stare_tir.trainer import Run, rl_step
 
     cfg = TrainConfig()
     cfg.trainer.prompts_per_step = 1
@@ -184,7 +187,8 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
     engine = FakeEngine(batches)
     engine.cfg = cfg.rollout
     learner = SkippingLearner()
-    run = Run(cfg=cfg, run_dir=tmp_path, tokenizer=None, learner=learner, backend=None, engine=engine,
+    run = Run(cfg=cfg, run_dir=tmp_path, learner=learner,
+              parts=SimpleNamespace(engine=engine, backend=None, tokenizer=None),
               controller=StareController.from_config(cfg.algo.stare),
               sampler=PromptSampler([{"id": "a"}], seed=0), eval_problems=[], log=None)
     metrics = rl_step(run, 1)
@@ -196,7 +200,8 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
 
 
 def test_rollout_means_are_weighted_over_ranks_finish_reasons_included():
-    from stare_tir.trainer import global_means, rollout_stats
+    from stare_tir.rollout.engine import rollout_stats
+    from stare_tir.trainer import global_means
 
     # Keys are sorted before the reduction: "finish/eos" < "reward/mean".
     class TwoRanks(OneRankLearner):

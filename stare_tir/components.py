@@ -1,0 +1,151 @@
+"""The rollout side of a run, built once: model path -> tokenizer -> backend -> sandbox -> engine.
+
+Training (`trainer.build_run`), evaluation (`evaluate.run_eval`) and the study scripts all build
+their components here, so a name means the same thing everywhere: `model.path=tiny` is the
+pretrained tiny base whether a run trains or evaluates, and `tiny-random` the random one.
+
+    parts = build_components(cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox)
+    trajs, stats = parts.engine.run(problems)
+    parts.close()
+
+The sandbox is handed to the engine at construction: the engine starts it on its own event loop
+(the sandbox's worker tasks are bound to that loop) and stops it in `engine.close()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from envs.retool import RetoolConfig, make_retool_env_factory
+from sandbox import SandboxConfig, make_sandbox
+from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
+
+# Names of the built-in models (no download, CPU-sized).
+TINY_MODELS = ("tiny", "tiny-random")
+
+
+@dataclass
+class ModelConfig:
+    # HF model directory or hub id. "tiny": the pretrained tiny base shipped with the package (a
+    # 0.14M-parameter Qwen2 with a real tokenizer and chat template); "tiny-random": a randomly
+    # initialised tiny Qwen2, built once and cached.
+    path: str = "tiny"
+    # Shape of the random tiny model (only when path == "tiny-random").
+    tiny_size: Literal["tiny", "small", "base"] = "tiny"
+    # Tokenizer directory or hub id; "" uses the model's own (the usual case).
+    tokenizer: str = ""
+    # A Jinja chat template (the text itself, or a path to a .jinja file) replacing the
+    # tokenizer's; "" keeps the tokenizer's. The engine and the SFT stage both use it.
+    chat_template: str = ""
+    # Let transformers run code shipped with a hub model (custom architectures). Off by default:
+    # it executes that repository's Python on this machine.
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("path='': name an HF model directory, a hub id, 'tiny' or 'tiny-random'")
+
+
+def resolve_model_path(model: ModelConfig) -> str:
+    """'tiny' / 'tiny-random' -> the built-in tiny models' directories; otherwise the path or hub id.
+
+    A local directory without a config.json is refused here, with the fix, instead of ending in
+    transformers' hub-id error after other components have loaded.
+    """
+    if model.path == "tiny":
+        from stare_tir.tiny import pretrained_tiny_base
+
+        return str(pretrained_tiny_base())
+    if model.path == "tiny-random":
+        from stare_tir.tiny import ensure_tiny_checkpoint
+
+        return str(ensure_tiny_checkpoint(size=model.tiny_size))
+    path = Path(model.path)
+    if path.exists() and not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={model.path!r} exists but holds no config.json: point it at a Hugging Face "
+            "model directory (save_pretrained output) or a hub id"
+        )
+    return model.path
+
+
+def load_tokenizer(model: ModelConfig, model_path: str) -> Any:
+    """The policy's tokenizer (model.tokenizer or the model's own), with model.chat_template applied."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer or model_path, trust_remote_code=model.trust_remote_code)
+    if model.chat_template:
+        template = model.chat_template
+        if "{" not in template and Path(template).is_file():  # a path, not a template
+            template = Path(template).read_text()
+        tokenizer.chat_template = template
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"the tokenizer of {model.tokenizer or model_path!r} has no chat template: "
+            "set model.chat_template (a Jinja template or a .jinja file)"
+        )
+    return tokenizer
+
+
+def make_backend(kind: Literal["hf", "sglang"], model_path: str, tokenizer: Any, rollout: RolloutConfig) -> Any:
+    """The rollout backend: hf (in-process transformers) or sglang (servers at rollout.sglang.urls)."""
+    if kind == "hf":
+        from stare_tir.rollout.backends.hf import HFBackend
+
+        return HFBackend(model_path, tokenizer, rollout.hf)
+    if kind != "sglang":
+        raise ValueError(f"backend={kind!r}: must be 'hf' or 'sglang'")
+    if not rollout.sglang.urls:
+        raise ValueError(
+            "backend sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
+            "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
+        )
+    from stare_tir.rollout.backends.sglang import SGLangBackend
+
+    return SGLangBackend(rollout.sglang.urls, rollout.sglang)
+
+
+@dataclass
+class Components:
+    """What one rollout pipeline holds; `close()` releases it (engine + sandbox, then backend)."""
+
+    model_path: str
+    tokenizer: Any
+    backend: Any
+    engine: RolloutEngine
+
+    def close(self) -> None:
+        try:
+            self.engine.close()
+        finally:
+            if self.backend is not None:
+                self.backend.close()
+
+
+def build_components(
+    model: ModelConfig,
+    backend: Literal["hf", "sglang"],
+    rollout: RolloutConfig,
+    env: RetoolConfig,
+    sandbox: SandboxConfig,
+    *,
+    model_path: str | None = None,
+    tokenizer: Any = None,
+) -> Components:
+    """Tokenizer, backend, sandbox and engine for `model` (resolved unless `model_path` is given).
+
+    model_path: an already resolved checkpoint (the trainer's SFT output, say); tokenizer: an
+    already loaded one (the learner's, so both sides share one object).
+    """
+    path = model_path if model_path is not None else resolve_model_path(model)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(model, path)
+    back = make_backend(backend, path, tok, rollout)
+    try:
+        box = make_sandbox(sandbox)
+        engine = RolloutEngine(back, tok, make_retool_env_factory(box, env), rollout, sandbox=box)
+    except BaseException:
+        back.close()
+        raise
+    return Components(model_path=path, tokenizer=tok, backend=back, engine=engine)
