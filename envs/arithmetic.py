@@ -242,19 +242,26 @@ def make_sft_traces(problems: list[dict], sandbox: Any, *, tool_fraction: float 
     raise RuntimeError("make_sft_traces called inside an event loop: await amake_sft_traces instead")
 
 
-_OBS_RE = re.compile(r"\n<interpreter>\n.*?\n</interpreter>\n", re.DOTALL)
+# An observation: the whitespace before the tag (the model's turn ends at "</code>"; RL appends
+# the observation right there), the tagged span, then trailing blanks and one line break. The env
+# writes "\n<interpreter>\n...\n</interpreter>\n"; traces from elsewhere vary (\r\n, no or extra
+# newlines, trailing spaces), and each variation must still be masked. Only a span that follows a
+# "</code>" is an observation (the only place RL puts one).
+_OBS_RE = re.compile(r"\s*<interpreter>.*?</interpreter>[ \t]*(?:\r?\n)?", re.DOTALL)
 
 
 def split_assistant_segments(text: str) -> list[tuple[str, bool]]:
     """Split an assistant response into (segment, is_model_written) in order.
 
-    Interpreter observations (exactly the "\\n<interpreter>\\n...\\n</interpreter>\\n" strings the
-    env appends) are not model-written; SFT tokenizes each segment separately and masks those,
-    exactly like RL. The segments concatenate back to `text`.
+    Interpreter observations (the "\\n<interpreter>\\n...\\n</interpreter>\\n" strings the env
+    appends, and their newline variants) are not model-written; SFT tokenizes each segment
+    separately and masks those, exactly like RL. The segments concatenate back to `text`.
     """
     out: list[tuple[str, bool]] = []
     pos = 0
     for m in _OBS_RE.finditer(text):
+        if not text[: m.start()].endswith("</code>"):
+            continue  # RL appends observations only after a code block: this one the model wrote
         if m.start() > pos:
             out.append((text[pos:m.start()], True))
         out.append((m.group(0), False))

@@ -28,12 +28,9 @@ from typing import Callable
 
 import torch
 
-from stare_tir.algos import (
-    StareController,
-    logprobs_and_entropy,
-    policy_loss,
-    stare_token_weights,
-)
+from stare_tir.algos.logprobs import logprobs_and_entropy
+from stare_tir.algos.policy_loss import policy_loss
+from stare_tir.algos.stare import StareController, stare_token_weights
 
 QWEN25_VOCAB = 151_665
 

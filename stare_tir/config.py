@@ -213,6 +213,8 @@ def _check_path(schema: Any, keys: list[str]) -> None:
         dotted = ".".join(keys[: i + 1])
         while _is_union(tp):  # Optional[Sub] -> Sub
             tp = next(a for a in get_args(tp) if a is not type(None))
+        if tp is Any:  # inside a free-form mapping (e.g. learner.deepspeed): any nested key goes
+            return
         if get_origin(tp) is dict:
             tp = get_args(tp)[1] if get_args(tp) else Any
             continue

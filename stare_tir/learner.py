@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Sequence
 
+from stare_tir.deepspeed_config import check_deepspeed_overrides, merge_deepspeed_config
 from stare_tir.distributed import init_process_group, rng_state, set_rng_state, skip_shm_comm_build
 from stare_tir.micro_batch import MicroBatch, as_long_list, build_micro_batch, empty_micro_batch, plan_micro_batches
 
@@ -94,8 +95,12 @@ class LearnerConfig:
     seed: int = 0
     # Level of DeepSpeed's own logger (its INFO lines drown the training log).
     deepspeed_log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    # Extra DeepSpeed settings, deep-merged over the generated config (e.g. CPU offload:
+    # {zero_optimization: {offload_optimizer: {device: cpu}}}); see stare_tir/deepspeed_config.py.
+    deepspeed: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_deepspeed_overrides(self.deepspeed)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r}: must be 0, 1, 2 or 3")
         if not self.lr > 0:
@@ -232,6 +237,8 @@ class Learner:
         }
         if cfg.zero_stage == 3:
             ds_config["zero_optimization"]["stage3_param_persistence_threshold"] = cfg.zero3_persistence_threshold
+        ds_config = merge_deepspeed_config(ds_config, cfg.deepspeed)  # learner.deepspeed pass-through
+        self.ds_config = ds_config
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         # Every rank loads the full model on CPU; under ZeRO-3 deepspeed.initialize then partitions
         # it (host memory: one model copy per rank, transiently). Loading straight into partitions
@@ -413,7 +420,7 @@ class Learner:
     def sft_step(self, trajs: Sequence[Any]) -> dict[str, float]:
         """One optimizer step of token-mean NLL over loss_mask == 1 tokens (global batch)."""
 
-        def mb_loss(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
+        def loss_fn(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
             return -logp.float().sum() / denom_tok, {}
 
         return self._optimizer_step(trajs, loss_fn)

@@ -5,6 +5,8 @@ Each stage leaves its output in the run directory, so a rerun (or `--resume`) sk
   <run_dir>/sft/traces.jsonl     cold-start traces (the synthetic task's are made by the sandbox)
   <run_dir>/sft/model/           SFT checkpoint (HF format), the RL stage's starting point
   <run_dir>/checkpoints/         RL checkpoints (DeepSpeed: model, optimizer, scheduler, state)
+  <run_dir>/hf/step_NNNNNN/      intermediate HF exports (trainer.save_hf_every)
+  <run_dir>/train.log            log of rank 0 (other ranks: train.rank<N>.log), lines rank-tagged
   <run_dir>/metrics.jsonl        one row per RL step (+ evaluation rows)
   <run_dir>/final/               final policy (HF format)
   <run_dir>/plots/curves.png     reward/accuracy, entropy with target band, gate, tools, length
@@ -24,10 +26,11 @@ from loguru import logger
 
 from envs.arithmetic import amake_sft_traces, make_problems
 from sandbox import make_sandbox
-from stare_tir.components import resolve_model_path
+from stare_tir.components import load_tokenizer, resolve_model_path
 from stare_tir.config import save_config
+from stare_tir.preflight import StartupError, check_backend, check_data, check_model, check_registry_names, check_sandbox
 from stare_tir.sft import run_sft
-from stare_tir.tracking import plot_runs, read_metrics
+from stare_tir.tracking import plot_runs, read_metrics, setup_run_logging
 from stare_tir.train_config import TrainConfig
 from stare_tir.trainer import train_rl
 
@@ -49,20 +52,41 @@ def make_synthetic_traces(cfg: TrainConfig, out_path: Path) -> list[dict]:
     return traces
 
 
+def sft_output(cfg: TrainConfig) -> Path:
+    """Where the SFT checkpoint goes: sft.output, or <trainer.run_dir>/sft/model."""
+    return Path(cfg.sft.output) if cfg.sft.output else Path(cfg.trainer.run_dir) / "sft" / "model"
+
+
+def check_sft_traces(cfg: TrainConfig) -> None:
+    if cfg.sft.enabled and cfg.sft.traces != "arithmetic" and not Path(cfg.sft.traces).is_file():
+        raise StartupError(f"sft.traces={cfg.sft.traces!r}: no such JSONL file (use 'arithmetic' for the "
+                           "synthetic task, or a path to {\"messages\": [...]} rows)")
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Every check that can fail cheaply, before any model is loaded (see stare_tir.preflight)."""
+    check_model(cfg.model)
+    check_registry_names(cfg.algo.advantage, cfg.algo.policy_loss)
+    check_backend(cfg.trainer.backend, cfg.rollout.sglang.urls)
+    check_sft_traces(cfg)
+    check_data(cfg.data)
+    info = check_sandbox(cfg.sandbox)
+    logger.info(f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok")
+
+
 def sft_stage(cfg: TrainConfig, base_model: str, run_dir: Path) -> tuple[str, dict]:
     """Cold-start SFT (skipped when its checkpoint exists); returns (model path, summary)."""
-    out = run_dir / "sft" / "model"
+    out = sft_output(cfg)
     if (out / "config.json").is_file():
         logger.info(f"sft: reusing {out}")
         return str(out), {"reused": True}
+    check_sft_traces(cfg)
     if cfg.sft.traces == "arithmetic":
         data: list[dict] | Path = make_synthetic_traces(cfg, run_dir / "sft" / "traces.jsonl")
     else:
         data = Path(cfg.sft.traces)
-        if not data.is_file():
-            raise FileNotFoundError(f"sft.traces={cfg.sft.traces!r}: no such JSONL file "
-                                    "(use 'arithmetic' for the synthetic task, or a path)")
-    summary = run_sft(cfg.sft.train, base_model, data, out)
+    # The policy's tokenizer (model.tokenizer, model.chat_template) is saved with the checkpoint.
+    summary = run_sft(cfg.sft.train, base_model, data, out, tokenizer=load_tokenizer(cfg.model, base_model))
     return str(out), summary
 
 
@@ -71,7 +95,8 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
-    logger.add(run_dir / "train.log", level="INFO", enqueue=False)
+    setup_run_logging(run_dir)
+    preflight(cfg)
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()

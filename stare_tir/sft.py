@@ -87,6 +87,9 @@ class ColdStartConfig:
     # Share of synthetic traces that call the tool (the rest answer directly, often wrongly for a
     # tiny model): leaves RL room to learn when the tool pays off.
     tool_fraction: float = 0.5
+    # Directory of the SFT checkpoint; "" = <trainer.run_dir>/sft/model. An existing checkpoint
+    # there is reused (delete it to train again).
+    output: str = ""
     # Optimisation settings of the SFT stage.
     train: SFTConfig = field(default_factory=SFTConfig)
 
@@ -145,7 +148,16 @@ def encode_record(record: dict, tokenizer: "PreTrainedTokenizerBase") -> "Trajec
     if not prompt_ids:
         raise ValueError("empty prompt: the first response token needs context")
     traj = Trajectory(prompt_ids=prompt_ids)
-    for segment, by_model in split_assistant_segments(response):
+    segments = split_assistant_segments(response)
+    for segment, by_model in segments:
+        if by_model and ("<interpreter>" in segment or "</interpreter>" in segment):
+            # An unclosed or stray tag: interpreter text would be trained as if the model wrote it.
+            tag = "<interpreter>" if "<interpreter>" in segment else "</interpreter>"
+            at = segment.index(tag)
+            raise ValueError(f"unmatched {tag} in the assistant text (near {segment[max(0, at - 40):at + 60]!r}): "
+                             "interpreter output would be trained as model text; close every "
+                             "<interpreter>...</interpreter> span or remove the tag")
+    for segment, by_model in segments:
         # Plain text, as the engine encodes observations: a "<|im_end|>" printed by code (or quoted
         # in the model's code) stays characters; the only control token trained is the final EOS.
         ids = encode_plain(tokenizer, segment)
@@ -206,8 +218,11 @@ def run_sft(
     t_start = time.time()
     tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
     examples, dropped = [], 0
-    for row in load_records(data):
-        ex = encode_record(row, tok)
+    for i, row in enumerate(load_records(data), 1):
+        try:
+            ex = encode_record(row, tok)
+        except ValueError as e:
+            raise ValueError(f"SFT row {i} of {data if isinstance(data, (str, Path)) else 'the traces'}: {e}") from None
         if len(ex.prompt_ids) + len(ex.response_ids) > cfg.max_seq_len:
             dropped += 1
             continue

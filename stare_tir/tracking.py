@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -22,11 +24,41 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(run_dir: str | Path, resume: bool) -> str:
+    """The W&B run id of this run directory: the stored one when resuming, else a new one (stored).
+
+    A resumed job then continues the same W&B run (wandb.init(id=..., resume="allow")) instead of
+    starting a second run with the same name.
+    """
+    path = Path(run_dir) / WANDB_ID_FILE
+    if resume and path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:12]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id + "\n")
+    return run_id
+
+
+def setup_run_logging(run_dir: str | Path, rank: int | None = None) -> Path:
+    """Send log lines to <run_dir>/train.log (rank 0) or train.rank{N}.log (other ranks), each line
+    tagged with its rank; returns the file. Two ranks never write the same file."""
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0"))
+    path = Path(run_dir) / ("train.log" if rank == 0 else f"train.rank{rank}.log")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger.add(path, level="INFO", enqueue=False,
+               format="{time:YYYY-MM-DD HH:mm:ss.SSS} | rank" + str(rank) + " | {level: <8} | {name}:{line} - {message}")
+    return path
+
+
 class MetricsLog:
     """Append-only metrics.jsonl (+ optional TensorBoard / W&B mirrors)."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str | None = None,
-                 run_name: str | None = None, config: dict | None = None) -> None:
+                 run_name: str | None = None, config: dict | None = None, wandb_id: str | None = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None
@@ -42,7 +74,8 @@ class MetricsLog:
             try:
                 import wandb
 
-                self._wandb = wandb.init(project=wandb_project, name=run_name, config=config, resume="allow")
+                self._wandb = wandb.init(project=wandb_project, name=run_name, config=config, id=wandb_id,
+                                         resume="allow")
             except ImportError:
                 logger.warning("wandb is not installed (pip install wandb): mirror disabled")
 

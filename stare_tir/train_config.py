@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
-from stare_tir.algos.stare import StareConfig
+from stare_tir.algos.stare_config import StareConfig
 from stare_tir.components import ModelConfig
 from stare_tir.data import DataConfig
 from stare_tir.learner import LearnerConfig
@@ -85,6 +85,9 @@ class TrainerConfig:
     save_every: int = 10
     # Checkpoints kept on disk (oldest deleted first).
     keep_checkpoints: int = 2
+    # Also export an HF-loadable model (weights + tokenizer, what AutoModelForCausalLM and SGLang
+    # load) every N steps to <run_dir>/hf/step_NNNNNN; 0: only the final one (<run_dir>/final).
+    save_hf_every: int = 0
     # Output directory: config.yaml, metrics.jsonl, checkpoints/, plots/, logs.
     run_dir: str = "runs/tiny_cpu"
     seed: int = 0
@@ -100,8 +103,9 @@ class TrainerConfig:
                      "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-        if self.eval_every < 0:
-            raise ValueError(f"eval_every={self.eval_every!r}: must be >= 0")
+        for name in ("eval_every", "save_hf_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
 
 
 @dataclass

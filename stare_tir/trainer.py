@@ -28,7 +28,7 @@ from stare_tir.evaluate import evaluate_problems
 from stare_tir.learner import Learner
 from stare_tir.rollout.engine import RolloutEngine, rollout_stats
 from stare_tir.rollout.trajectory import Trajectory
-from stare_tir.tracking import MetricsLog
+from stare_tir.tracking import MetricsLog, wandb_run_id
 from stare_tir.train_config import AlgoConfig, TrainConfig
 
 
@@ -402,12 +402,14 @@ def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
 # Building a run, and the loop
 
 
-def build_run(cfg: TrainConfig, model_path: str, run_dir: Path) -> Run:
+def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> Run:
     """Learner, rollout components, controller, data and metrics log of one RL run.
 
     model_path: the resolved starting checkpoint (`components.resolve_model_path`, or the SFT
-    stage's output).
+    stage's output). resume: a W&B mirror continues the run directory's stored W&B run.
+    Data is loaded first: a bad source fails before the model is.
     """
+    train_problems, eval_problems = load_split(cfg.data, "train"), load_split(cfg.data, "eval")
     tokenizer = load_tokenizer(cfg.model, model_path)
     learner_cfg = dataclasses.replace(cfg.learner, total_steps=cfg.learner.total_steps or cfg.trainer.steps)
     learner = Learner(model_path, learner_cfg, tokenizer)
@@ -419,10 +421,12 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path) -> Run:
     return Run(
         cfg=cfg, run_dir=run_dir, parts=parts, learner=learner,
         controller=StareController.from_config(cfg.algo.stare),
-        sampler=PromptSampler(load_split(cfg.data, "train"), seed=cfg.data.seed),
-        eval_problems=load_split(cfg.data, "eval"),
+        sampler=PromptSampler(train_problems, seed=cfg.data.seed),
+        eval_problems=eval_problems,
         log=MetricsLog(run_dir, tensorboard=cfg.trainer.tensorboard, wandb_project=cfg.trainer.wandb_project,
-                       run_name=run_dir.name, config=to_dict(cfg)) if learner.rank == 0 else _NullLog(),
+                       run_name=run_dir.name, config=to_dict(cfg),
+                       wandb_id=wandb_run_id(run_dir, resume) if cfg.trainer.wandb_project else None)
+        if learner.rank == 0 else _NullLog(),
     )
 
 
@@ -443,7 +447,7 @@ def close_run(run: Run) -> None:
 
 def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """The RL stage: returns {"eval_before", "eval_after", "steps"}."""
-    run = build_run(cfg, model_path, run_dir)
+    run = build_run(cfg, model_path, run_dir, resume=resume)
     try:
         ckpt = latest_checkpoint(run_dir) if resume else None
         if ckpt is not None:
@@ -472,6 +476,8 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
                 logger.info(_step_line(step, metrics))
             if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps:
                 save_checkpoint(run, step)
+            if cfg.trainer.save_hf_every and step % cfg.trainer.save_hf_every == 0 and step < cfg.trainer.steps:
+                run.learner.save_hf(run_dir / "hf" / f"step_{step:06d}")  # collective under ZeRO-3
         bar.close()
         eval_after = evaluate_heldout(run, "after RL")
         run.log.log(run.step, eval_after)

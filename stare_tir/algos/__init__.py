@@ -1,37 +1,33 @@
 """Algorithmic core: pure tensor functions (advantages, policy loss, STARE, chunked log-probs).
 
 No I/O, no config mutation: tensors and explicit scalars in, (result, metrics) out.
+
+The names below are loaded on first use (PEP 562), so importing a light submodule such as
+`stare_tir.algos.stare_config` (what a config or a CLI --help needs) does not import torch.
 """
 
-from stare_tir.algos.advantage import (
-    ADVANTAGE_ESTIMATORS,
-    broadcast_to_tokens,
-    compute_group_advantages,
-    get_advantage_estimator,
-    register_advantage_estimator,
-)
-from stare_tir.algos.logprobs import logprobs_and_entropy, logprobs_and_entropy_from_logits
-from stare_tir.algos.policy_loss import (
-    AGG_MODES,
-    POLICY_LOSSES,
-    aggregate,
-    get_policy_loss,
-    policy_loss,
-    register_policy_loss,
-    truncated_is_weights,
-)
-from stare_tir.algos.stare import (
-    StareConfig,
-    StareController,
-    num_selected,
-    stare_token_weights,
-    stare_token_weights_scoped,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGG_MODES", "POLICY_LOSSES", "StareConfig", "StareController",
-    "aggregate", "broadcast_to_tokens", "compute_group_advantages", "get_advantage_estimator",
-    "get_policy_loss", "logprobs_and_entropy", "logprobs_and_entropy_from_logits", "num_selected",
-    "policy_loss", "register_advantage_estimator", "register_policy_loss", "stare_token_weights",
-    "stare_token_weights_scoped", "truncated_is_weights",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "advantage": ("ADVANTAGE_ESTIMATORS", "broadcast_to_tokens", "compute_group_advantages",
+                  "get_advantage_estimator", "register_advantage_estimator"),
+    "logprobs": ("logprobs_and_entropy", "logprobs_and_entropy_from_logits"),
+    # (The function `policy_loss` shares its module's name: import it from stare_tir.algos.policy_loss.)
+    "policy_loss": ("AGG_MODES", "POLICY_LOSSES", "aggregate", "get_policy_loss", "register_policy_loss",
+                    "truncated_is_weights"),
+    "stare": ("StareController", "num_selected", "stare_token_weights", "stare_token_weights_scoped"),
+    "stare_config": ("StareConfig",),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stare_tir.algos' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"stare_tir.algos.{module}"), name)

@@ -79,7 +79,8 @@ def test_split_assistant_segments():
     segs = split_assistant_segments(two)
     assert [m for _, m in segs] == [True, False, True, False, True]
     assert "".join(s for s, _ in segs) == two
-    # Text the model itself wrote in tag form (no exact framing) stays model-written.
+    # Text the model itself wrote in tag form (not after a code block) stays model-written (SFT then
+    # refuses the row: tests/learner/test_learner_sft_masking.py).
     fake = "I will write <interpreter>42</interpreter> myself \\boxed{42}"
     assert split_assistant_segments(fake) == [(fake, True)]
     assert split_assistant_segments("") == []

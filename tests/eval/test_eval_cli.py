@@ -1,16 +1,16 @@
-"""scripts/eval_aime.py: flags -> config, a light --help, and a CPU smoke run on the tiny model."""
+"""scripts/eval_aime.py (= stare-eval): alias flags -> config, a light --help, and a CPU smoke run."""
 
 from __future__ import annotations
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from stare_tir.cli import EVAL_ALIASES, alias_overrides, eval_parser
 from stare_tir.config import ConfigError, load_config
 from stare_tir.evaluate import EvalRunConfig, read_rows
 
@@ -18,13 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "eval_aime.py"
 
 
-def _script() -> dict:
-    return runpy.run_path(str(SCRIPT), run_name="eval_aime")
-
-
-def test_flags_become_config_values() -> None:
-    ns = _script()
-    args = ns["parse_args"]([
+def test_alias_flags_become_config_values() -> None:
+    args = eval_parser().parse_args([
         "--model", "some/model", "--datasets", "aime24,math500", "--n", "3", "--limit", "2",
         "--temperature", "0.6", "--top-p", "0.95", "--max-turns", "4", "--max-tokens", "512",
         "--max-tokens-per-turn", "128", "--seed", "7", "--backend", "sglang",
@@ -33,7 +28,7 @@ def test_flags_become_config_values() -> None:
         "--sandbox-workers", "3", "--out", "some dir", "rollout.max_concurrency=7",
     ])
     cfg = load_config(EvalRunConfig, str(ROOT / "configs" / "eval_aime.yaml"),
-                      ns["flag_overrides"](args) + args.overrides)
+                      alias_overrides(args, EVAL_ALIASES) + args.overrides)
     e = cfg.eval
     assert cfg.model.path == "some/model" and cfg.out_dir == "some dir" and cfg.backend == "sglang"
     assert e.datasets == ["aime24", "math500"] and e.n == 3 and e.limit == 2 and e.seed == 7
@@ -44,9 +39,9 @@ def test_flags_become_config_values() -> None:
     assert cfg.sandbox.limits.memory_mb == 256 and cfg.sandbox.workers == 3
     assert cfg.rollout.max_concurrency == 7
     # Unset flags keep the YAML's values.
-    args = ns["parse_args"](["--model", "m"])
+    args = eval_parser().parse_args(["--model", "m"])
     cfg = load_config(EvalRunConfig, str(ROOT / "configs" / "eval_aime.yaml"),
-                      ns["flag_overrides"](args))
+                      alias_overrides(args, EVAL_ALIASES))
     assert cfg.eval.max_tokens == 16384 and cfg.sandbox.workers == 16
 
 
@@ -110,7 +105,7 @@ def test_cpu_smoke_run_on_the_tiny_model_writes_summary_and_resumes(tmp_path: Pa
 def test_missing_model_is_an_error() -> None:
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60,
                        cwd=ROOT)
-    assert r.returncode == 2 and "--model" in r.stderr
+    assert r.returncode == 2 and "--model" in r.stderr and "model.path=" in r.stderr
 
 
 @pytest.mark.slow
