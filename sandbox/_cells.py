@@ -57,6 +57,18 @@ def _flush_stdio() -> None:
             pass
 
 
+def _reap_orphans() -> None:
+    """As pid 1 of the session, collect exited orphans (e.g. leftovers the worker killed after
+    the last cell): zombies would otherwise count against the session's process limit."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def serve_cells(ctl: socket.socket) -> None:
     """The session's loop: one frame per cell (code + its stdout/stderr pipes), one reply."""
     me = os.getpid()
@@ -75,6 +87,7 @@ def serve_cells(ctl: socket.socket) -> None:
         msg, code, fds = recv(ctl, maxfds=2)
         if msg is None or len(fds) != 2:
             os._exit(0)  # the host closed the session
+        _reap_orphans()
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
         os.close(fds[0])
@@ -86,4 +99,5 @@ def serve_cells(ctl: socket.socket) -> None:
             os._exit(exit_code)
         os.dup2(devnull, 1)  # the host sees EOF unless a lingering child still holds the pipes
         os.dup2(devnull, 2)
-        send(ctl, {"op": "done", "exit_code": exit_code, "exc": exc})
+        # the host matches "cell" against the cell it sent; the worker then stops this process
+        send(ctl, {"op": "done", "cell": msg.get("cell"), "exit_code": exit_code, "exc": exc})

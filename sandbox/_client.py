@@ -21,10 +21,12 @@ from .base import ExecResult, ExecStatus, SandboxError, killed_status
 class WorkerClient:
     """One connection to a fork server: spawn session interpreters, kill them, learn their end."""
 
-    def __init__(self, sock: socket.socket, name: str):
+    def __init__(self, sock: socket.socket, name: str, stats: dict[str, int] | None = None):
         self.sock, self.name = sock, name
+        self.stats = stats if stats is not None else new_stats()  # shared with the sandbox, which reports it
         self.loop = asyncio.get_running_loop()
         self.frames, self.procs, self.next_sid = Frames(), {}, 1
+        self.parks: dict[int, asyncio.Future] = {}  # sid -> the worker's answer to "park"
         self.hello: asyncio.Future = self.loop.create_future()
         self.dead: str | None = None
         sock.setblocking(False)
@@ -54,6 +56,10 @@ class WorkerClient:
                 self.hello.set_result(msg)
             elif op == "exit" and msg.get("sid") in self.procs:
                 self.procs.pop(msg["sid"])._exited(msg.get("status"), bool(msg.get("oom")))
+            elif op == "parked" and msg.get("sid") in self.parks:
+                fut = self.parks.pop(msg["sid"])
+                if not fut.done():
+                    fut.set_result(msg)
 
     def _lost(self, reason: str) -> None:
         if self.dead:
@@ -65,6 +71,10 @@ class WorkerClient:
         for proc in self.procs.values():
             proc._exited(None, False)  # unknown: the worker that knew is gone
         self.procs.clear()
+        for fut in self.parks.values():
+            if not fut.done():
+                fut.set_result(None)
+        self.parks.clear()
 
     def _send(self, obj: dict, fds: tuple = ()) -> None:
         data = pack(obj)
@@ -98,27 +108,57 @@ class WorkerClient:
             with contextlib.suppress(SandboxError):
                 self._send({"op": "kill", "sid": sid})
 
+    async def park(self, sid: int, timeout: float) -> dict | None:
+        """Have the worker kill what the last cell left behind and stop the session until its
+        next cell. Returns the worker's counts, or None if the worker is gone."""
+        if self.dead:
+            return None
+        fut = self.parks[sid] = self.loop.create_future()
+        self._send({"op": "park", "sid": sid})
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise SandboxError(f"{self.name}: no answer to park within {timeout:g}s") from None
+        finally:
+            self.parks.pop(sid, None)
+
+    def resume(self, sid: int) -> None:
+        self._send({"op": "resume", "sid": sid})
+
     def close(self) -> None:
         self._lost("closed")
         self.sock.close()  # idempotent
 
 
 class Proc:
-    """One session interpreter: its control socket, and how it ended (from the worker)."""
+    """One session interpreter: its control socket, and how it ended (from the worker).
+
+    The channel is read only while a cell runs and only up to its one reply: anything else the
+    session sends (a second frame, a frame between cells, a malformed one) stays in the kernel's
+    socket buffer or is never parsed, and marks the session as tampered with."""
 
     def __init__(self, client: WorkerClient, sid: int, ctl: socket.socket):
         self.client, self.sid, self.ctl = client, sid, ctl
         self.loop = client.loop
         self.frames, self.msgs = Frames(), deque()
         self.wake: asyncio.Future | None = None
-        self.eof = False
+        self.eof = self.reading = self.tampered = self.parked = self.restarted = False
+        self.cells = 0
         self.exit: asyncio.Future = self.loop.create_future()  # -> (wait status | None, oom)
         ctl.setblocking(False)
-        self.loop.add_reader(ctl.fileno(), self._on_ctl)
+        self._listen(True)  # until the session says it is ready
 
     @property
     def alive(self) -> bool:
         return not self.eof and not self.exit.done()
+
+    def _listen(self, on: bool) -> None:
+        if on != self.reading and self.ctl.fileno() >= 0:
+            self.reading = on
+            if on:
+                self.loop.add_reader(self.ctl.fileno(), self._on_ctl)
+            else:
+                self.loop.remove_reader(self.ctl.fileno())
 
     def _on_ctl(self) -> None:
         try:
@@ -131,8 +171,11 @@ class Proc:
             for msg, _ in self.frames.feed(data):
                 self.msgs.append(msg)
         except ValueError:  # the code wrote garbage into our channel
+            self.tampered = True
             self.msgs.append({"op": "corrupt"})
-            data = b""
+        if len(self.msgs) > 1 or self.tampered:  # one reply is all we take: stop reading
+            self.tampered = True
+            self._listen(False)
         if not data:
             self._close_ctl()
         self._deliver()
@@ -150,14 +193,29 @@ class Proc:
         self._deliver()
         return fut
 
+    def idle_state(self) -> str:
+        """What the channel shows since the last reply: 'ok', 'dead' (the session ended, e.g.
+        after a restart for leftover threads) or 'tampered' (it sent more than its one reply)."""
+        if self.tampered or self.msgs:
+            return "tampered"
+        if not self.alive:
+            return "dead"
+        try:
+            data = self.ctl.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return "ok"
+        except OSError:
+            return "dead"
+        return "tampered" if data else "dead"
+
     def _exited(self, status: int | None, oom: bool) -> None:
         if not self.exit.done():
             self.exit.set_result((status, oom))
         self._close_ctl()
 
     def _close_ctl(self) -> None:
+        self._listen(False)
         if self.ctl.fileno() >= 0:
-            self.loop.remove_reader(self.ctl.fileno())
             self.ctl.close()
         self.eof = True
         self._deliver()
@@ -167,6 +225,8 @@ class Proc:
             msg = await asyncio.wait_for(self.next_msg(), timeout)
         except asyncio.TimeoutError:
             raise SandboxError(f"session process not ready after {timeout:g}s") from None
+        finally:
+            self._listen(False)
         if msg is None or msg.get("op") != "ready":
             why = msg.get("error", msg) if msg else "it exited"
             raise SandboxError(f"session process failed to start: {why}")
@@ -182,12 +242,17 @@ class Proc:
         finally:
             self._close_ctl()
 
-    async def run_cell(self, code: str, wall: float, cap: int) -> ExecResult:
+    async def run_cell(self, code: str, wall: float, cap: int, park: bool = True) -> ExecResult:
+        """Run one cell; its status comes from what the host observes: a well-formed reply to this
+        cell, the wait status, the cgroup OOM counter and our own clock. `park`: afterwards kill
+        what the cell left behind and stop the session until its next cell (stateful sessions)."""
         t0, loop = time.monotonic(), self.loop
         payload = code.encode("utf-8", "surrogatepass")  # lone surrogates survive; compile rejects them
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         bufs, cut = {out_r: bytearray(), err_r: bytearray()}, {out_r: False, err_r: False}
         done = loop.create_future()
+        self.cells += 1
+        cell, note = self.cells, ""
 
         def finish(kind: str, msg: dict | None = None) -> None:
             if not done.done():
@@ -214,26 +279,34 @@ class Proc:
             for fd in bufs:
                 os.set_blocking(fd, False)
                 loop.add_reader(fd, on_pipe, fd)
-            frame = pack({"op": "run"}, payload)
+            if self.parked:  # stopped since its last cell; the run frame waits in the socket meanwhile
+                self.client.resume(self.sid)
+                self.parked = False
+            frame = pack({"op": "run", "cell": cell}, payload)
             anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (out_w, err_w)))]
             try:
                 sent = self.ctl.sendmsg([frame], anc)
-            except OSError as e:
-                raise SandboxError(f"session process unreachable: {e}") from None
+            except OSError:  # the session closed its end: it ended, its wait status says how
+                sent = -1
             finally:
                 os.close(out_w)
                 os.close(err_w)
             timer = loop.call_later(wall, finish, "timeout")
+            self._listen(True)
             reply = self.next_msg()
             reply.add_done_callback(lambda f: f.cancelled() or finish("reply", f.result()))
-            if sent < len(frame):  # large code: the rest streams while the deadline already runs
+            if sent < 0:
+                finish("reply", None)
+            elif sent < len(frame):  # large code: the rest streams while the deadline already runs
                 send_rest = asyncio.ensure_future(loop.sock_sendall(self.ctl, frame[sent:]))
                 send_rest.add_done_callback(lambda f: f.cancelled() or f.exception() and finish("reply", None))
             kind, msg = await done
             timer.cancel()
-            if kind == "reply" and msg is not None and msg.get("op") == "done" \
-                    and isinstance(msg.get("exit_code"), int):
+            self._listen(False)
+            if kind == "reply" and _is_reply(msg, cell) and not self.tampered and not self.msgs:
                 status, oom, killed = None, False, False
+                if park:
+                    note = await self._park()
             else:
                 if not reply.done():
                     reply.cancel()
@@ -255,7 +328,7 @@ class Proc:
                 loop.remove_reader(fd)
                 os.close(fd)
         out, err = (bytes(bufs[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
-        res = ExecResult(ExecStatus.OK, 0, None, out, err, cut[out_r], cut[err_r], time.monotonic() - t0)
+        res = ExecResult(ExecStatus.OK, 0, None, out, err, cut[out_r], cut[err_r], time.monotonic() - t0, note)
         if kind == "timeout":
             res.status, res.exit_code, res.signal = ExecStatus.TIMEOUT, 128 + 9, signal.SIGKILL
             res.error = f"wall-time limit {wall:g}s exceeded; the session was killed"
@@ -270,12 +343,16 @@ class Proc:
             res.exit_code = msg["exit_code"]
             res.status = ExecStatus.OOM if msg.get("exc") == "MemoryError" else \
                 ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
-        elif msg is not None:  # anything but a well-formed reply: the code tampered with the channel
+        elif msg is not None or self.tampered:  # anything but one well-formed reply: tampering
+            self.client.stats["tampered"] += 1
             res.status, res.exit_code = ExecStatus.ERROR, None
-            res.error = "the code wrote into the sandbox's control channel; the session was killed"
-        elif status is None:
+            res.error = TAMPERED
+        elif status is None and self.client.dead:  # the only outcome the code cannot cause
             res.status, res.exit_code = ExecStatus.SANDBOX_ERROR, None
-            res.error = f"worker lost: {self.client.dead or 'no exit status'}"
+            res.error = f"worker lost: {self.client.dead}"
+        elif status is None:
+            res.status, res.exit_code = ExecStatus.ERROR, None
+            res.error = "the session ended during the cell"
         elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             res.status, res.exit_code, res.signal = killed_status(sig, oom), 128 + sig, sig
@@ -283,3 +360,40 @@ class Proc:
             res.exit_code = os.WEXITSTATUS(status)  # the code called os._exit()
             res.status = ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
         return res
+
+    async def _park(self) -> str:
+        """Stop the session until its next cell; returns a note for the result if the worker had
+        to kill leftovers (processes: the session goes on; threads: the session was restarted)."""
+        parked = await self.client.park(self.sid, PARK_TIMEOUT_S)
+        if parked is None:  # the worker is gone: the next cell finds the session dead
+            return ""
+        procs, threads = int(parked.get("procs", 0)), int(parked.get("threads", 0))
+        self.client.stats["leftover_processes_killed"] += procs
+        note = f"{procs} process(es) the cell left running were killed. " if procs else ""
+        if threads:
+            self.client.stats["leftover_thread_restarts"] += 1
+            self.restarted = True
+            await self.kill()
+            return note + (f"the cell left {threads} thread(s) running: the session was restarted "
+                           "(its state is lost), so their output cannot reach a later cell")
+        self.parked = True
+        return note.strip()
+
+
+PARK_TIMEOUT_S = 10.0
+TAMPERED = ("the code wrote into the sandbox's control channel (a forged, malformed or extra frame); "
+            "the session was killed")
+
+
+def new_stats() -> dict[str, int]:
+    """Counters a sandbox reports: what the host discarded or killed, so nothing is silent."""
+    return {"tampered": 0, "leftover_processes_killed": 0, "leftover_thread_restarts": 0, "died_between_cells": 0}
+
+
+def _is_reply(msg: dict | None, cell: int) -> bool:
+    """Exactly the runner's reply to this cell, nothing more or less."""
+    if msg is None or set(msg) != {"op", "cell", "exit_code", "exc"} or msg["op"] != "done":
+        return False
+    code, exc = msg["exit_code"], msg["exc"]
+    return type(msg["cell"]) is int and msg["cell"] == cell and type(code) is int and 0 <= code <= 255 \
+        and (exc is None or (isinstance(exc, str) and len(exc) <= 200))

@@ -201,11 +201,15 @@ def enter_session_mounts(disk_mb: int, uid: int) -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
+CPU_PERIOD_US = 100_000
+
+
 class Cgroups:
     """Per-session memory and pids cgroups below a parent group owned by this worker."""
 
-    def __init__(self, parents: list[int], v2: bool, name: str, grandparents: list[int]):
+    def __init__(self, parents: list[int], v2: bool, name: str, grandparents: list[int], cpu: bool):
         self.parents, self.v2, self.name, self.grandparents = parents, v2, name, grandparents
+        self.cpu = cpu  # a CPU controller is there: each session gets a quota
 
     @classmethod
     def create(cls, name: str) -> "Cgroups | None":
@@ -228,25 +232,28 @@ class Cgroups:
                     own[c] = path
         try:
             if "memory" in mounts and "pids" in mounts:  # cgroup v1
-                dirs = [mounts[c] + own[c] for c in ("memory", "pids")]
-                return cls._make(dirs, name, v2=False)
+                ctrls = ["memory", "pids"] + (["cpu"] if "cpu" in mounts and "cpu" in own else [])
+                dirs = [mounts[c] + own[c] for c in ctrls]
+                return cls._make(dirs, name, v2=False, cpu="cpu" in ctrls)
             if "" in mounts:  # cgroup v2: needs memory+pids delegated to our own group
                 base = mounts[""] + own[""]
                 with open(os.path.join(base, "cgroup.controllers")) as f:
-                    if not {"memory", "pids"} <= set(f.read().split()):
-                        return None
+                    have = set(f.read().split())
+                if not {"memory", "pids"} <= have:
+                    return None
+                enable = "+memory +pids" + (" +cpu" if "cpu" in have else "")
                 with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
-                    f.write("+memory +pids")
-                group = cls._make([base], name, v2=True)
+                    f.write(enable)
+                group = cls._make([base], name, v2=True, cpu="cpu" in have)
                 with open(os.path.join(base, name, "cgroup.subtree_control"), "w") as f:
-                    f.write("+memory +pids")
+                    f.write(enable)
                 return group
         except (OSError, KeyError):
             return None
         return None
 
     @classmethod
-    def _make(cls, dirs: list[str], name: str, v2: bool) -> "Cgroups":
+    def _make(cls, dirs: list[str], name: str, v2: bool, cpu: bool) -> "Cgroups":
         for d in dirs:  # groups left by workers that were killed: empty, so rmdir is safe
             for old in os.listdir(d):
                 pid = old.rpartition("-")[2]
@@ -263,14 +270,18 @@ class Cgroups:
             except FileExistsError:
                 pass
             parents.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd))
-        return cls(parents, v2, name, grand)
+        return cls(parents, v2, name, grand, cpu)
 
-    def make(self, sid: int, memory_mb: int, max_processes: int) -> list[int]:
+    def make(self, sid: int, memory_mb: int, max_processes: int, cpus: float) -> list[int]:
         """Create the session's groups with their limits; returns directory fds to join."""
         fds = []
+        quota = max(1000, int(cpus * CPU_PERIOD_US))
         limits = {"memory.max": memory_mb << 20, "memory.swap.max": 0, "pids.max": max_processes} if self.v2 else \
             {"memory.limit_in_bytes": memory_mb << 20, "memory.memsw.limit_in_bytes": memory_mb << 20,
              "pids.max": max_processes}
+        if self.cpu:  # each file exists in one of the groups only (v1); the others skip it below
+            limits.update({"cpu.max": f"{quota} {CPU_PERIOD_US}"} if self.v2 else
+                          {"cpu.cfs_period_us": CPU_PERIOD_US, "cpu.cfs_quota_us": quota})
         for pfd in self.parents:
             os.mkdir(f"s{sid}", dir_fd=pfd)
             fd = os.open(f"s{sid}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=pfd)
@@ -281,6 +292,26 @@ class Cgroups:
                 except FileNotFoundError:  # memsw/swap files exist only with swap accounting
                     pass
         return fds
+
+    def tasks(self, fds: list[int]) -> int | None:
+        """Processes and threads in the session's group (zombies included), or None if unknown."""
+        for fd in fds:
+            try:
+                return _read_int_at(fd, "pids.current")
+            except (FileNotFoundError, ValueError):
+                continue
+        return None
+
+    def procs(self, fds: list[int]) -> list[int]:
+        """Host pids of the processes in the session's group."""
+        for fd in fds:
+            try:
+                fd2 = os.open("cgroup.procs", os.O_RDONLY, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            with os.fdopen(fd2) as f:
+                return [int(x) for x in f.read().split()]
+        return []
 
     def oom_kills(self, fds: list[int]) -> int:
         key = "memory.events" if self.v2 else "memory.oom_control"
@@ -317,6 +348,14 @@ def _rmdir_quietly(path: str) -> None:
         os.rmdir(path)
     except OSError:
         pass
+
+
+def _read_int_at(dir_fd: int, name: str) -> int:
+    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        return int(os.read(fd, 64))
+    finally:
+        os.close(fd)
 
 
 def _write_at(dir_fd: int, name: str, value: str) -> None:

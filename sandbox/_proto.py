@@ -82,7 +82,10 @@ class Frames:
             if len(self.buf) < HDR.size + hlen + plen:
                 break
             end = HDR.size + hlen
-            obj = json.loads(self.buf[HDR.size:end])
+            try:  # a tampered peer may send anything: bad UTF-8, NaN, JSON nested past the recursion limit
+                obj = json.loads(self.buf[HDR.size:end])
+            except Exception as e:  # noqa: BLE001 - every parse failure is the same verdict: corrupt
+                raise ValueError(f"frame header does not parse: {type(e).__name__}") from None
             if not isinstance(obj, dict):
                 raise ValueError("frame header is not an object")
             out.append((obj, bytes(self.buf[end:end + plen])))

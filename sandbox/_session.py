@@ -7,8 +7,8 @@ import time
 from collections import deque
 from typing import Awaitable, Callable
 
-from ._client import Proc
-from .base import ExecResult, Limits, SandboxError
+from ._client import TAMPERED, Proc
+from .base import ExecResult, ExecStatus, Limits, SandboxError
 
 
 class Slots:
@@ -77,10 +77,25 @@ class ProcSession:
                 return ExecResult.infra_failure("session is closed")
             try:
                 async with self.slots.slot():
-                    if self.proc is None or not self.proc.alive:
+                    state = "dead" if self.proc is None else self.proc.idle_state()
+                    if state == "tampered":  # it wrote into its channel after its last reply
+                        self.proc.client.stats["tampered"] += 1
+                        await self._drop()
+                        return ExecResult(ExecStatus.ERROR, None, None, "", "", False, False,
+                                          time.monotonic() - t0, TAMPERED + " after its previous cell")
+                    if state == "dead" and self.proc is not None and not (self.proc.restarted or self.proc.client.dead):
+                        # it ended after its last reply although it was stopped: that cell's doing
+                        # (e.g. it closed the control socket). Failed code, never sandbox_error.
+                        self.proc.client.stats["died_between_cells"] += 1
+                        await self._drop()
+                        return ExecResult(ExecStatus.ERROR, None, None, "", "", False, False, time.monotonic() - t0,
+                                          "the session's interpreter ended after its previous cell returned; "
+                                          "this cell did not run, the next one gets a fresh interpreter")
+                    if state == "dead":  # replaced, with fresh state (like a notebook kernel restart)
+                        await self._drop()
                         self.proc = await self.spawn()
                     res = await self.proc.run_cell(code, self.limits.wall_time(timeout),
-                                                   self.limits.max_output_bytes)
+                                                   self.limits.max_output_bytes, park=not self.stateless)
                     if not self.proc.alive:
                         await self._drop()
                     elif self.stateless:  # teardown (~5 ms of kernel work) need not delay the result

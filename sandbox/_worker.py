@@ -27,6 +27,9 @@ from _cells import serve_cells  # noqa: E402
 from _proto import recv, send  # noqa: E402
 
 
+NOFILE = 1024  # open files per session process
+
+
 class Worker:
     def __init__(self, cfg: dict):
         self.cfg, self.limits = cfg, cfg["limits"]
@@ -39,6 +42,8 @@ class Worker:
         self.oom_fd: int | None = None  # docker: the container's own memory cgroup
         self.dirty = False  # docker: the code's uid may have processes or files left
         self.reaper: tuple[int, int] | None = None  # docker: (pid, go-pipe) of a waiting reaper
+        self.stopped: set[int] = set()  # sids stopped (SIGSTOP) between two cells
+        self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
 
     def setup(self) -> dict:
         import _isolation as iso
@@ -75,10 +80,15 @@ class Worker:
                 _become_child_of_waiter(iso)
             else:
                 self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+                # the host's /proc, kept open: build_root hides it, the fd still reaches it
+                self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
             iso.build_root(rootless=self.rootless)
+            if self.rootless:  # the proc of our own pid namespace, mounted by build_root
+                self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
         else:
             self.reaper = self._fork_reaper()
+            self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
             for path in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
                 try:
                     self.oom_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -87,6 +97,7 @@ class Worker:
                 except OSError:
                     self.oom_fd = None
         return {"op": "ready", "cgroups": self.cgroups is not None, "seccomp": self.seccomp is not None,
+                "cpu_quota": self.cgroups is not None and self.cgroups.cpu,
                 "rootless": self.local and self.rootless, "huge_mb": self.huge_mb, "pid": os.getpid()}
 
     def oom_kills(self, sid: int | None = None) -> int:
@@ -119,6 +130,10 @@ class Worker:
                             self.spawn(msg["sid"], fds[0])
                         elif msg["op"] == "kill":
                             self.kill(msg["sid"])
+                        elif msg["op"] == "park":
+                            self.park(msg["sid"])
+                        elif msg["op"] == "resume":
+                            self.resume(msg["sid"])
                     except OSError as e:  # one failed request must not take the worker down
                         print(f"sandbox worker: {msg['op']}: {e}", file=sys.stderr)
                     for fd in fds:
@@ -139,7 +154,8 @@ class Worker:
         cg, pid = [], -1
         try:
             if self.cgroups is not None:
-                cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"])
+                cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"],
+                                       self.limits["cpus"])
             if self.local:
                 self.iso.unshare(self.iso.CLONE_NEWPID)  # the next child is pid 1 of a new namespace
             pid = os.fork()
@@ -201,7 +217,10 @@ class Worker:
             f.write("1000")  # under memory pressure the code dies first, never the worker
         disk = lim["disk_mb"] << 20
         resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # 1, not 0: the kernel skips a piped core_pattern helper (which runs as host root) only at 1
+        resource.setrlimit(resource.RLIMIT_CORE, (1, 1))
+        # the host's limit (often 20k+) times max_processes would reach into fs.file-max
+        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
         # a fixed 8 MB stack: C-level runaway recursion is a prompt SIGSEGV on every host
         resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, resource.getrlimit(resource.RLIMIT_STACK)[1]))
         if self.local and self.cgroups is None:  # per uid (ours is unique); docker: the pids limit
@@ -226,10 +245,88 @@ class Worker:
             self.seccomp.load()
         return socket.socket(fileno=3)
 
+    def park(self, sid: int) -> None:
+        """After a cell: kill the processes it left behind, then stop the session (SIGSTOP, which
+        the kernel delivers to a namespace's pid 1 from outside) until its next cell, so nothing of
+        it runs between cells. Threads left running in the session process itself cannot be
+        killed one by one: the session is killed instead (the host restarts it at the next cell).
+        Replies {"op": "parked", "sid", "procs": leftovers killed, "threads": leftover threads}."""
+        pid, killed, threads = self.sids.get(sid), set(), 0
+        if pid is not None:
+            for _ in range(1000):  # one may fork while we look (not after: a pending SIGKILL stops fork)
+                left = set(self.leftovers(sid, pid)) - killed
+                if not left:
+                    break
+                killed |= left
+                for p in left:
+                    _signal(p, signal.SIGKILL)
+            threads = self.threads(pid) - 1
+            if threads > 0:
+                _signal(pid, signal.SIGKILL)
+            else:
+                _signal(pid, signal.SIGSTOP)
+                self.stopped.add(sid)
+        send(self.sock, {"op": "parked", "sid": sid, "procs": len(killed), "threads": max(threads, 0)})
+
+    def resume(self, sid: int) -> None:
+        pid = self.sids.get(sid)
+        if pid is not None and sid in self.stopped:
+            self.stopped.discard(sid)
+            _signal(pid, signal.SIGCONT)
+
+    def threads(self, pid: int) -> int:
+        try:
+            fd = os.open(f"{pid}/task", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.procfd)
+        except OSError:
+            return 0
+        try:
+            return len(os.listdir(fd))
+        finally:
+            os.close(fd)
+
+    def leftovers(self, sid: int, pid: int) -> list[int]:
+        """Live processes of the session other than its interpreter (zombies excluded)."""
+        if self.cgroups is not None:  # root: the session's cgroup lists them; cheap when there are none
+            tasks = self.cgroups.tasks(self.cg_fds.get(sid, []))
+            if tasks is not None and tasks <= self.threads(pid):
+                return []
+            candidates = self.cgroups.procs(self.cg_fds.get(sid, []))
+        else:
+            candidates = [int(n) for n in os.listdir(self.procfd) if n.isdigit()]
+        mine = self._ns(pid) if self.local else None
+        out = []
+        for p in candidates:
+            if p == pid or p == os.getpid():
+                continue
+            try:
+                fd = os.open(f"{p}/status", os.O_RDONLY, dir_fd=self.procfd)
+                try:
+                    status = os.read(fd, 4096).decode()
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue  # gone already
+            if "\nState:\tZ" in status:
+                continue
+            if self.local:
+                if self.cgroups is None and self._ns(p) != mine:
+                    continue  # another session's, or the worker itself
+            elif f"\nUid:\t{self.uid(sid)}\t" not in status:
+                continue  # docker: only the code's uid (the worker and its reaper are root)
+            out.append(p)
+        return out
+
+    def _ns(self, pid: int) -> int:
+        try:
+            return os.stat(f"{pid}/ns/pid", dir_fd=self.procfd).st_ino
+        except OSError:
+            return -1
+
     def kill(self, sid: int) -> None:
         pid = self.sids.get(sid)
         if pid is None:
             return
+        self.stopped.discard(sid)
         if self.local:
             os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies with it
         else:
@@ -247,6 +344,7 @@ class Worker:
             if sid is None:
                 continue  # an orphan reparented to us (docker: we are the container's init)
             del self.sids[sid]
+            self.stopped.discard(sid)
             if not self.local and self.dirty and not self.sids:  # it died by itself: clean up after it
                 self.reap_uid()
             oom = self.oom_kills(sid) > (0 if self.local else self.oom_base)
@@ -323,6 +421,13 @@ class Worker:
             for sid in list(self.cg_fds):
                 self.cgroups.remove(sid)
             self.cgroups.close()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _become_child_of_waiter(iso) -> None:

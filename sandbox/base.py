@@ -16,10 +16,12 @@ class Limits:
     max_output_bytes: int = 65536  # per stream (stdout, stderr); exceeding it kills the cell
     disk_mb: int = 256  # size of the private writable directory (and the largest single file)
     max_processes: int = 64  # processes + threads alive at once in a session (fork bombs stop here)
-    network: bool = False  # False: no network at all, loopback included
+    network: bool = False  # False: no network at all, loopback included. True: trusted code only
+    # (local: the host's network namespace, loopback and abstract Unix sockets included)
+    cpus: float = 1.0  # CPU quota of a session (local: cgroup cpu controller; docker: docker.cpus)
 
     def __post_init__(self) -> None:
-        for name in ("wall_time_s", "memory_mb", "max_output_bytes", "disk_mb", "max_processes"):
+        for name in ("wall_time_s", "memory_mb", "max_output_bytes", "disk_mb", "max_processes", "cpus"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"{name}={value!r}: must be > 0")

@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from ._client import Proc, WorkerClient
+from ._client import Proc, WorkerClient, new_stats
 from ._session import ProcSession, Slots
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
@@ -81,6 +81,7 @@ class DockerSandbox:
         self.tasks: set[asyncio.Task] = set()  # recycling in the background
         self.filling: asyncio.Task | None = None
         self.closed = False
+        self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
         self.label = f"{os.getpid()}-{id(self):x}"  # finds every container of ours at close
 
     async def _call(self, fn, *args, **kwargs):
@@ -122,7 +123,7 @@ class DockerSandbox:
                 pids_limit=lim.max_processes + 8, nano_cpus=int(self.cfg.docker.cpus * 1e9),
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.disk_mb}m,uid={CODE_UID},gid={CODE_UID},mode=0700"},
                 shm_size=f"{lim.disk_mb}m", volumes={ctl: {"bind": "/ctl", "mode": "rw"}},
-                cap_drop=["ALL"], cap_add=["SETUID", "SETGID"], security_opt=["no-new-privileges"],
+                cap_drop=["ALL"], cap_add=["SETUID", "SETGID", "KILL"], security_opt=["no-new-privileges"],
                 environment=self.cfg.code_env(dict(os.environ)), hostname="sandbox", user="0:0",
                 labels={"stare-sandbox": self.label})
             await self._call(obj.start)
@@ -142,7 +143,7 @@ class DockerSandbox:
                     if time.monotonic() > deadline:
                         raise SandboxError(f"container {obj.short_id}: worker socket never appeared") from None
                     await asyncio.sleep(0.02)
-            client = WorkerClient(sock, f"container {obj.short_id}")
+            client = WorkerClient(sock, f"container {obj.short_id}", self.stats)
             c = _Container(obj, ctl, client)
             self.live.add(c)
             await client.ready(max(0.1, deadline - time.monotonic()))

@@ -37,7 +37,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
-from ._client import Proc, WorkerClient
+from ._client import Proc, WorkerClient, new_stats
 from ._session import ProcSession, Slots
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
@@ -53,6 +53,7 @@ class LocalSandbox:
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
         self.worker: WorkerClient | None = None
         self.popen: subprocess.Popen | None = None
+        self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
         self.info: dict = {}  # what the worker set up: {"cgroups": bool, "seccomp": bool, "rootless": bool}
         self.spares: list[Proc] = []  # started, isolated, never used: a session takes one at once
         self.refill: asyncio.Task | None = None
@@ -90,7 +91,7 @@ class LocalSandbox:
             raise SandboxError(f"cannot start the sandbox worker: {e}") from None
         finally:
             theirs.close()
-        client = WorkerClient(ours, "sandbox worker")
+        client = WorkerClient(ours, "sandbox worker", self.stats)
         try:
             self.info = await client.ready(self.cfg.spawn_timeout_s)
         except BaseException:
