@@ -398,7 +398,10 @@ _DENY = """ptrace process_vm_readv process_vm_writev keyctl add_key request_key 
 userfaultfd unshare setns mount umount2 pivot_root chroot move_mount open_tree fsopen fsmount fspick
 mount_setattr open_by_handle_at name_to_handle_at kexec_load kexec_file_load init_module finit_module
 delete_module reboot swapon swapoff acct quotactl syslog iopl ioperm io_uring_setup io_uring_enter
-io_uring_register""".split()
+io_uring_register io_setup io_destroy io_submit io_cancel io_getevents io_pgetevents modify_ldt
+personality kcmp fanotify_init memfd_secret""".split()
+# io_*: AIO contexts come from the host-wide fs.aio-max-nr (DeepSpeed's async I/O needs them);
+# personality: READ_IMPLIES_EXEC and address-layout changes; the rest: kernel surface nobody needs
 
 
 class Seccomp:
@@ -421,7 +424,8 @@ class Seccomp:
         self._rule("clone", errno.EPERM, _ArgCmp(0, 7, CLONE_NEWUSER, CLONE_NEWUSER))  # no user namespaces
         self._rule("clone3", errno.ENOSYS)  # flags are behind a pointer; libc falls back to clone
         if block_network:  # only AF_UNIX (1) sockets: the namespace already has no network; belt and braces
-            self._rule("socket", errno.EAFNOSUPPORT, _ArgCmp(0, 1, 1, 0))
+            for call in ("socket", "socketpair"):  # any other family may autoload a kernel module
+                self._rule(call, errno.EAFNOSUPPORT, _ArgCmp(0, 1, 1, 0))
         # compile once to BPF: seccomp_load() would recompile it in every session (~1 ms)
         r, w = os.pipe()
         try:
