@@ -21,10 +21,31 @@ MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-SYS_PIVOT_ROOT = 155  # x86_64
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, AT_RECURSIVE, AT_FDCWD = 0x1, 0x2, 0x4, 0x8000, -100
+# Numbers of the calls glibc has no wrapper for, per architecture (tests/sandbox check that every
+# _syscall() name is in every table). Other architectures get a clear error, never a guess.
+SYSCALLS = {
+    "x86_64": {"pivot_root": 155, "mount_setattr": 442},
+    "aarch64": {"pivot_root": 41, "mount_setattr": 442},
+}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+
+def _syscall(name: str, *args) -> int:
+    """A raw system call by name, with this architecture's number."""
+    arch = os.uname().machine
+    table = SYSCALLS.get(arch)
+    if table is None:
+        raise OSError(errno.ENOSYS, f"the local sandbox knows the system call numbers of {sorted(SYSCALLS)} only, "
+                      f"not {arch}: add them to SYSCALLS in sandbox/_isolation.py, or use sandbox.backend=docker")
+    return _libc.syscall(ctypes.c_long(table[name]), *args)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
 
 
 def _check(ret: int, what: str) -> None:
@@ -81,9 +102,24 @@ def sethostname(name: str) -> None:
     _check(_libc.sethostname(name.encode(), len(name)), "sethostname")
 
 
-def bind_ro(src: str, dst: str) -> None:
+def bind_ro(src: str, dst: str, mountinfo: int = -1) -> None:
+    """Bind src at dst read-only, nosuid and nodev, every mount below it included (a volume or a
+    driver mount under a bound directory would otherwise stay writable and shared with the host).
+    mount_setattr(AT_RECURSIVE) does it in one call (Linux >= 5.12); older kernels: each submount
+    listed in `mountinfo` (an fd of /proc/self/mountinfo opened before /proc was covered)."""
     mount(src, dst, None, MS_BIND | MS_REC)
-    mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
+    if _syscall("mount_setattr", AT_FDCWD, _b(dst), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) == 0:
+        return
+    if ctypes.get_errno() != errno.ENOSYS or mountinfo < 0:
+        _check(-1, f"mount_setattr {dst}")
+    os.lseek(mountinfo, 0, os.SEEK_SET)
+    with os.fdopen(os.dup(mountinfo)) as f:
+        points = [(ln.split()[4], ln.split()[5].split(",")) for ln in f]
+    for point, opts in points:
+        if point == dst or point.startswith(dst + "/"):
+            keep = MS_NOEXEC if "noexec" in opts else 0  # a locked flag must be kept (user namespaces)
+            mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
 
 
 TMP_ALIAS = "/.tmp-binds"  # where read-only binds of paths under /tmp are kept in the worker's root
@@ -93,14 +129,14 @@ def _under_tmp(path: str) -> bool:
     return path == "/tmp" or path.startswith("/tmp/")
 
 
-def _place(path: str, dst: str) -> None:
+def _place(path: str, dst: str, mountinfo: int = -1) -> None:
     """Make host `path` appear read-only at `dst` (a symlink is copied as a symlink)."""
     if os.path.islink(path):
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         os.symlink(os.readlink(path), dst)
     elif os.path.isdir(path):
         os.makedirs(dst, exist_ok=True)
-        bind_ro(path, dst)
+        bind_ro(path, dst, mountinfo)
 
 
 def root_paths() -> tuple[list[str], list[str]]:
@@ -132,6 +168,7 @@ def build_root(rootless: bool = False) -> None:
     fully visible one exists in its mount namespace (the session's own then covers it)."""
     unshare(CLONE_NEWNS)
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do propagates back to the host
+    mountinfo = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)  # read later, past the cover
     # the new root is assembled over /proc: a mount point that always exists, that is never a
     # bind source, and that (in this private namespace) leaves nothing to clean up on the host
     stage = "/proc"
@@ -141,7 +178,8 @@ def build_root(rootless: bool = False) -> None:
         # An interpreter under /tmp (a checkout there) is also kept at an alias: each session's
         # private /tmp hides the original, and enter_session_mounts binds it back from the alias.
         for dst in [stage + path] + ([stage + TMP_ALIAS + path] if _under_tmp(path) else []):
-            _place(path, dst)
+            _place(path, dst, mountinfo)
+    os.close(mountinfo)
     for path in hide:
         mount("tmpfs", stage + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
     dev = stage + "/dev"
@@ -160,11 +198,10 @@ def build_root(rootless: bool = False) -> None:
         mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.makedirs(stage + "/tmp", exist_ok=True)
     os.chdir(stage)
-    try:  # pivot_root(".", ".") stacks the old root on top; detaching it makes it unreachable
-        _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
-        _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
-    except OSError:  # e.g. an initramfs root; the code has no CAP_SYS_CHROOT to climb out
-        os.chroot(".")
+    # pivot_root(".", ".") stacks the old root on top; detaching it makes it unreachable. No chroot
+    # fallback: it would leave the host's mounts in the namespace (an initramfs root: use docker)
+    _check(_syscall("pivot_root", b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
