@@ -249,8 +249,8 @@ class Cgroups:
         self.cpu = cpu  # a CPU controller is there: each session gets a quota
 
     @classmethod
-    def create(cls, name: str) -> "Cgroups | None":
-        """Make `name` below our own cgroup(s); None when cgroups cannot be used here."""
+    def create(cls, name: str) -> "Cgroups":
+        """Make `name` below our own cgroup(s); OSError saying why when cgroups cannot be used here."""
         mounts = {}  # controller -> mount point ("" key: cgroup2)
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -277,7 +277,8 @@ class Cgroups:
                 with open(os.path.join(base, "cgroup.controllers")) as f:
                     have = set(f.read().split())
                 if not {"memory", "pids"} <= have:
-                    return None
+                    raise OSError(errno.EPERM, f"cgroup v2 at {base} does not delegate memory and pids "
+                                  f"(it has: {' '.join(sorted(have)) or 'none'})")
                 enable = "+memory +pids" + (" +cpu" if "cpu" in have else "")
                 with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
                     f.write(enable)
@@ -285,9 +286,9 @@ class Cgroups:
                 with open(os.path.join(base, name, "cgroup.subtree_control"), "w") as f:
                     f.write(enable)
                 return group
-        except (OSError, KeyError):
-            return None
-        return None
+        except KeyError as e:
+            raise OSError(errno.ENOENT, f"this process is in no {e} cgroup") from None
+        raise OSError(errno.ENOENT, "no cgroup v1 memory+pids hierarchies and no cgroup v2 mounted")
 
     @classmethod
     def _make(cls, dirs: list[str], name: str, v2: bool, cpu: bool) -> "Cgroups":

@@ -42,6 +42,7 @@ class Worker:
         self.oom_fd: int | None = None  # docker: the container's own memory cgroup
         self.dirty = False  # docker: the code's uid may have processes or files left
         self.reaper: tuple[int, int] | None = None  # docker: (pid, go-pipe) of a waiting reaper
+        self.cgroup_error = ""  # why root mode runs without cgroups (allow_no_cgroups)
         self.stopped: set[int] = set()  # sids stopped (SIGSTOP) between two cells
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
 
@@ -62,7 +63,10 @@ class Worker:
         if self.cfg.get("seccomp"):
             try:
                 self.seccomp = iso.Seccomp(block_network=not self.limits["network"])
-            except OSError:
+            except OSError as e:
+                if not self.cfg.get("allow_no_seccomp"):
+                    raise OSError(f"no seccomp filter ({e}): install libseccomp2, or set "
+                                  "sandbox.allow_no_seccomp=true to run without it") from None
                 self.seccomp = None
         if self.local:
             self.rootless = os.geteuid() != 0
@@ -79,7 +83,14 @@ class Worker:
                 iso.unshare(iso.CLONE_NEWPID)
                 _become_child_of_waiter(iso)
             else:
-                self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+                try:
+                    self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+                except OSError as e:
+                    if not self.cfg.get("allow_no_cgroups"):
+                        raise OSError(f"cannot create per-session cgroups ({e}); fix the cgroup "
+                                      "setup, or set sandbox.allow_no_cgroups=true for per-process rlimits "
+                                      "(weaker: memory not summed over processes, no CPU quota)") from None
+                    self.cgroup_error = str(e)
                 # the host's /proc, kept open: build_root hides it, the fd still reaches it
                 self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -97,7 +108,7 @@ class Worker:
                 except OSError:
                     self.oom_fd = None
         return {"op": "ready", "cgroups": self.cgroups is not None, "seccomp": self.seccomp is not None,
-                "cpu_quota": self.cgroups is not None and self.cgroups.cpu,
+                "cpu_quota": self.cgroups is not None and self.cgroups.cpu, "cgroup_error": self.cgroup_error,
                 "rootless": self.local and self.rootless, "huge_mb": self.huge_mb, "pid": os.getpid()}
 
     def oom_kills(self, sid: int | None = None) -> int:

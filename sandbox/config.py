@@ -50,7 +50,13 @@ class SandboxConfig:
     preload: list[str] = field(default_factory=lambda: ["numpy", "sympy"])  # imported once by workers
     env: list[str] = field(default_factory=list)  # extra "KEY=VALUE" variables the code sees
     env_passthrough: list[str] = field(default_factory=list)  # host variable names copied in
-    seccomp: bool = True  # local: add a seccomp filter when libseccomp is present (defence in depth)
+    seccomp: bool = True  # local: a seccomp filter (needs libseccomp); False turns it off on purpose
+    # Nothing weakens silently: the local backend refuses to start when libseccomp does not load
+    # or (as root) per-session cgroups cannot be made, unless these allow it. Rootless mode (not
+    # root) never has cgroups; it starts anyway, with a warning, and says what it does not enforce
+    # in sandbox.info["not_enforced"] (see sandbox/README.md).
+    allow_no_seccomp: bool = False
+    allow_no_cgroups: bool = False
     spawn_timeout_s: float = 30.0  # a worker/container that is not ready by then is an infra failure
     docker: DockerConfig = field(default_factory=DockerConfig)
     e2b: E2BConfig = field(default_factory=E2BConfig)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -42,8 +43,32 @@ from ._session import ProcSession, Slots
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
 
+log = logging.getLogger("sandbox")
 WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 UID_BASE = 200_000  # session uids: UID_BASE + 1000 * (worker pid % 500) + sid % 1000; no host user has these
+
+
+def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
+    """What this sandbox really enforces (from the worker's report), for logs and run summaries."""
+    info = {k: hello[k] for k in ("cgroups", "seccomp", "cpu_quota", "rootless", "cgroup_error") if k in hello}
+    info.update(backend="local", network=cfg.limits.network, huge_mb=hello.get("huge_mb", 0),
+                uids="own user namespace per session" if hello.get("rootless") else "per-session uid from a host-wide pool")
+    weaker = []
+    if not hello.get("cgroups"):
+        weaker += ["memory summed over a session's processes (RLIMIT_AS per process instead; memfd and SysV shm "
+                   "escape it)", "a pids cgroup (RLIMIT_NPROC in the session's own user namespace instead)"]
+    if not hello.get("cpu_quota"):
+        weaker.append("a CPU quota per session (a cell's CPU is bounded by its wall time x max_processes)")
+    if not hello.get("seccomp"):
+        weaker.append("the seccomp filter (kernel surface: io_uring, bpf, perf, keyctl... are reachable)")
+    if hello.get("rootless"):
+        weaker.append("a per-session host uid (all sessions are the starting user on the host: they share its "
+                      "inotify instances and may lower their own oom_score_adj)")
+    if cfg.limits.network:
+        weaker.append("network isolation (network=True: the host's network namespace, loopback and abstract "
+                      "Unix sockets included; trusted code only)")
+    info["not_enforced"] = weaker
+    return info
 
 
 class LocalSandbox:
@@ -54,7 +79,7 @@ class LocalSandbox:
         self.worker: WorkerClient | None = None
         self.popen: subprocess.Popen | None = None
         self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
-        self.info: dict = {}  # what the worker set up: {"cgroups": bool, "seccomp": bool, "rootless": bool}
+        self.info: dict = {}  # effective_isolation(): what is enforced, and what is not
         self.spares: list[Proc] = []  # started, isolated, never used: a session takes one at once
         self.refill: asyncio.Task | None = None
         self.starting: asyncio.Lock | None = None
@@ -79,6 +104,7 @@ class LocalSandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = {"mode": "local", "fd": theirs.fileno(), "limits": asdict(self.limits),
                 "preload": list(self.cfg.preload), "seccomp": self.cfg.seccomp,
+                "allow_no_seccomp": self.cfg.allow_no_seccomp, "allow_no_cgroups": self.cfg.allow_no_cgroups,
                 "uid_base": UID_BASE + 1000 * (os.getpid() % 500)}
         env = self.cfg.code_env(dict(os.environ))
         env["PATH"] = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
@@ -93,12 +119,17 @@ class LocalSandbox:
             theirs.close()
         client = WorkerClient(ours, "sandbox worker", self.stats)
         try:
-            self.info = await client.ready(self.cfg.spawn_timeout_s)
+            hello = await client.ready(self.cfg.spawn_timeout_s)
         except BaseException:
             client.close()
             self.popen.kill()
             self._reap_worker()
             raise
+        first = not self.info
+        self.info = effective_isolation(hello, self.cfg)
+        if first:  # once per sandbox, not at every worker restart
+            for item in self.info["not_enforced"]:
+                log.warning("local sandbox: not enforced: %s (see sandbox/README.md)", item)
         return client
 
     def _drop_worker(self) -> None:

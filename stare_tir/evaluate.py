@@ -412,7 +412,8 @@ def run_eval(cfg: EvalRunConfig) -> dict[str, Any]:
     parts = build_components(cfg.model, cfg.backend, cfg.rollout, cfg.env, cfg.sandbox)
     try:
         summary = evaluate(parts.engine, cfg.eval, out,
-                           meta={"model": cfg.model.path, "backend": cfg.backend})
+                           meta={"model": cfg.model.path, "backend": cfg.backend,
+                                 "sandbox": getattr(parts.engine.sandbox, "info", {})})
     finally:
         parts.close()
     logger.info(f"wrote {out / 'summary.json'} and per-sample rows in {out}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -95,3 +96,17 @@ def test_shared_kernel_tables_are_closed(sb):
     assert all(out[name] == (-1, 1) for name in calls), out  # EPERM, as if unprivileged
     assert out["socketpair"] == 97, out  # EAFNOSUPPORT from the filter (the kernel says EOPNOTSUPP)
     assert out["nofile"] == (1024, 1024) and out["core"] == (1, 1), out
+
+
+
+def test_network_true_is_announced_as_trusted_code_only(make_box, caplog):
+    from sandbox import Limits
+
+    with caplog.at_level(logging.WARNING, logger="sandbox"):
+        box = make_box("local", limits=Limits(wall_time_s=5.0, memory_mb=256, network=True))
+        try:
+            info = box.sandbox.info
+        finally:
+            box.close()
+    assert info["network"] is True and any("trusted code only" in w for w in info["not_enforced"]), info
+    assert any("trusted code only" in rec.getMessage() for rec in caplog.records), caplog.text
