@@ -25,6 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings; dropped again in main()
 from _cells import serve_cells  # noqa: E402
 from _proto import recv, send  # noqa: E402
+from _uids import UidPool  # noqa: E402
 
 
 NOFILE = 1024  # open files per session process
@@ -43,7 +44,9 @@ class Worker:
         self.dirty = False  # docker: the code's uid may have processes or files left
         self.reaper: tuple[int, int] | None = None  # docker: (pid, go-pipe) of a waiting reaper
         self.cgroup_error = ""  # why root mode runs without cgroups (allow_no_cgroups)
-        self.stopped: set[int] = set()  # sids stopped (SIGSTOP) between two cells
+        self.stopped: set[int] = set()
+        self.uid_pool: UidPool | None = None  # local, root: a host-wide uid per live session
+        self.uid_locks: dict[int, tuple[int, int]] = {}  # sid -> (uid, lock fd)  # sids stopped (SIGSTOP) between two cells
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
 
     def setup(self) -> dict:
@@ -93,6 +96,7 @@ class Worker:
                     self.cgroup_error = str(e)
                 # the host's /proc, kept open: build_root hides it, the fd still reaches it
                 self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+                self.uid_pool = UidPool()  # opened before build_root hides /run
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
             iso.build_root(rootless=self.rootless)
             if self.rootless:  # the proc of our own pid namespace, mounted by build_root
@@ -157,13 +161,17 @@ class Worker:
     def uid(self, sid: int) -> int:
         if self.local and self.rootless:
             return 0  # the only uid of our user namespace; sessions get their own namespace instead
-        return self.cfg["uid_base"] + sid % 1000 if self.local else self.cfg["uid_base"]
+        if self.local:
+            return self.uid_locks[sid][0]
+        return self.cfg["uid_base"]  # docker: the host drew this container's uid from the pool
 
     def spawn(self, sid: int, ctl_fd: int) -> None:
         if not self.local and self.dirty:  # docker: every session starts from a clean container
             self.reap_uid()
         cg, pid = [], -1
         try:
+            if self.uid_pool is not None:
+                self.uid_locks[sid] = self.uid_pool.take()
             if self.cgroups is not None:
                 cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"],
                                        self.limits["cpus"])
@@ -198,6 +206,7 @@ class Worker:
         """No session process exists: say why on its channel, and report it ended."""
         for fd in cg:
             os.close(fd)
+        self._free_uid(sid)
         if self.cgroups is not None:
             self.cgroups.remove(sid)
         with socket.socket(fileno=os.dup(ctl_fd)) as ctl:
@@ -333,6 +342,11 @@ class Worker:
         except OSError:
             return -1
 
+    def _free_uid(self, sid: int) -> None:
+        held = self.uid_locks.pop(sid, None)
+        if held is not None:
+            os.close(held[1])
+
     def kill(self, sid: int) -> None:
         pid = self.sids.get(sid)
         if pid is None:
@@ -356,6 +370,7 @@ class Worker:
                 continue  # an orphan reparented to us (docker: we are the container's init)
             del self.sids[sid]
             self.stopped.discard(sid)
+            self._free_uid(sid)  # pid 1 of its namespace is reaped last: no process of the uid is left
             if not self.local and self.dirty and not self.sids:  # it died by itself: clean up after it
                 self.reap_uid()
             oom = self.oom_kills(sid) > (0 if self.local else self.oom_base)

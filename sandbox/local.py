@@ -45,7 +45,6 @@ from .config import SandboxConfig
 
 log = logging.getLogger("sandbox")
 WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
-UID_BASE = 200_000  # session uids: UID_BASE + 1000 * (worker pid % 500) + sid % 1000; no host user has these
 
 
 def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
@@ -104,8 +103,7 @@ class LocalSandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = {"mode": "local", "fd": theirs.fileno(), "limits": asdict(self.limits),
                 "preload": list(self.cfg.preload), "seccomp": self.cfg.seccomp,
-                "allow_no_seccomp": self.cfg.allow_no_seccomp, "allow_no_cgroups": self.cfg.allow_no_cgroups,
-                "uid_base": UID_BASE + 1000 * (os.getpid() % 500)}
+                "allow_no_seccomp": self.cfg.allow_no_seccomp, "allow_no_cgroups": self.cfg.allow_no_cgroups}
         env = self.cfg.code_env(dict(os.environ))
         env["PATH"] = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
         env.setdefault("USER", "sandbox")

@@ -20,7 +20,7 @@ import sysconfig
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER_FILES = ("_worker.py", "_proto.py", "_cells.py", "_isolation.py")
+WORKER_FILES = ("_worker.py", "_proto.py", "_cells.py", "_isolation.py", "_uids.py")
 
 
 def code_hash() -> str:

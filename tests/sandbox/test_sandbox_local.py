@@ -110,3 +110,24 @@ def test_network_true_is_announced_as_trusted_code_only(make_box, caplog):
             box.close()
     assert info["network"] is True and any("trusted code only" in w for w in info["not_enforced"]), info
     assert any("trusted code only" in rec.getMessage() for rec in caplog.records), caplog.text
+
+
+def test_live_sessions_of_two_sandboxes_never_share_a_uid(sb, make_box):
+    other = make_box("local")
+    sessions = []
+    try:
+        for box in (sb, other):
+            for _ in range(4):
+                s = box.session()
+                sessions.append(s.__enter__())
+        uids = [int(s.run("import os; print(os.getuid())").stdout) for s in sessions]
+        assert len(set(uids)) == len(uids) and min(uids) >= 200_000, uids
+        # per-uid kernel accounting: one session taking every inotify instance leaves the others theirs
+        hog = sessions[0].run("import ctypes\nlibc = ctypes.CDLL(None)\n"
+                              "fds = [libc.inotify_init() for _ in range(10000)]\nprint(sum(f >= 0 for f in fds))")
+        mine = sessions[-1].run("import ctypes\nprint(ctypes.CDLL(None).inotify_init() >= 0)")
+        assert hog.status == "ok" and mine.stdout == "True\n", (hog, mine)
+    finally:
+        for s in sessions:
+            s.__exit__(None, None, None)
+        other.close()
