@@ -428,8 +428,9 @@ class Worker:
                     except ProcessLookupError:
                         pass
                     time.sleep(0.001)
-                for d in ("/tmp", "/dev/shm"):
+                for d in ("/tmp", "/dev/shm", "/dev/mqueue"):  # mqueue: POSIX message queues
                     _wipe(d)
+                _wipe_sysv_ipc()  # the container's IPC namespace outlives the session: empty it too
             finally:
                 os._exit(0)
         os.close(r)
@@ -481,6 +482,25 @@ def _live_processes(uid: int) -> bool:
             if f"\nUid:\t{uid}\t" in status and "\nState:\tZ" not in status:
                 return True
     return False
+
+
+def _wipe_sysv_ipc() -> None:
+    """Remove every SysV shared memory segment, message queue and semaphore set we may remove
+    (the reaper runs as the code's uid: exactly the ones the code made)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_rmid = 0
+    for kind, remove in (("shm", lambda i: libc.shmctl(i, ipc_rmid, None)),
+                         ("msg", lambda i: libc.msgctl(i, ipc_rmid, None)),
+                         ("sem", lambda i: libc.semctl(i, 0, ipc_rmid))):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                ids = [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]
+        except OSError:
+            continue
+        for ipc_id in ids:
+            remove(ipc_id)
 
 
 def _wipe(path: str) -> None:

@@ -30,15 +30,15 @@ from ._client import Proc, WorkerClient, new_stats
 from ._session import ProcSession, Slots
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
+from ._uids import UidPool
 from .docker.build import code_hash
 
 WORKER_OVERHEAD_MB = 128  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
-CODE_UID = 65534
 
 
 class _Container:
-    def __init__(self, obj, ctl_dir: str, client: WorkerClient):
-        self.obj, self.ctl_dir, self.client = obj, ctl_dir, client
+    def __init__(self, obj, ctl_dir: str, client: WorkerClient, uid_lock: int):
+        self.obj, self.ctl_dir, self.client, self.uid_lock = obj, ctl_dir, client, uid_lock
         self.spare: Proc | None = None  # a fresh interpreter, started while the container was idle
 
 
@@ -82,6 +82,8 @@ class DockerSandbox:
         self.filling: asyncio.Task | None = None
         self.closed = False
         self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
+        self.uids: UidPool | None = None  # each container's code runs as its own host uid
+        self.info: dict = {}
         self.label = f"{os.getpid()}-{id(self):x}"  # finds every container of ours at close
 
     async def _call(self, fn, *args, **kwargs):
@@ -107,13 +109,19 @@ class DockerSandbox:
             raise SandboxError(f"docker image {image} holds other sandbox code than this checkout: "
                                "rebuild it with `python -m sandbox.docker.build`")
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
+        self.uids = UidPool()
+        self.info = {"backend": "docker", "cgroups": True, "cpu_quota": True, "rootless": False,
+                     "seccomp": "Docker's default profile", "network": False, "uids": "per-container uid from a "
+                     "host-wide pool", "not_enforced": ["per-session uid inside a container (its sessions run one "
+                                                        "after another, each cleaned up by the reaper)"]}
         self._fill()
 
     async def _new(self) -> _Container:
         lim = self.limits
-        ctl = tempfile.mkdtemp(dir=self.dir)  # 0700, root: the code (uid 65534) cannot enter it
+        ctl = tempfile.mkdtemp(dir=self.dir)  # 0700, root: the code's uid cannot enter it
+        uid, uid_lock = self.uids.take()  # held while the container lives: no other session has this uid
         args = {"mode": "docker", "listen": "/ctl/worker.sock", "limits": asdict(lim), "preload": list(self.cfg.preload),
-                "seccomp": False, "uid_base": CODE_UID}
+                "seccomp": False, "uid_base": uid}
         mem = f"{lim.memory_mb + WORKER_OVERHEAD_MB}m"
         obj = None
         try:
@@ -121,7 +129,7 @@ class DockerSandbox:
                 self.api.containers.create, self.cfg.docker.image, [json.dumps(args)],
                 network_mode="none", read_only=True, mem_limit=mem, memswap_limit=mem,
                 pids_limit=lim.max_processes + 8, nano_cpus=int(self.cfg.docker.cpus * 1e9),
-                tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.disk_mb}m,uid={CODE_UID},gid={CODE_UID},mode=0700"},
+                tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.disk_mb}m,uid={uid},gid={uid},mode=0700"},
                 shm_size=f"{lim.disk_mb}m", volumes={ctl: {"bind": "/ctl", "mode": "rw"}},
                 cap_drop=["ALL"], cap_add=["SETUID", "SETGID", "KILL"], security_opt=["no-new-privileges"],
                 environment=self.cfg.code_env(dict(os.environ)), hostname="sandbox", user="0:0",
@@ -131,6 +139,7 @@ class DockerSandbox:
             if obj is not None:
                 await self._call(obj.remove, force=True)
             shutil.rmtree(ctl, ignore_errors=True)
+            os.close(uid_lock)
             raise SandboxError(f"cannot start a sandbox container: {type(e).__name__}: {e}") from None
         path, deadline = os.path.join(ctl, "worker.sock"), time.monotonic() + self.cfg.spawn_timeout_s
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -144,7 +153,8 @@ class DockerSandbox:
                         raise SandboxError(f"container {obj.short_id}: worker socket never appeared") from None
                     await asyncio.sleep(0.02)
             client = WorkerClient(sock, f"container {obj.short_id}", self.stats)
-            c = _Container(obj, ctl, client)
+            c = _Container(obj, ctl, client, uid_lock)
+            uid_lock = -1  # the container holds it now
             self.live.add(c)
             await client.ready(max(0.1, deadline - time.monotonic()))
             c.spare = await client.spawn(self.cfg.spawn_timeout_s)
@@ -152,6 +162,8 @@ class DockerSandbox:
             sock.close()
             await self._call(obj.remove, force=True)
             shutil.rmtree(ctl, ignore_errors=True)
+            if uid_lock >= 0:
+                os.close(uid_lock)
             raise
         return c
 
@@ -230,6 +242,9 @@ class DockerSandbox:
         except Exception:  # noqa: BLE001 - already gone
             pass
         shutil.rmtree(c.ctl_dir, ignore_errors=True)
+        if c.uid_lock >= 0:  # its processes are gone with it: the uid is free again
+            os.close(c.uid_lock)
+            c.uid_lock = -1
 
     def session(self, stateless: bool = False) -> ProcSession:
         lease = _Lease(self)
@@ -257,6 +272,9 @@ class DockerSandbox:
                 pass
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
+        if self.uids is not None:
+            self.uids.close()
+            self.uids = None
 
     async def __aenter__(self) -> "DockerSandbox":
         await self.start()

@@ -30,6 +30,10 @@ def code_hash() -> str:
         with open(os.path.join(os.path.dirname(HERE), name), "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]
+# Programs a cell may start on every backend (`subprocess.run(["sleep", "1"])`, `sh -c "ls | wc"`)
+SHELL_UTILS = ("sh", "sleep", "ls", "cat", "echo", "true", "false", "env", "head", "tail", "wc", "mkdir", "rm",
+               "cp", "mv", "touch", "grep", "sed", "sort", "uniq", "tr", "cut", "date", "pwd", "id", "uname", "seq",
+               "printf", "expr", "find", "xargs", "tee", "basename", "dirname")
 SKIP_STDLIB = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 ELF = b"\x7fELF"
 
@@ -93,8 +97,13 @@ def collect(root: str, packages: list[str]) -> None:
                 _copy(src, root, os.path.normpath(os.path.join(site, str(rel))))
                 files.append(src)
         todo += _requirements(dist)
-    files.append(os.path.realpath("/bin/sh"))
-    _copy(os.path.realpath("/bin/sh"), root, "/bin/sh")
+    for name in SHELL_UTILS:  # the same basic programs as a cell sees on the local backend
+        found = shutil.which(name, path="/usr/bin:/bin")
+        if found is None:
+            raise SystemExit(f"{name} not found on this host: the image needs it (install coreutils/grep/sed)")
+        files.append(os.path.realpath(found))
+        _copy(os.path.realpath(found), root, f"/usr/bin/{name}")
+    os.symlink("usr/bin", root + "/bin")  # merged /usr: /bin/sleep and /usr/bin/sleep both work
     libs = set()
     for f in files:
         with open(f, "rb") as fh:

@@ -29,7 +29,7 @@ def test_engine_enforces_the_limits(sb):
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
     assert host["Memory"] == (lim.memory_mb + 128) << 20 and host["MemorySwap"] == host["Memory"]
     assert host["PidsLimit"] == lim.max_processes + 8 and host["NanoCpus"] == 10**9
-    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == ["SETGID", "SETUID"]
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
     assert "no-new-privileges" in host["SecurityOpt"] and f"size={lim.disk_mb}m" in host["Tmpfs"]["/tmp"]
 
 
@@ -44,6 +44,33 @@ def test_reused_container_is_clean(sb, marker, procs):
         assert lease_of(b).obj.id == first, "the warm container should have been reused"
         assert r.stdout == "False [] []\n", r
     assert not procs.wait_gone(marker), "the previous session's daemon survived into the reused container"
+
+
+def test_ipc_objects_do_not_survive_into_the_next_session(sb):
+    make = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.shmget(0x5157, 4096, 0o1600) >= 0, libc.msgget(0x5158, 0o1600) >= 0, "
+            "libc.semget(0x5159, 1, 0o1600) >= 0)\n"
+            "mq = libc.mq_open(b'/stare-q', os.O_CREAT | os.O_RDWR, 0o600, None)\nprint(mq >= 0)")
+    look = ("import os\nprint([len(open(f'/proc/sysvipc/{k}').readlines()) - 1 for k in ('shm', 'msg', 'sem')], "
+            "os.listdir('/dev/mqueue'))")
+    with sb.session() as a:
+        r = a.run(make)
+        assert r.stdout == "True True True\nTrue\n", r
+        first = lease_of(a).obj.id
+    with sb.session() as b:
+        r = b.run(look)
+        assert lease_of(b).obj.id == first, "the warm container should have been reused"
+        assert r.stdout == "[0, 0, 0] []\n", r
+
+
+def test_each_container_runs_its_code_as_its_own_host_uid(make_box):
+    box = make_box("docker", docker=DockerConfig(warm=2), workers=2)
+    try:
+        with box.session() as a, box.session() as b:
+            uids = [int(s.run("import os; print(os.getuid())").stdout) for s in (a, b)]
+        assert uids[0] != uids[1] and min(uids) >= 200_000, uids
+    finally:
+        box.close()
 
 
 def test_dead_container_is_replaced(sb):

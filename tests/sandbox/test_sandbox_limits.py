@@ -239,3 +239,14 @@ def test_a_cancelled_call_kills_its_cell(box, marker, procs):
     r = asyncio.run_coroutine_threadsafe(cancel_it(box.sandbox), box.loop).result()
     assert r.status == "ok" and r.stdout == "after\n", r
     assert not procs.wait_gone(marker), "the cancelled cell kept running"
+
+
+def test_the_same_shell_utilities_on_every_backend(box):
+    from sandbox.docker.build import SHELL_UTILS
+
+    r = box.run("import shutil, subprocess\n"
+                f"print([u for u in {SHELL_UTILS!r} if shutil.which(u) is None])\n"
+                "print(subprocess.run(['/bin/sleep', '0']).returncode, subprocess.run(['/usr/bin/sleep', '0']).returncode)\n"
+                "print(subprocess.run(['sh', '-c', 'seq 3 | sort -r | tr -d \"\\\\n\"; echo'], capture_output=True, "
+                "text=True).stdout, end='')")
+    assert r.status == "ok" and r.stdout == "[]\n0 0\n321\n", r
