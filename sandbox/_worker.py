@@ -3,8 +3,9 @@
 Run by the host as `python -I _worker.py '<json>'` (local) or as a container's entry point (docker).
 It imports numpy/sympy once, then forks. Per session (local mode) the child becomes pid 1 of new
 pid/net/mount/ipc/uts namespaces inside its own memory+pids cgroup, mounts a private tmpfs at /tmp,
-drops to an unprivileged uid with no capabilities, sets no_new_privs and a seccomp filter, and runs
-cells (_cells.py). Its death (any cause) makes the kernel kill every process of the session; the
+drops to a uid no other live session has (_uids.py) with no capabilities, sets no_new_privs and a
+seccomp filter, and runs cells (_cells.py). After each cell the host asks it to "park" the session:
+kill what the cell left behind and stop the session until its next cell ("resume"). Its death (any cause) makes the kernel kill every process of the session; the
 worker reaps it and reports the wait status. Without root (rootless) the worker first enters a
 user namespace of its own and no cgroups are used; a session then gets its own nested user
 namespace and drops every capability instead of switching uid. In docker mode the container is

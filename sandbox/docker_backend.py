@@ -2,15 +2,17 @@
 
 Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine):
 - No network (`--network none`), read-only root, a private tmpfs /tmp of `disk_mb`, no
-  capabilities except SETUID/SETGID (used once per session to drop to uid 65534),
-  no-new-privileges, Docker's default seccomp profile, a CPU quota.
+  capabilities except SETUID/SETGID (used once per session to drop to the container's code uid,
+  drawn from the host-wide pool) and KILL (the worker stops and kills the code's processes
+  between cells), no-new-privileges, Docker's default seccomp profile, a CPU quota.
 - Memory: the container's cgroup, `memory_mb` + 128 MB for the preloaded worker whose pages the
   session shares copy-on-write. Processes: `--pids-limit` of `max_processes` + 8.
 - The same worker as the local backend runs inside as the container's init and forks one
   interpreter per session; wall time, output caps and statuses come from the same host-side code.
-- Reuse: when a session ends (or its interpreter dies) a reaper running as uid 65534 SIGKILLs every
-  process of that uid and empties /tmp and /dev/shm, then the container goes back to a warm pool of
-  `docker.warm`. A container whose worker died is removed, never reused.
+- Reuse: when a session ends (or its interpreter dies) a reaper running as the code's uid SIGKILLs
+  every process of that uid and empties /tmp, /dev/shm, /dev/mqueue and the SysV IPC tables, then
+  the container goes back to a warm pool of `docker.warm`. A container whose worker died is
+  removed, never reused.
 The Engine API is used through the docker SDK; cells and results travel over a Unix socket in a
 host directory mounted at /ctl (root-only, so the code cannot reach it).
 """

@@ -16,16 +16,19 @@ Guarantees (each has an adversarial test in tests/sandbox/test_sandbox_local.py)
   and this interpreter; no home directories, project tree, /var, /run or host /tmp), its own /proc
   (only its own processes) and runs as an unprivileged uid with no capabilities and
   no_new_privs. Optional seccomp denies ptrace, mount, user namespaces, bpf, keyctl, io_uring...
+- CPU: a cgroup quota of `limits.cpus` per session. Between cells nothing of the session runs:
+  leftover processes are killed, leftover threads restart the session, and it is stopped.
 - Robustness: the host never parses the code's output to decide anything; the status comes from
-  a separate control channel and from the kernel (wait status, cgroup OOM counter). A dead session
+  one validated reply per cell on a separate channel and from the kernel (wait status, cgroup OOM
+  counter); anything else on that channel is tampering, scored as failed code. A dead session
   interpreter is replaced at the next cell (its state is lost); a dead worker is restarted.
-Not covered: kernel exploits (use Docker or a VM for hostile code at scale); CPU time is bounded
-only by wall time; the code can forge its own cell's status by writing into its control socket
-(it cannot affect other sessions).
+Not covered: kernel exploits (use Docker or a VM for hostile code at scale); the code can forge
+its own cell's reply (nothing more: see sandbox/README.md).
 Root gives all of the above. Without root the worker runs rootless in a user namespace of its
 own: the same namespaces, root, seccomp and limits, except that memory and processes are bounded
 by per-process rlimits (no cgroups) and each session is uid 0 of its own nested user namespace
-with no capabilities (instead of a per-session host uid). See sandbox/README.md.
+with no capabilities (instead of a per-session host uid); `info["not_enforced"]` says so, and
+root mode without cgroups or seccomp refuses to start unless allowed. See sandbox/README.md.
 """
 from __future__ import annotations
 
