@@ -4,7 +4,8 @@ Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine
 - No network (`--network none`), read-only root, a private tmpfs /tmp of `disk_mb`, no
   capabilities except SETUID/SETGID (used once per session to drop to the container's code uid,
   drawn from the host-wide pool) and KILL (the worker stops and kills the code's processes
-  between cells), no-new-privileges, Docker's default seccomp profile, a CPU quota.
+  between cells), no-new-privileges, Docker's default seccomp profile plus the local backend's
+  filter for the code (AIO, socketpair families, modify_ldt...), a CPU quota.
 - Memory: the container's cgroup, `memory_mb` + 128 MB for the preloaded worker whose pages the
   session shares copy-on-write. Processes: `--pids-limit` of `max_processes` + 8.
 - The same worker as the local backend runs inside as the container's init and forks one
@@ -113,7 +114,7 @@ class DockerSandbox:
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
         self.uids = UidPool()
         self.info = {"backend": "docker", "cgroups": True, "cpu_quota": True, "rootless": False,
-                     "seccomp": "Docker's default profile", "network": False, "uids": "per-container uid from a "
+                     "seccomp": "Docker's default profile + the sandbox's filter", "network": False, "uids": "per-container uid from a "
                      "host-wide pool", "not_enforced": ["per-session uid inside a container (its sessions run one "
                                                         "after another, each cleaned up by the reaper)"]}
         self._fill()
@@ -123,7 +124,7 @@ class DockerSandbox:
         ctl = tempfile.mkdtemp(dir=self.dir)  # 0700, root: the code's uid cannot enter it
         uid, uid_lock = self.uids.take()  # held while the container lives: no other session has this uid
         args = {"mode": "docker", "listen": "/ctl/worker.sock", "limits": asdict(lim), "preload": list(self.cfg.preload),
-                "seccomp": False, "uid_base": uid}
+                "seccomp": self.cfg.seccomp, "allow_no_seccomp": self.cfg.allow_no_seccomp, "uid_base": uid}
         mem = f"{lim.memory_mb + WORKER_OVERHEAD_MB}m"
         obj = None
         try:

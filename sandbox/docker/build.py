@@ -70,6 +70,19 @@ def _base_site_dir() -> str:
     return out.strip()
 
 
+def _loaded_library(name: str) -> str:
+    """Path of a shared library as the dynamic loader finds it on this host."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library(name) or f"lib{name}.so.2")
+    except OSError:
+        raise SystemExit(f"lib{name} not found on this host: the image needs it (apt-get install lib{name}2)") from None
+    with open("/proc/self/maps") as f:
+        return next(os.path.realpath(line.split()[-1]) for line in f if f"/lib{name}" in line)
+
+
 def collect(root: str, packages: list[str]) -> None:
     base = sys.base_prefix
     stdlib = sysconfig.get_paths(vars={"installed_base": base, "base": base})["stdlib"]
@@ -104,6 +117,12 @@ def collect(root: str, packages: list[str]) -> None:
         files.append(os.path.realpath(found))
         _copy(os.path.realpath(found), root, f"/usr/bin/{name}")
     os.symlink("usr/bin", root + "/bin")  # merged /usr: /bin/sleep and /usr/bin/sleep both work
+    seccomp = _loaded_library("seccomp")  # the worker loads it with ctypes: ldd cannot see it
+    files.append(seccomp)
+    _copy(seccomp, root)
+    soname = os.path.join(os.path.dirname(seccomp), "libseccomp.so.2")  # the name dlopen looks for
+    if os.path.lexists(soname):
+        _copy(soname, root)
     libs = set()
     for f in files:
         with open(f, "rb") as fh:
