@@ -36,6 +36,13 @@ async def probe() -> dict:
             r = await s.run("while True: pass")
             out["timeout"] = [r.status.value, round(time.monotonic() - t0, 1)]
             out["after_timeout"] = (await s.run("print('x' in dir())")).stdout
+        async with sb.session() as s:  # between cells: leftovers killed, threads restart, session stopped
+            r = await s.run("import os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('parent')")
+            out["leftover_process"] = [r.status.value, r.error]
+            out["pids_after"] = (await s.run("import os; print([p for p in os.listdir('/proc') if p.isdigit()])")).stdout
+            r = await s.run("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()")
+            out["leftover_thread"] = [r.status.value, r.error]
+            out["forged"] = (await s.run("import os, struct\nos.write(3, struct.pack('!II', 3, 0) + b'[[[')")).error
         async with sb.session() as other:  # a fresh session sees neither the host's /tmp nor another's
             out["tmp_other"] = (await other.run("import os; print(sorted(os.listdir('/tmp')))")).stdout
         r = await sb.run("import socket; socket.socket().connect(('127.0.0.1', 22))")

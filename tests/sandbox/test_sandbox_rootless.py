@@ -138,3 +138,12 @@ def test_each_session_has_its_own_process_limit(seen):
     # Both bombs ran at once; each stopped at its own limit (the session itself is one process).
     assert seen["bombs"] == [["ok", str(MAX_PROCESSES - 1)]] * 2, seen["bombs"]
     assert seen["after_bombs"] == "ok\n"
+
+
+def test_between_cells_and_tampering_rootless(seen):
+    status, note = seen["leftover_process"]
+    assert status == "ok" and "killed" in note, seen["leftover_process"]
+    assert seen["pids_after"] == "['1']\n"  # the forked child did not outlive its cell
+    status, note = seen["leftover_thread"]
+    assert status == "ok" and "restarted" in note, seen["leftover_thread"]
+    assert "control channel" in seen["forged"]
