@@ -140,7 +140,7 @@ class Proc:
     def __init__(self, client: WorkerClient, sid: int, ctl: socket.socket):
         self.client, self.sid, self.ctl = client, sid, ctl
         self.loop = client.loop
-        self.frames, self.msgs = Frames(), deque()
+        self.frames, self.msgs = Frames(limit=SESSION_FRAME_MAX), deque()
         self.wake: asyncio.Future | None = None
         self.eof = self.reading = self.tampered = self.parked = self.restarted = False
         self.cells = 0
@@ -381,6 +381,7 @@ class Proc:
 
 
 PARK_TIMEOUT_S = 10.0
+SESSION_FRAME_MAX = 4096  # a session's replies are tiny: a bigger frame is tampering, never buffered
 TAMPERED = ("the code wrote into the sandbox's control channel (a forged, malformed or extra frame); "
             "the session was killed")
 

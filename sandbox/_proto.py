@@ -69,15 +69,15 @@ def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict | None, bytes, list
 class Frames:
     """Incremental, non-blocking frame parser for the host side."""
 
-    def __init__(self) -> None:
-        self.buf = bytearray()
+    def __init__(self, limit: int = MAX_HEADER) -> None:
+        self.buf, self.limit = bytearray(), limit  # header and payload of one frame: each at most `limit`
 
     def feed(self, data: bytes) -> list[tuple[dict, bytes]]:
         self.buf += data
         out = []
         while len(self.buf) >= HDR.size:
             hlen, plen = HDR.unpack_from(self.buf)
-            if hlen > MAX_HEADER or plen > MAX_HEADER:
+            if hlen > self.limit or plen > self.limit:
                 raise ValueError(f"frame too large ({hlen}+{plen} bytes)")
             if len(self.buf) < HDR.size + hlen + plen:
                 break

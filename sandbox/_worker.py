@@ -192,7 +192,7 @@ class Worker:
                 ctl = self.enter(sid, cg)
             except BaseException as e:  # noqa: BLE001 - report why isolation could not be set up
                 try:
-                    send(socket.socket(fileno=3), {"op": "failed", "error": f"{type(e).__name__}: {e}"})
+                    send(socket.socket(fileno=3), {"op": "failed", "error": f"{type(e).__name__}: {e}"[:2000]})
                 finally:
                     os._exit(70)
             try:

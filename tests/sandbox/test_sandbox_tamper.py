@@ -37,6 +37,7 @@ def test_a_forged_reply_cannot_shift_later_results(box):
     "os.write(3, b'garbage that is not a frame' * 10)",
     "frame(None, raw=b'[' * 200000)",  # RecursionError inside json.loads
     "frame(None, raw=b'\\xff\\xfe')",  # not UTF-8
+    "os.write(3, struct.pack('!II', 1 << 30, 0))",  # a 1 GiB header announced: never buffered
     "frame({'op': 'done', 'cell': 1, 'exit_code': 'x', 'exc': None})",
     "frame({'op': 'done', 'cell': 1, 'exit_code': True, 'exc': None})",
     "frame({'op': 'done', 'cell': 99, 'exit_code': 0, 'exc': None})",  # another cell's reply
