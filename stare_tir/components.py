@@ -104,7 +104,7 @@ def make_backend(kind: Literal["hf", "sglang"], model_path: str, tokenizer: Any,
         )
     from stare_tir.rollout.backends.sglang import SGLangBackend
 
-    return SGLangBackend(rollout.sglang.urls, rollout.sglang)
+    return SGLangBackend(rollout.sglang.urls, rollout.sglang, tokenizer=tokenizer)
 
 
 @dataclass

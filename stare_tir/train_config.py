@@ -95,12 +95,16 @@ class TrainerConfig:
     backend: Literal["hf", "sglang"] = "hf"
     # Stop with an error after this many consecutive non-finite steps (each one is skipped).
     max_nonfinite_steps: int = 3
+    # Stop with an error after this many consecutive steps without a usable group (every rollout
+    # failed, every group had equal rewards, or the filters dropped everything): such a run
+    # would otherwise "finish" without ever training.
+    max_empty_steps: int = 3
     tensorboard: bool = False
     wandb_project: Optional[str] = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "eval_n", "save_every", "keep_checkpoints",
-                     "max_nonfinite_steps"):
+                     "max_nonfinite_steps", "max_empty_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         for name in ("eval_every", "save_hf_every"):

@@ -186,6 +186,7 @@ class Run:
     log: MetricsLog
     step: int = 0
     nonfinite_in_row: int = 0
+    empty_in_row: int = 0  # consecutive steps without a usable group (trainer.max_empty_steps)
     dropped_total: dict = field(default_factory=dict)
 
     @property
@@ -260,7 +261,10 @@ def rl_step(run: Run, step: int) -> dict:
     if learner.all_reduce_sum(torch.tensor([float(len(batch))])).item() == 0:
         logger.warning(f"step {step}: no usable group in {len(rolled)} trajectories; no update")
         metrics.update({"time/rollout": t_rollout, "update/skipped_empty": 1.0})
+        check_empty_steps(run, step, rolled, metrics)
         return metrics
+    run.empty_in_row = 0
+    release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
 
     advantages, adv_metrics = group_advantages(batch, algo.advantage)
     metrics.update(adv_metrics)
@@ -309,6 +313,7 @@ def rl_step(run: Run, step: int) -> dict:
 
     t3 = time.perf_counter()
     sync_weights(run)
+    resume_rollout_memory(run)
     t_sync = time.perf_counter() - t3
 
     n_tokens = sum(len(t.response_ids) for t in rolled)
@@ -321,13 +326,82 @@ def rl_step(run: Run, step: int) -> dict:
 
 
 def sync_weights(run: Run) -> None:
-    """Push the learner's weights to the rollout backend (collective under ZeRO-3)."""
-    weights = run.learner.export_weights()
-    if run.backend is not None:
-        run.backend.update_weights(weights)
+    """Push the learner's weights to the rollout backend, with exactly one pusher per server.
+
+    Every rank iterates `export_weights` (a collective under ZeRO-3). A backend of its own (HF,
+    in process) is updated by each rank; servers shared by all ranks (SGLang) are updated by
+    rank 0 alone while the others wait in the all-reduce below, which also carries rank 0's
+    failure to every rank (no rank is left waiting on a push that died). No generation runs
+    during a sync by construction: every rank has finished its rollouts of this step (they end
+    inside `collect_batch`) before any rank reaches the update.
+    """
+    learner, backend = run.learner, run.backend
+    pusher = backend is not None and (learner.rank == 0 or not getattr(backend, "shared_by_ranks", False))
+    colocated = pusher and getattr(getattr(backend, "cfg", None), "colocate", False)
+    error = None
+    try:
+        if colocated:
+            backend.resume_memory_occupation(["weights"])  # KV cache stays free until after the push
+        weights = learner.export_weights()
+        if pusher:
+            backend.update_weights(weights)
+        else:
+            for _ in weights:  # other ranks still take part in the gathers
+                pass
+    except Exception as exc:  # re-raised on this rank below, after telling the others
+        error = exc
+    failed = learner.all_reduce_sum(torch.tensor([float(error is not None)])).item()
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError("weight sync failed on rank 0 (see its log); stopping every rank")
+
+
+def _on_pusher(run: Run, method: str) -> None:
+    """Call `backend.<method>()` on the one rank that controls shared servers; others wait."""
+    backend = run.backend
+    if backend is None or not getattr(getattr(backend, "cfg", None), "colocate", False):
+        return
+    if run.learner.rank == 0:
+        getattr(backend, method)()
+    run.learner.all_reduce_sum(torch.zeros(1))  # the barrier: no rank runs ahead of the servers
+
+
+def release_rollout_memory(run: Run) -> None:
+    """Colocated layout (rollout.sglang.colocate): SGLang frees weights and KV cache on the
+    shared GPUs before the learner recomputes and updates."""
+    _on_pusher(run, "release_memory_occupation")
+
+
+def resume_rollout_memory(run: Run) -> None:
+    """Colocated layout: restore whatever is still released (the KV cache after a push; all of
+    it when the step pushed nothing), before the next rollouts."""
+    _on_pusher(run, "resume_memory_occupation")
+
+
+def check_empty_steps(run: Run, step: int, rolled: list[Trajectory], metrics: dict) -> None:
+    """Stop after trainer.max_empty_steps consecutive steps without a usable group, naming why:
+    a run that never updates the model must not end as if it had trained."""
+    run.empty_in_row += 1
+    limit = run.cfg.trainer.max_empty_steps
+    if run.empty_in_row < limit:
+        return
+    d = {k.removeprefix("dropped/"): int(v) for k, v in metrics.items() if k.startswith("dropped/")}
+    n = len(rolled)
+    if n and d.get("rollout_error", 0) == n:
+        cause = "all rollouts failed (the env or inference backend raised)"
+    elif n and d.get("sandbox_error", 0) + d.get("rollout_error", 0) == n:
+        cause = "all rollouts failed (sandbox or backend errors)"
+    elif d.get("equal_reward_groups", 0):
+        cause = "every remaining group had equal rewards (no learning signal)"
     else:
-        for _ in weights:  # other ranks still take part in the gathers
-            pass
+        cause = "every trajectory was dropped by the filters"
+    example = next((t.info.get("error") for t in rolled if t.info.get("error")), None)
+    raise RuntimeError(
+        f"{run.empty_in_row} consecutive steps (up to step {step}) updated nothing "
+        f"(trainer.max_empty_steps={limit}): {cause}. Last step on this rank: {n} trajectories, "
+        + ", ".join(f"{k}={v}" for k, v in sorted(d.items()))
+        + (f"; first error: {example}" if example else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,6 +486,10 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
     train_problems, eval_problems = load_split(cfg.data, "train"), load_split(cfg.data, "eval")
     tokenizer = load_tokenizer(cfg.model, model_path)
     learner_cfg = dataclasses.replace(cfg.learner, total_steps=cfg.learner.total_steps or cfg.trainer.steps)
+    if cfg.trainer.backend == "sglang":
+        from stare_tir.rollout.backends.sglang import prepare_trainer_env
+
+        prepare_trainer_env(cfg.rollout.sglang)  # NCCL settings must precede the learner's NCCL
     learner = Learner(model_path, learner_cfg, tokenizer)
     parts = build_components(cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox,
                              model_path=model_path, tokenizer=tokenizer)

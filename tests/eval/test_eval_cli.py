@@ -109,13 +109,12 @@ def test_missing_model_is_an_error() -> None:
 
 
 @pytest.mark.slow
-def test_sglang_backend_run_against_the_standin_server(tmp_path: Path) -> None:
+def test_sglang_backend_run_against_the_standin_server(tmp_path: Path, standin) -> None:
     # The GPU path (backend=sglang) end to end on CPU: SGLang's HTTP API served by the stand-in.
     from stare_tir.evaluate import run_eval
-    from stare_tir.rollout.backends.sglang_standin import launch_standin
     from stare_tir.tiny import ensure_tiny_checkpoint
 
-    proc, url = launch_standin(str(ensure_tiny_checkpoint()))
+    proc, url = standin.launch_standin(str(ensure_tiny_checkpoint()))
     try:
         cfg = load_config(EvalRunConfig, None, [
             "model.path=tiny", "backend=sglang", f"rollout.sglang.urls=[{json.dumps(url)}]",

@@ -1,8 +1,11 @@
-"""SGLang HTTP backend against the stand-in server (SGLang itself needs CUDA; see README).
+"""SGLang HTTP backend against the stand-in server (tests/rollout/sglang_standin.py).
 
-The stand-in runs in a subprocess on the tiny model and speaks SGLang's endpoints and JSON fields;
-these tests check the client's wire format, parsing, routing/failover, every weight-sync path
-(disk, tensor, distributed over a gloo group) and memory release/resume.
+The stand-in runs in a subprocess on the tiny model and speaks SGLang's endpoints and JSON fields
+with the version behaviours of `--compat` (0.5.23 by default, 0.5.2 for the 0.5.0-0.5.4 line);
+these tests check the client's wire format, parsing and finish classification, routing/failover,
+every weight-sync path (disk, tensor, distributed over a gloo group) with and without the
+begin/end session, fail-fast refusals, and memory release/resume. The real server's tests live
+beside these (test_sglang_real*).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import pytest
 import torch
 
 from stare_tir.rollout.backends._http import HTTPError, request_sync
-from stare_tir.rollout.backends.base import SamplingParams
+from stare_tir.rollout.backends.base import FinishError, SamplingParams
 from stare_tir.rollout.backends.sglang import (
     SGLangBackend,
     SGLangConfig,
@@ -32,7 +35,8 @@ def test_parse_generate_output_finish_reasons():
         "finish_reason": {"type": "stop", "matched": 7}, "output_token_logprobs": lp}})
     assert (eos.token_ids, eos.logprobs, eos.finish_reason) == ([5, 7], [-0.1, -0.2], "eos")
     stop = parse_generate_output({"meta_info": {
-        "finish_reason": {"type": "stop", "matched": "</code>"}, "output_token_logprobs": lp}})
+        "finish_reason": {"type": "stop", "matched": "</code>"}, "output_token_logprobs": lp}},
+        ["</code>"])
     assert (stop.finish_reason, stop.stop_text) == ("stop", "</code>")
     length = parse_generate_output({"meta_info": {
         "finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp}})
@@ -47,12 +51,59 @@ def test_parse_generate_output_finish_reasons():
         parse_generate_output({"meta_info": {"finish_reason": {"type": "length"}}})
 
 
+def test_output_ids_prompt_prefix_is_tolerated():
+    """0.5.0-0.5.4 put up to 5 prompt ids before the sampled ones in output_ids."""
+    lp = [[-0.1, 5, None], [-0.2, 7, None]]
+    g = parse_generate_output({"output_ids": [91, 92, 93, 5, 7], "meta_info": {
+        "finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp}})
+    assert g.token_ids == [5, 7] and g.logprobs == [-0.1, -0.2]
+
+
+def test_length_first_finish_is_reclassified_from_the_last_token(tiny_tok):
+    """Servers that check the budget first report `length` for a last token that is EOS or
+    completes a stop string; the classification looks at the token, like the HF backend."""
+    from stare_tir.rollout.backends.base import fast_decoder
+
+    tok = tiny_tok
+    decode = fast_decoder(tok)
+    ids = tok("x = 1 </code>", add_special_tokens=False)["input_ids"]
+    lp = [[-0.5, i, None] for i in ids]
+    answer = {"text": tok.decode(ids), "meta_info": {
+        "finish_reason": {"type": "length", "length": len(ids)}, "output_token_logprobs": lp}}
+    g = parse_generate_output(answer, ["</code>"], [tok.eos_token_id], decode)
+    assert (g.finish_reason, g.stop_text) == ("stop", "</code>")
+    g = parse_generate_output(answer, ["</code>"])  # no tokenizer: the text is searched
+    assert (g.finish_reason, g.stop_text) == ("stop", "</code>")
+    eos_ids = ids[:2] + [tok.eos_token_id]
+    g = parse_generate_output({"meta_info": {
+        "finish_reason": {"type": "length", "length": 3},
+        "output_token_logprobs": [[-0.5, i, None] for i in eos_ids]}}, [], [tok.eos_token_id], decode)
+    assert g.finish_reason == "eos"
+    cut = parse_generate_output({"text": tok.decode(ids[:2]), "meta_info": {
+        "finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp[:2]}},
+        ["</code>"], [tok.eos_token_id], decode)
+    assert cut.finish_reason == "length"
+
+
+def test_matched_must_be_eos_or_a_requested_stop():
+    lp = [[-0.1, 5, None], [-0.2, 7, None]]
+    with pytest.raises(FinishError, match="NaN happened"):
+        parse_generate_output({"meta_info": {"finish_reason": {"type": "stop",
+                                                               "matched": "NaN happened"},
+                                             "output_token_logprobs": lp}}, ["</code>"])
+    with pytest.raises(FinishError):  # an int that is not the last token
+        parse_generate_output({"meta_info": {"finish_reason": {"type": "stop", "matched": 3},
+                                             "output_token_logprobs": lp}})
+
+
 def test_sampling_payload_keeps_stops_and_special_tokens():
     p = sampling_payload(SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=64),
                          ["</code>"])
     assert p == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64,
                  "stop": ["</code>"], "no_stop_trim": True, "skip_special_tokens": False}
+    assert "sampling_seed" not in sampling_payload(SamplingParams(seed=3), [], send_seed=False)
     assert sampling_payload(SamplingParams(seed=3), [])["sampling_seed"] == 3
+    assert 0 <= sampling_payload(SamplingParams(seed=2**62 + 5), [])["sampling_seed"] < 2**31
     assert "stop" not in sampling_payload(SamplingParams(), [])
 
 
@@ -74,21 +125,33 @@ def test_config_validation():
         SGLangBackend([])
 
 
-def test_standin_refuses_non_loopback_hosts(tiny_path):
-    from stare_tir.rollout.backends.sglang_standin import StandinServer
-
+def test_standin_refuses_non_loopback_hosts(tiny_path, standin):
     with pytest.raises(ValueError, match="loopback"):
-        StandinServer(str(tiny_path), host="0.0.0.0")
+        standin.StandinServer(str(tiny_path), host="0.0.0.0")
 
 
 # ---------------------------------------------------------------------------- against the stand-in
 
 
-@pytest.fixture(scope="module")
-def server(tiny_path):
-    from stare_tir.rollout.backends.sglang_standin import launch_standin
+def _launch(standin, tiny_path, compat):
+    proc, url = standin.launch_standin(str(tiny_path),
+                                       extra_args=["--threads", "1", "--compat", compat])
+    return proc, url
 
-    proc, url = launch_standin(str(tiny_path), extra_args=["--threads", "1"])
+
+@pytest.fixture(scope="module")
+def server(tiny_path, standin):
+    proc, url = _launch(standin, tiny_path, "0.5.23")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def old_server(tiny_path, standin):
+    """The 0.5.0-0.5.4 behaviours: output_ids prefix, length-first finish, no sessions, seeds
+    refused."""
+    proc, url = _launch(standin, tiny_path, "0.5.2")
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -267,3 +330,109 @@ def test_control_calls_go_to_weight_urls(server, local):
     with pytest.raises(OSError):
         be.flush_cache()  # the (dead) worker URL was called, not the generation URL
     assert _greedy(be, _prompt(local.tokenizer)) == _greedy(local, _prompt(local.tokenizer))
+
+
+# ---------------------------------------------------------------------------- version quirks
+
+
+def _stop_at_budget(tok, ids: list[int]) -> tuple[int, str]:
+    """(k, piece): token k's text first appears when token k is sampled, so with stop=[piece]
+    and a budget of k + 1 tokens the budget's last token completes the stop string."""
+    for k in range(len(ids)):
+        piece = tok.decode(ids[k : k + 1])
+        if piece and piece not in tok.decode(ids[:k]) and "\ufffd" not in piece:
+            return k, piece
+    raise AssertionError("no usable token in the greedy output")
+
+
+@pytest.mark.parametrize("which", ["server", "old_server"])
+def test_stop_on_the_budgets_last_token_is_a_stop(which, request, local):
+    """0.5.2 reports `length` for it (length-first); the client still classifies a stop."""
+    url = request.getfixturevalue(which)
+    tok = local.tokenizer
+    be = SGLangBackend([url], SGLangConfig(), tokenizer=tok)
+    prompt = _prompt(tok)
+    ids = _greedy(local, prompt)
+    k, piece = _stop_at_budget(tok, ids)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=k + 1, seed=7)
+    g = asyncio.run(be.generate(prompt, sp, [piece]))
+    assert g.token_ids == ids[: k + 1]
+    assert (g.finish_reason, g.stop_text) == ("stop", piece)
+    raw = request_sync("POST", url + "/generate", {
+        "input_ids": prompt, "return_logprob": True,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": k + 1, "stop": [piece],
+                            "no_stop_trim": True}})
+    want = "length" if which == "old_server" else "stop"
+    assert raw["meta_info"]["finish_reason"]["type"] == want
+    if which == "old_server":  # the prompt-prefix quirk is really there, and tolerated above
+        assert raw["output_ids"][:5] == prompt[-5:]
+
+
+def test_old_server_rollouts_lose_nothing(old_server, local, fake_env_cls):
+    from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
+
+    be = SGLangBackend([old_server], tokenizer=local.tokenizer)  # send_seed off by default
+    eng = RolloutEngine(be, local.tokenizer, fake_env_cls, RolloutConfig(
+        n_per_prompt=4, max_total_tokens=64, max_new_tokens_per_turn=32, progress=False, seed=3))
+    trajs, _ = eng.run([{"id": "a", "problem": "2+2?", "answer": "4"}])
+    eng.close()
+    assert len(trajs) == 4 and all(t.finish_reason != "error" for t in trajs), \
+        [t.info.get("error") for t in trajs]
+    with pytest.raises(HTTPError, match="sampling_params"):  # why seeds are opt-in
+        asyncio.run(SGLangBackend([old_server], SGLangConfig(send_seed=True)).generate(
+            _prompt(local.tokenizer), SamplingParams(seed=1, max_new_tokens=4), []))
+
+
+def test_flush_is_retried_while_a_request_runs(server, local):
+    be = SGLangBackend([server])
+    prompt = _prompt(local.tokenizer)
+    before = request_sync("GET", server + "/standin_stats")["counts"].get("/flush_cache", 0)
+    asyncio.run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=4), []))
+    with pytest.raises(HTTPError) as err:  # right after a generate the server still retires it
+        request_sync("POST", server + "/flush_cache")
+    assert err.value.status == 400
+    be.flush_cache()
+    after = request_sync("GET", server + "/standin_stats")["counts"]["/flush_cache"]
+    assert after >= before + 2
+
+
+def test_disk_sync_needs_a_dir_and_keeps_one_checkpoint(server, tiny_path, tmp_path):
+    named = list(_state(tiny_path).items())
+    with pytest.raises(ValueError, match="rollout.sglang.sync_dir"):
+        SGLangBackend([server], SGLangConfig(weight_sync="disk")).update_weights(named)
+    sync = tmp_path / "sync"
+    be = SGLangBackend([server], SGLangConfig(weight_sync="disk", sync_dir=str(sync)))
+    be.update_weights(named)
+    be.update_weights(named)
+    assert sorted(p.name for p in sync.iterdir()) == ["model.safetensors"]  # no temp, no second
+    (sync / "other.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="other checkpoint"):
+        be.update_weights(named)
+
+
+def test_refused_distributed_update_fails_fast(server, tiny_path):
+    """Outside a session 0.5.23 refuses at once; the client must stop broadcasting, not block."""
+    import time
+
+    be = SGLangBackend([server], SGLangConfig(weight_sync="distributed", dist_backend="gloo",
+                                              timeout_s=60))
+    be.init_weight_update_group()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="begin_weight_update"):
+        be._update_via_distributed(_state(tiny_path).items())  # no session opened
+    assert time.monotonic() - t0 < 20
+    assert be._group is None  # a half-done group is never reused
+
+
+def test_tensor_payloads_pass_the_allow_list(server, tiny_path):
+    """The stand-in's 0.5.23 mode unpickles with an allow-list: a payload with any other global
+    is refused, the backend's by-value tensor pickles pass (test_weight_sync)."""
+    import base64
+    import pickle
+
+    be = SGLangBackend([server], SGLangConfig(weight_sync="tensor"))
+    evil = base64.b64encode(pickle.dumps([("x", print)])).decode()
+    with be.weight_update_session():
+        with pytest.raises(HTTPError, match="Blocked unsafe global"):
+            request_sync("POST", server + "/update_weights_from_tensor",
+                         {"serialized_named_tensors": [evil], "flush_cache": False})

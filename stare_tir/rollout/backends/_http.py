@@ -1,10 +1,12 @@
-"""A small HTTP/1.1 JSON client on the standard library: asyncio for the data path, blocking for
-control calls.
+"""JSON over HTTP for the SGLang backend: aiohttp for the data path, blocking calls for control.
 
-Why not a third-party client: the rollout path only needs `POST json -> json` to a few servers on a
-trusted network, with keep-alive and hundreds of requests in flight; asyncio streams do that in a
-page, and the CPU venv stays free of extra dependencies. Plain http:// only (SGLang servers and
-sglang-router speak it inside a cluster).
+Why aiohttp: it keeps connections alive across hundreds of concurrent `/generate` calls, tells a
+failed connect (nothing was sent: safe to try another server) apart from a failure after the
+request went out (the server may be generating: never re-sent), and SGLang depends on it anyway.
+
+Timeouts: a connect timeout always; no total timeout on the data path by default. A long turn
+under load is slow, not lost: a 600 s total timeout with a resubmit dropped exactly the long
+answers and biased every batch toward short ones. A dead server closes the connection.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections import defaultdict
 from typing import Any, Optional
 from urllib.parse import urlsplit
+
+import aiohttp
 
 
 class HTTPError(RuntimeError):
@@ -26,97 +29,73 @@ class HTTPError(RuntimeError):
         self.status, self.body = status, body
 
 
-def _split(url: str) -> tuple[str, int, str]:
-    parts = urlsplit(url)
-    if parts.scheme != "http":
-        raise ValueError(f"{url}: only http:// URLs are supported")
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return parts.hostname or "127.0.0.1", parts.port or 80, path
+class NotSentError(ConnectionError):
+    """The connection failed before the request was sent: retrying elsewhere cannot duplicate
+    work."""
+
+
+def check_url(url: str) -> None:
+    if urlsplit(url).scheme != "http":
+        raise ValueError(f"{url}: only http:// URLs are supported (SGLang servers and "
+                         "sglang-router speak plain HTTP inside a cluster)")
 
 
 class AsyncJSONClient:
-    """Keep-alive connection pool per (host, port), bound to the event loop that first uses it."""
+    """One aiohttp session (keep-alive pool) per event loop; the loop that first uses it owns it.
 
-    def __init__(self, timeout_s: float = 600.0, max_idle_per_host: int = 64) -> None:
-        self.timeout_s = timeout_s
-        self.max_idle = max_idle_per_host
-        self._idle: dict[tuple[str, int], list] = defaultdict(list)
+    connect_timeout_s bounds opening a connection; read_timeout_s (None: unbounded) bounds the
+    wait for an answer.
+    """
+
+    def __init__(self, connect_timeout_s: float = 30.0, read_timeout_s: Optional[float] = None,
+                 max_connections: int = 1024) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.max_connections = max_connections
+        self._session: Optional[aiohttp.ClientSession] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
-    def _reset_if_new_loop(self) -> None:
+    def _session_for_loop(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections of another loop cannot be used here
-            self._idle.clear()
+        if self._session is None or loop is not self._loop or self._session.closed:
+            # A session is bound to its loop; an old loop's connections cannot be used here.
+            timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s,
+                                            sock_read=self.read_timeout_s)
+            self._session = aiohttp.ClientSession(
+                timeout=timeout, trust_env=False,  # no http_proxy: servers are on the cluster net
+                connector=aiohttp.TCPConnector(limit=self.max_connections))
             self._loop = loop
+        return self._session
 
     async def request(self, method: str, url: str, payload: Any = None) -> Any:
-        """Send `payload` as JSON; return the decoded JSON answer (or text if not JSON)."""
-        self._reset_if_new_loop()
-        host, port, path = _split(url)
-        body = b"" if payload is None else json.dumps(payload).encode()
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                f"Connection: keep-alive\r\n\r\n").encode()
-        for attempt in (0, 1):
-            reused = bool(self._idle[(host, port)])
-            if reused:
-                reader, writer = self._idle[(host, port)].pop()
-            else:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), timeout=self.timeout_s)
-            try:
-                writer.write(head + body)
-                await writer.drain()
-                status, headers, data = await asyncio.wait_for(
-                    self._read_response(reader), timeout=self.timeout_s)
-            except (ConnectionError, asyncio.IncompleteReadError) as exc:
-                writer.close()
-                if reused and attempt == 0:  # the server closed an idle connection: retry fresh
-                    continue
-                raise ConnectionError(f"{url}: {exc!r}") from exc
-            except BaseException:
-                writer.close()
-                raise
-            if headers.get("connection", "").lower() == "close" or \
-                    len(self._idle[(host, port)]) >= self.max_idle:
-                writer.close()
-            else:
-                self._idle[(host, port)].append((reader, writer))
-            return _decode(url, status, data)
-        raise AssertionError("unreachable")
+        """Send `payload` as JSON; return the decoded JSON answer (or text if not JSON).
 
-    @staticmethod
-    async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
-        status_line = await reader.readuntil(b"\r\n")
-        status = int(status_line.split()[1])
-        headers: dict[str, str] = {}
-        while True:
-            line = await reader.readuntil(b"\r\n")
-            if line == b"\r\n":
-                break
-            key, _, value = line.decode("latin-1").partition(":")
-            headers[key.strip().lower()] = value.strip()
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            chunks = []
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                if size == 0:
-                    while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                        pass
-                    break
-                chunks.append(await reader.readexactly(size))
-                await reader.readexactly(2)
-            return status, headers, b"".join(chunks)
-        length = int(headers.get("content-length", "0"))
-        return status, headers, await reader.readexactly(length)
+        Raises NotSentError when no connection could be made, HTTPError for a non-2xx answer,
+        ConnectionError when the connection broke after the request was sent.
+        """
+        check_url(url)
+        session = self._session_for_loop()
+        try:
+            async with session.request(method, url, json=payload) as resp:
+                data = await resp.read()
+                return _decode(url, resp.status, data)
+        except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError) or _is_connect_timeout(exc):
+                raise NotSentError(f"{url}: cannot connect: {exc!r}") from exc
+            raise TimeoutError(f"{url}: no answer within {self.read_timeout_s}s") from exc
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"{url}: connection lost after the request was sent: "
+                                  f"{exc!r}") from exc
 
     async def close(self) -> None:
-        for conns in self._idle.values():
-            for _, writer in conns:
-                writer.close()
-        self._idle.clear()
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+def _is_connect_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, aiohttp.ConnectionTimeoutError) if hasattr(
+        aiohttp, "ConnectionTimeoutError") else False
 
 
 def _decode(url: str, status: int, data: bytes) -> Any:
@@ -129,9 +108,11 @@ def _decode(url: str, status: int, data: bytes) -> Any:
         return text
 
 
-def request_sync(method: str, url: str, payload: Any = None, timeout_s: float = 600.0) -> Any:
-    """Blocking JSON request for control calls (health, weight updates, memory release)."""
-    _split(url)  # validates the scheme
+def request_sync(method: str, url: str, payload: Any = None, timeout_s: Optional[float] = 600.0
+                 ) -> Any:
+    """Blocking JSON request for control calls (health, weight updates, memory release); these
+    run in the trainer's thread between rollout phases, or in helper threads during a broadcast."""
+    check_url(url)
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})

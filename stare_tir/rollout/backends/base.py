@@ -17,9 +17,14 @@ No torch import here: this module is light.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Collection, Iterable, Literal, Optional, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "eos", "length"]
+
+
+class FinishError(RuntimeError):
+    """A backend reported a finish that is neither EOS, a stop string of the request, nor the
+    length budget (e.g. SGLang's `matched: "NaN happened"` for an invalid sampled token)."""
 
 
 @dataclass
@@ -147,3 +152,57 @@ class StopChecker:
             return None
         # Several stops can complete on the same token: report the one that starts first.
         return min(found)[1]
+
+
+def finish_after_token(tokens: list[int], eos_ids: Collection[int], checker: Optional[StopChecker],
+                       max_new_tokens: int) -> tuple[Optional[FinishReason], Optional[str]]:
+    """The one finish rule of every backend, applied after each sampled token.
+
+    Order: EOS, then a stop string completed by the newest token, then the budget. A turn whose
+    last budget token is EOS or completes `</code>` is therefore a stop, not a cut turn (SGLang
+    0.5.0-0.5.4 checked the budget first, `check_finished` in
+    python/sglang/srt/managers/schedule_batch.py; 0.5.23's `update_finish_state` checks stop
+    strings and EOS before the length cap, as here). Returns (None, None) while generation goes on.
+    """
+    if tokens and tokens[-1] in eos_ids:
+        return "eos", None
+    hit = checker.feed(tokens) if checker is not None else None
+    if hit is not None:
+        return "stop", hit
+    if len(tokens) >= max_new_tokens:
+        return "length", None
+    return None, None
+
+
+def classify_finish(tokens: list[int], stops: list[str], eos_ids: Collection[int],
+                    decode: Optional[Callable[[list[int]], str]], reported: str,
+                    matched: Any = None, text: Optional[str] = None
+                    ) -> tuple[FinishReason, Optional[str]]:
+    """Finish of a whole answer from a server: `finish_after_token` on its last token, then the
+    server's own report, accepted only where it names an EOS or one of the request's stops.
+
+    reported: "stop" | "length" (SGLang's finish_reason.type); matched: its `matched` (an int
+    token id or a str). decode: ids -> text; without one, `text` (the server's decoded output,
+    stop strings kept) is searched instead: a server that checks stops after every token would
+    have ended at an earlier occurrence, so any occurrence was completed by the final token.
+    Raises FinishError for a `matched` that is neither (the answer must not be trained on).
+    """
+    checker = StopChecker(decode, stops) if decode is not None else None
+    finish, stop_text = finish_after_token(tokens, eos_ids, checker, len(tokens) + 1)
+    if finish is not None:
+        return finish, stop_text
+    if decode is None and text is not None:
+        found = [(text.find(s), s) for s in dict.fromkeys(stops) if s and s in text]
+        if found:
+            return "stop", min(found)[1]
+    if reported == "length":
+        return "length", None
+    if reported == "stop":
+        if isinstance(matched, str) and matched in stops:
+            return "stop", matched  # the server saw it in its full decoded text
+        if isinstance(matched, int) and tokens and matched == tokens[-1]:
+            # the server's EOS set (generation_config, stop_token_ids) can be wider than ours
+            return "eos", None
+    raise FinishError(f"finish_reason type={reported!r} matched={matched!r} is neither an EOS id "
+                      f"ending the output nor one of the request's stop strings {stops}; the "
+                      "answer is dropped (a NaN or out-of-vocabulary token on the server?)")

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Union
 
-from stare_tir.rollout.backends.base import Generation, SamplingParams, StopChecker, fast_decoder
+from stare_tir.rollout.backends.base import (Generation, SamplingParams, StopChecker, fast_decoder,
+                                            finish_after_token)
 
 if TYPE_CHECKING:
     import torch
@@ -412,14 +413,8 @@ class HFBackend:
             tok = tokens[i]
             req.tokens.append(tok)
             req.logprobs.append(logprobs[i])
-            if tok in self.eos_token_ids:
-                req.finish = "eos"
-            else:
-                hit = req.stop.feed(req.tokens)
-                if hit is not None:
-                    req.finish, req.stop_text = "stop", hit
-                elif len(req.tokens) >= req.max_new:
-                    req.finish = "length"
+            req.finish, req.stop_text = finish_after_token(req.tokens, self.eos_token_ids,
+                                                           req.stop, req.max_new)
             if req.finish:
                 finished.append(req)
             else:

@@ -1,26 +1,33 @@
-"""A stand-in for an SGLang server, for machines without CUDA (tests, CPU development).
+"""A stand-in for an SGLang server, for tests on machines where SGLang does not run.
 
 It speaks the subset of SGLang's native HTTP API that `SGLangBackend` uses, with the same JSON
-fields, on top of the in-process HF backend (so it batches concurrent requests like a server):
+fields, on top of the in-process HF backend (so it batches concurrent requests like a server).
+Each behaviour names the upstream file it mirrors (python/sglang/srt/... of SGLang 0.5.23 unless
+a version is given):
 
-    GET  /health, /health_generate, /get_model_info, /get_server_info
+    GET  /health, /health_generate, /get_model_info, /get_server_info   entrypoints/http_server.py
     POST /generate                      input_ids, sampling_params, return_logprob -> text,
                                         output_ids, meta_info{finish_reason, output_token_logprobs}
-    POST /flush_cache
-    POST /update_weights_from_disk      {"model_path"}
+                                        (finish_reason JSON: managers/schedule_batch.py FINISH_*)
+    POST /flush_cache                   400 while a request runs (http_server.py `flush_cache`)
+    POST /begin_weight_update, /end_weight_update         managers/scheduler_components/
+    POST /update_weights_from_disk      {"model_path"}     weight_updater.py
     POST /update_weights_from_tensor    {"serialized_named_tensors": [b64 pickle per TP rank]}
     POST /init_weights_update_group     {"master_address", "master_port", "rank_offset",
                                          "world_size", "group_name", "backend"}
     POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name"}
     POST /destroy_weights_update_group
     POST /release_memory_occupation, /resume_memory_occupation  {"tags"}
-    GET  /standin_stats                 (not SGLang: request counts, for tests)
+    GET  /standin_stats                 (not SGLang: request counts and sync observations)
+
+`--compat` picks the version behaviour (QUIRKS below): "0.5.23" (the default, as measured on the
+real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks.
 
 What it does not reproduce: SGLang's scheduler, radix cache, CUDA graphs, TP sharding, its exact
-error payloads, and the CUDA-IPC side of update_weights_from_tensor (it unpickles whatever it
-receives: CPU tensors by value). It binds only to the loopback interface and trusts its caller.
+error payloads, and the CUDA-IPC side of update_weights_from_tensor. It binds only to the
+loopback interface.
 
-Run: python -m stare_tir.rollout.backends.sglang_standin --model-path DIR [--port 0]
+Run: python tests/rollout/sglang_standin.py --model-path DIR [--port 0] [--compat 0.5.2]
 It prints "STANDIN_READY port=<port>" once it serves.
 """
 
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import io
 import json
 import pickle
 import subprocess
@@ -39,25 +47,90 @@ import uuid
 from collections import Counter
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Optional
 
-from stare_tir.rollout.backends.base import SamplingParams
+if __package__ in (None, ""):  # run as a script: the repository root must be importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from stare_tir.rollout.backends.base import SamplingParams  # noqa: E402
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# sampling_params keys the stand-in understands; others are refused (400), not silently ignored.
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "no_stop_trim",
                   "skip_special_tokens", "spaces_between_special_tokens", "sampling_seed"}
+
+# Version behaviours, each with the upstream source it mirrors:
+QUIRKS = {
+    # 0.5.0-0.5.4: output_ids = the detokenizer's decode_ids, which start with up to 5 prompt ids
+    # (managers/detokenizer_manager.py, INIT_INCREMENTAL_DETOKENIZATION_OFFSET in
+    # schedule_batch.py; upstream issues 10896, 17240).
+    "output_ids_prefix",
+    # 0.5.0-0.5.4 `Req.check_finished` (schedule_batch.py) tests max_new_tokens before EOS and
+    # stop strings: a budget's last token that is EOS or completes a stop reports "length".
+    "length_first",
+    # /flush_cache answers 400 while a request runs or is still being retired (http_server.py
+    # `flush_cache`; scheduler.py `flush_cache` refuses with running/waiting requests), and an
+    # update with flush_cache=true then fails (weight_updater.py
+    # `flush_cache_after_weight_update`). Measured on 0.5.23 right after a generate.
+    "flush_400",
+    # sampling_seed is used only with --enable-deterministic-inference
+    # (sampling/sampling_batch_info.py); otherwise the server samples from its own stream.
+    "seed_ignored",
+    # sampling_params has no sampling_seed before it (0.5.2 sampling/sampling_params.py): the
+    # request is refused.
+    "seed_refused",
+    # 0.5.23: update_weights_from_tensor / _distributed refuse to run outside
+    # begin_weight_update ... end_weight_update (weight_updater.py); older servers have no
+    # such endpoints (404).
+    "session_required",
+    # 0.5.23 unpickles tensor payloads with SafeUnpickler, an allow-list of globals
+    # (utils/common.py); anything else is refused.
+    "safe_unpickle",
+}
+COMPAT = {
+    "0.5.23": {"flush_400", "seed_ignored", "session_required", "safe_unpickle"},
+    "0.5.2": {"output_ids_prefix", "length_first", "flush_400", "seed_refused"},
+}
+PROMPT_PREFIX = 5  # INIT_INCREMENTAL_DETOKENIZATION_OFFSET
+RETIRE_S = 0.05  # a finished request still counts as running this long (flush_400)
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    """Our own small allow-list in the spirit of SGLang's SafeUnpickler (utils/common.py): the
+    globals a by-value pickle of CPU tensors needs, nothing that can run code."""
+
+    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
+               ("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "list"),
+               ("builtins", "tuple"), ("builtins", "dict")}
+    STORAGE = ("torch.storage", "_load_from_bytes")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == self.STORAGE:  # SGLang routes this one through a weights_only load
+            import torch
+
+            return lambda data: torch.load(io.BytesIO(data), weights_only=True)
+        if (module, name) in self.ALLOWED or (module == "torch" and name.endswith("Storage")):
+            return super().find_class(module, name)
+        raise RuntimeError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
 
 
 class StandinServer:
     """The HTTP server and its HF model (see module docstring)."""
 
     def __init__(self, model_path: str, host: str = "127.0.0.1", port: int = 0,
-                 max_batch_size: int = 64) -> None:
+                 max_batch_size: int = 64, compat: str = "0.5.23",
+                 quirks: Optional[set[str]] = None, deterministic: bool = False) -> None:
         if host not in LOOPBACK:
             raise ValueError(f"host={host!r}: the stand-in binds to the loopback interface only")
+        if compat not in COMPAT:
+            raise ValueError(f"compat={compat!r}: must be one of {sorted(COMPAT)}")
+        unknown = set(quirks or ()) - QUIRKS
+        if unknown:
+            raise ValueError(f"unknown quirks {sorted(unknown)}; known: {sorted(QUIRKS)}")
         from stare_tir.rollout.backends.hf import HFBackend, HFBackendConfig
 
+        self.quirks = COMPAT[compat] | set(quirks or ())
+        self.deterministic = deterministic
         self.model_path = str(model_path)
         self.backend = HFBackend(self.model_path, cfg=HFBackendConfig(max_batch_size=max_batch_size))
         self.tokenizer = self.backend.tokenizer
@@ -66,6 +139,11 @@ class StandinServer:
                                              name="standin-loop")
         self._loop_thread.start()
         self.counts: Counter = Counter()
+        self.lock = threading.Lock()
+        self.running = 0  # generate requests in flight (or still retiring)
+        self.syncing = 0  # weight updates / sessions in progress
+        self.generate_during_sync = 0
+        self.session_open = False
         self.released: set[str] = set()
         self.groups: dict[str, Any] = {}
         self.weight_version = "default"
@@ -85,38 +163,64 @@ class StandinServer:
         self._loop_thread.join(timeout=10)
         self.backend.close()
 
+    def _retire(self) -> None:
+        delay = RETIRE_S if "flush_400" in self.quirks else 0.0
+
+        def done() -> None:
+            with self.lock:
+                self.running -= 1
+
+        threading.Timer(delay, done).start() if delay else done()
+
     # -- endpoint logic (called from HTTP handler threads)
     def generate(self, body: dict) -> tuple[int, Any]:
+        with self.lock:
+            if self.syncing:
+                self.generate_during_sync += 1
+            self.running += 1
+        try:
+            return self._generate(body)
+        finally:
+            self._retire()
+
+    def _generate(self, body: dict) -> tuple[int, Any]:
         if self.released:
             return HTTPStatus.SERVICE_UNAVAILABLE, {"error": {"message": "memory released"}}
         ids = body.get("input_ids")
         if not ids:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": "input_ids is required"}}
         sp = dict(body.get("sampling_params") or {})
-        unknown = set(sp) - _SAMPLING_KEYS
+        allowed = _SAMPLING_KEYS - ({"sampling_seed"} if "seed_refused" in self.quirks else set())
+        unknown = set(sp) - allowed
         if unknown:
             return HTTPStatus.BAD_REQUEST, {
-                "error": {"message": f"sampling_params not supported by the stand-in: {sorted(unknown)}"}}
+                "error": {"message": f"unexpected sampling_params {sorted(unknown)}"}}
         stop = sp.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
+        seed = sp.get("sampling_seed")
+        if "seed_ignored" in self.quirks and not self.deterministic:
+            seed = None
         try:
             sampling = SamplingParams(temperature=float(sp.get("temperature", 1.0)),
                                       top_p=float(sp.get("top_p", 1.0)),
                                       top_k=int(sp.get("top_k", -1)),
                                       max_new_tokens=int(sp.get("max_new_tokens", 128)),
-                                      seed=sp.get("sampling_seed"))
+                                      seed=seed)
         except ValueError as exc:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": str(exc)}}
         batched = isinstance(ids[0], list)
         prompts = ids if batched else [ids]
         futs = [asyncio.run_coroutine_threadsafe(self.backend.generate(p, sampling, stop), self.loop)
                 for p in prompts]
-        outs = [self._answer(p, f.result(), sp, bool(body.get("return_logprob")))
+        outs = [self._answer(p, f.result(), sp, bool(body.get("return_logprob")), sampling)
                 for p, f in zip(prompts, futs)]
         return HTTPStatus.OK, (outs if batched else outs[0])
 
-    def _answer(self, prompt: list[int], gen, sp: dict, logprobs: bool) -> dict:
-        if gen.finish_reason == "eos":
+    def _answer(self, prompt: list[int], gen, sp: dict, logprobs: bool,
+                sampling: SamplingParams) -> dict:
+        if "length_first" in self.quirks and len(gen.token_ids) >= sampling.max_new_tokens:
+            finish = {"type": "length", "length": len(gen.token_ids)}
+        elif gen.finish_reason == "eos":
             finish = {"type": "stop", "matched": gen.token_ids[-1]}
         elif gen.finish_reason == "stop":
             finish = {"type": "stop", "matched": gen.stop_text}
@@ -131,7 +235,47 @@ class StandinServer:
                 "weight_version": self.weight_version}
         if logprobs:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
-        return {"text": text, "output_ids": list(gen.token_ids), "meta_info": meta}
+        out_ids = list(gen.token_ids)
+        if "output_ids_prefix" in self.quirks:
+            out_ids = list(prompt[-PROMPT_PREFIX:]) + out_ids
+        return {"text": text, "output_ids": out_ids, "meta_info": meta}
+
+    def flush(self) -> tuple[int, Any]:
+        with self.lock:
+            busy = self.running > 0 and "flush_400" in self.quirks
+        if busy:
+            return HTTPStatus.BAD_REQUEST, "Flush cache failed.\n"
+        return HTTPStatus.OK, "Cache flushed.\n"
+
+    def _after_update(self, body: dict, ok_message: str) -> tuple[int, Any]:
+        """Version bump, then the flush an update asks for (default true), which fails the call
+        while requests run (weight_updater.py `flush_cache_after_weight_update`)."""
+        version = body.get("weight_version")
+        self.weight_version = str(version) if version is not None else \
+            str(self.backend.weight_version)
+        if body.get("flush_cache", True) and self.flush()[0] != HTTPStatus.OK:
+            return HTTPStatus.BAD_REQUEST, {
+                "success": False, "message": "Weights were updated, but the cache was not flushed "
+                "because requests are still running or queued."}
+        return HTTPStatus.OK, {"success": True, "message": ok_message}
+
+    def _needs_session(self, what: str) -> Optional[tuple[int, Any]]:
+        if "session_required" in self.quirks and not self.session_open:
+            return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{what} must run "
+                                            "between begin_weight_update() and end_weight_update()"}
+        return None
+
+    def session(self, begin: bool) -> tuple[int, Any]:
+        if "session_required" not in self.quirks:
+            return HTTPStatus.NOT_FOUND, {"detail": "Not Found"}
+        if begin == self.session_open:
+            msg = ("a weight-update session is already open; call end_weight_update() first"
+                   if begin else "no weight-update session is open; call begin_weight_update() first")
+            return HTTPStatus.BAD_REQUEST, {"success": False, "message": msg}
+        self.session_open = begin
+        with self.lock:
+            self.syncing += 1 if begin else -1
+        return HTTPStatus.OK, {"success": True, "message": "Success"}
 
     def update_from_disk(self, body: dict) -> tuple[int, Any]:
         try:
@@ -139,23 +283,24 @@ class StandinServer:
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}",
                                             "num_paused_requests": 0}
-        self._bump(body)
-        return HTTPStatus.OK, {"success": True, "message": "Succeeded to update model weights.",
-                               "num_paused_requests": 0}
+        return self._after_update(body, "Succeeded to update model weights.")
 
     def update_from_tensor(self, body: dict) -> tuple[int, Any]:
+        refused = self._needs_session("update_weights_from_tensor")
+        if refused:
+            return refused
         if body.get("load_format") not in (None, "direct"):
             return HTTPStatus.BAD_REQUEST, {"success": False,
                                             "message": f"load_format={body.get('load_format')!r} "
                                                        "not supported by the stand-in"}
         try:
-            blob = body["serialized_named_tensors"][0]  # this server's single "TP rank"
-            named = pickle.loads(base64.b64decode(blob))
+            blob = base64.b64decode(body["serialized_named_tensors"][0])  # our single "TP rank"
+            named = (_AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks
+                     else pickle.loads(blob))
             self.backend.update_weights(named)
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
-        self._bump(body)
-        return HTTPStatus.OK, {"success": True, "message": "Success"}
+        return self._after_update(body, "Success")
 
     def init_group(self, body: dict) -> tuple[int, Any]:
         from stare_tir.rollout.backends.sglang import init_weight_update_group
@@ -164,7 +309,7 @@ class StandinServer:
             name = body.get("group_name", "weight_update_group")
             self.groups[name] = init_weight_update_group(
                 body.get("backend", "nccl"), f"tcp://{body['master_address']}:{body['master_port']}",
-                int(body["world_size"]), int(body["rank_offset"]), name)
+                int(body["world_size"]), int(body["rank_offset"]), name, 120.0)
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
         return HTTPStatus.OK, {"success": True, "message": "Succeeded to initialize custom process group."}
@@ -174,6 +319,9 @@ class StandinServer:
 
         from stare_tir.rollout.backends.sglang import broadcast_from_rank0
 
+        refused = self._needs_session("update_weights_from_distributed")
+        if refused:  # answered at once, before any broadcast: the client must not block
+            return refused
         group = self.groups.get(body.get("group_name", "weight_update_group"))
         if group is None:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": "group not initialized"}
@@ -181,13 +329,12 @@ class StandinServer:
             named = []
             for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
                 t = torch.empty(shape, dtype=getattr(torch, dtype))
-                broadcast_from_rank0(group, t)
+                broadcast_from_rank0(group, t).wait()
                 named.append((name, t))
             self.backend.update_weights(named)
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
-        self._bump(body)
-        return HTTPStatus.OK, {"success": True, "message": "Succeeded to update parameter online."}
+        return self._after_update(body, "Succeeded to update parameter online.")
 
     def destroy_group(self, body: dict) -> tuple[int, Any]:
         import torch.distributed as dist
@@ -198,10 +345,22 @@ class StandinServer:
         dist.destroy_process_group(group)
         return HTTPStatus.OK, {"success": True, "message": "Succeeded to destroy custom process group."}
 
-    def _bump(self, body: dict) -> None:
-        version = body.get("weight_version")
-        self.weight_version = str(version) if version is not None else \
-            str(self.backend.weight_version)
+    def memory(self, body: dict, release: bool) -> tuple[int, Any]:
+        tags = set(body.get("tags") or ["weights", "kv_cache"])
+        if release:
+            self.released |= tags
+        else:
+            self.released -= tags
+        return HTTPStatus.OK, None
+
+    def stats(self) -> dict:
+        return {"counts": dict(self.counts), "weight_version": self.weight_version,
+                "released": sorted(self.released), "quirks": sorted(self.quirks),
+                "generate_during_sync": self.generate_during_sync}
+
+
+_SYNC_PATHS = {"/update_weights_from_disk", "/update_weights_from_tensor",
+               "/update_weights_from_distributed", "/init_weights_update_group"}
 
 
 def _make_handler(server: StandinServer):
@@ -212,7 +371,7 @@ def _make_handler(server: StandinServer):
             pass
 
         def _reply(self, status: int, payload: Any) -> None:
-            if isinstance(payload, (dict, list)):
+            if isinstance(payload, (dict, list)) or payload is None:
                 data, ctype = json.dumps(payload).encode(), "application/json"
             else:
                 data, ctype = str(payload).encode(), "text/plain"
@@ -241,11 +400,9 @@ def _make_handler(server: StandinServer):
                 self._reply(HTTPStatus.OK, {"model_path": server.model_path, "tp_size": 1,
                                             "version": "stand-in"})
             elif path == "/standin_stats":
-                self._reply(HTTPStatus.OK, {"counts": dict(server.counts),
-                                            "weight_version": server.weight_version,
-                                            "released": sorted(server.released)})
+                self._reply(HTTPStatus.OK, server.stats())
             elif path == "/flush_cache":
-                self._reply(HTTPStatus.OK, "Cache flushed.\n")
+                self._reply(*server.flush())
             else:
                 self._reply(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
 
@@ -264,23 +421,26 @@ def _make_handler(server: StandinServer):
                 "/init_weights_update_group": server.init_group,
                 "/update_weights_from_distributed": server.update_from_distributed,
                 "/destroy_weights_update_group": server.destroy_group,
+                "/flush_cache": lambda b: server.flush(),
+                "/begin_weight_update": lambda b: server.session(True),
+                "/end_weight_update": lambda b: server.session(False),
+                "/release_memory_occupation": lambda b: server.memory(b, True),
+                "/resume_memory_occupation": lambda b: server.memory(b, False),
             }
-            if path in routes:
-                try:
-                    self._reply(*routes[path](body))
-                except Exception as exc:  # keep serving; report like a server error
-                    self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}})
-            elif path == "/flush_cache":
-                self._reply(HTTPStatus.OK, "Cache flushed.\n")
-            elif path in ("/release_memory_occupation", "/resume_memory_occupation"):
-                tags = set(body.get("tags") or ["weights", "kv_cache"])
-                if path.startswith("/release"):
-                    server.released |= tags
-                else:
-                    server.released -= tags
-                self._reply(HTTPStatus.OK, "")
-            else:
+            if path not in routes:
                 self._reply(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
+                return
+            if path in _SYNC_PATHS:
+                with server.lock:
+                    server.syncing += 1
+            try:
+                self._reply(*routes[path](body))
+            except Exception as exc:  # keep serving; report like a server error
+                self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}})
+            finally:
+                if path in _SYNC_PATHS:
+                    with server.lock:
+                        server.syncing -= 1
 
     return Handler
 
@@ -288,8 +448,8 @@ def _make_handler(server: StandinServer):
 def launch_standin(model_path: str, port: int = 0, timeout_s: float = 120.0,
                    extra_args: Optional[list[str]] = None) -> tuple[subprocess.Popen, str]:
     """Start a stand-in server in a subprocess; returns (process, base URL) once it serves."""
-    cmd = [sys.executable, "-m", "stare_tir.rollout.backends.sglang_standin",
-           "--model-path", str(model_path), "--port", str(port)] + list(extra_args or [])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--model-path", str(model_path),
+           "--port", str(port)] + list(extra_args or [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
@@ -313,12 +473,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    ap.add_argument("--compat", default="0.5.23", choices=sorted(COMPAT))
+    ap.add_argument("--quirks", default="", help=f"extra quirks, comma-separated: {sorted(QUIRKS)}")
+    ap.add_argument("--enable-deterministic-inference", action="store_true")
     args = ap.parse_args(argv)
     if args.threads > 0:
         import torch
 
         torch.set_num_threads(args.threads)
-    server = StandinServer(args.model_path, args.host, args.port, args.max_batch_size)
+    quirks = {q for q in args.quirks.split(",") if q}
+    server = StandinServer(args.model_path, args.host, args.port, args.max_batch_size,
+                           args.compat, quirks, args.enable_deterministic_inference)
     # SIGTERM keeps its default action (exit at once): a test helper has nothing to flush.
     print(f"STANDIN_READY port={server.port}", flush=True)
     try:

@@ -1,0 +1,176 @@
+"""Weight-update plumbing of the SGLang backend: payload serialization, buckets, the custom
+process group SGLang servers join, and POSTs that run while this process broadcasts.
+
+Upstream references: python/sglang/srt/utils/common.py (`init_custom_process_group`,
+`MultiprocessingSerializer`, `SafeUnpickler`), python/sglang/srt/managers/io_struct.py (request
+fields), python/sglang/srt/model_executor/model_runner_components/weight_updater.py (the server
+side of the broadcast).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import pickle
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+
+from stare_tir.rollout.backends._http import request_sync
+
+if TYPE_CHECKING:
+    import torch
+
+
+def serialize_named_tensors(named: list[tuple[str, "torch.Tensor"]]) -> str:
+    """Base64 pickle of [(name, tensor)] as SGLang's update_weights_from_tensor reads it.
+
+    CUDA tensors: SGLang's own serializer when importable (IPC handles, device-UUID aware), else
+    torch's ForkingPickler (IPC handles). CPU tensors: a plain pickle, by value (what SGLang's
+    SafeUnpickler allows; its serializer would pass CPU storage as file handles, which crashed
+    the real 0.5.23 server).
+    """
+    if any(t.is_cuda for _, t in named):
+        try:
+            try:
+                from sglang.srt.utils import MultiprocessingSerializer
+            except ImportError:
+                from sglang.srt.utils.common import MultiprocessingSerializer
+            return MultiprocessingSerializer.serialize(named, output_str=True)
+        except ImportError:
+            import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
+            from multiprocessing.reduction import ForkingPickler
+
+            buf = io.BytesIO()
+            ForkingPickler(buf).dump(named)
+            return base64.b64encode(buf.getvalue()).decode()
+    return base64.b64encode(pickle.dumps([(n, t.detach().contiguous()) for n, t in named])).decode()
+
+
+def buckets(named_tensors: Iterable[tuple[str, "torch.Tensor"]], max_bytes: int
+            ) -> Iterator[tuple[list[tuple[str, "torch.Tensor"]], bool]]:
+    """Group (name, tensor) pairs into buckets of at most max_bytes; yields (bucket, is_last)."""
+    bucket: list = []
+    size = 0
+    pending: Optional[list] = None
+    for name, t in named_tensors:
+        nbytes = t.numel() * t.element_size()
+        if bucket and size + nbytes > max_bytes:
+            if pending is not None:
+                yield pending, False
+            pending, bucket, size = bucket, [], 0
+        bucket.append((name, t))
+        size += nbytes
+    if pending is not None:
+        yield pending, not bucket
+    if bucket:
+        yield bucket, True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_weight_update_group(backend: str, init_method: str, world_size: int, rank: int,
+                             group_name: str, timeout_s: float = 600.0):
+    """A torch.distributed group outside the default one, as SGLang's servers create theirs.
+
+    Uses SGLang's own helper when importable (identical store layout guaranteed); otherwise the
+    same construction (`init_custom_process_group`, python/sglang/srt/utils/common.py):
+    rendezvous on `init_method`, a store prefixed with the group name, and a process group
+    registered under `group_name` (works whether or not a default group exists, e.g. next to
+    DeepSpeed's).
+    """
+    from datetime import timedelta
+
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        from sglang.srt.utils import init_custom_process_group
+
+        return init_custom_process_group(backend=backend, init_method=init_method, timeout=timeout,
+                                         world_size=world_size, rank=rank, group_name=group_name)
+    except ImportError:
+        pass
+    import inspect
+
+    import torch.distributed.distributed_c10d as c10d
+
+    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    opts = ("backend_options" if "backend_options" in
+            inspect.signature(c10d._new_process_group_helper).parameters else "pg_options")
+    pg, _ = c10d._new_process_group_helper(
+        world_size, rank, [], c10d.Backend(backend), c10d.PrefixStore(group_name, store),
+        group_name=group_name, timeout=timeout, **{opts: None})
+    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def broadcast_from_rank0(group, tensor: "torch.Tensor"):
+    """Start a broadcast of `tensor` from the group's rank 0 (in place on the others); returns
+    the work handle. Called on the ProcessGroup object itself: no default group needed."""
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    return group.broadcast([tensor], opts)
+
+
+def dtype_name(t: "torch.Tensor") -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class Posts:
+    """One POST per server in background threads: weight-update calls block server-side until
+    the broadcast that feeds them has run, so they must be in flight while this process
+    broadcasts, and a refusal must be seen while it does."""
+
+    def __init__(self, urls: list[str], path: str, payloads: list[Any], timeout_s: float) -> None:
+        self.urls, self.path = urls, path
+        self.results: list[Any] = [None] * len(urls)
+        self.threads = [threading.Thread(target=self._call, args=(i, payloads[i], timeout_s),
+                                         daemon=True) for i in range(len(urls))]
+        for t in self.threads:
+            t.start()
+
+    def _call(self, i: int, payload: Any, timeout_s: float) -> None:
+        try:
+            self.results[i] = request_sync("POST", self.urls[i] + self.path, payload, timeout_s)
+        except BaseException as exc:  # collected and re-raised by check()/join()
+            self.results[i] = exc
+
+    def failure(self) -> Optional[str]:
+        """The first finished call that failed, as a message (None: none so far)."""
+        for url, t, r in zip(self.urls, self.threads, self.results):
+            if t.is_alive():
+                continue
+            if isinstance(r, BaseException):
+                return f"{url}{self.path}: {r}"
+            if isinstance(r, dict) and r.get("success") is False:
+                return f"{url}{self.path}: {r.get('message', 'failed')}"
+        return None
+
+    def join(self) -> list[Any]:
+        for t in self.threads:
+            t.join()
+        err = self.failure()
+        if err is not None:
+            raise RuntimeError(f"weight update failed: {err}")
+        return self.results
+
+    def wait_for(self, work, what: str, timeout_s: float) -> None:
+        """Poll `work` (a collective or a thread) until done; raise at once if a server refused."""
+        deadline = time.monotonic() + timeout_s
+        done = work.is_completed if hasattr(work, "is_completed") else (lambda: not work.is_alive())
+        while not done():
+            err = self.failure()
+            if err is not None:
+                raise RuntimeError(f"weight update refused while {what}; stopped instead of "
+                                   f"blocking: {err}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not done after {timeout_s}s (rollout.sglang.timeout_s)")
+            time.sleep(0.005)
