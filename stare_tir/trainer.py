@@ -528,6 +528,8 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
         ckpt = latest_checkpoint(run_dir) if resume else None
         if ckpt is not None:
             resume_from(run, ckpt)
+        elif getattr(run.backend, "shared_by_ranks", False):
+            sync_weights(run)  # servers start from whatever they loaded: serve the learner's weights
         eval_before = None
         if run.step == 0:
             eval_before = evaluate_heldout(run, "before RL")

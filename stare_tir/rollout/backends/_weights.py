@@ -76,30 +76,28 @@ def free_port() -> int:
 
 def init_weight_update_group(backend: str, init_method: str, world_size: int, rank: int,
                              group_name: str, timeout_s: float = 600.0):
-    """A torch.distributed group outside the default one, as SGLang's servers create theirs.
+    """A torch.distributed group outside the default one, built as SGLang's servers build theirs
+    (`init_custom_process_group`, python/sglang/srt/utils/common.py): a TCP store at
+    `init_method` (tcp://host:port) that rank 0 serves, prefixed with the group name, and a
+    process group registered under `group_name`, next to any default group (e.g. DeepSpeed's).
 
-    Uses SGLang's own helper when importable (identical store layout guaranteed); otherwise the
-    same construction (`init_custom_process_group`, python/sglang/srt/utils/common.py):
-    rendezvous on `init_method`, a store prefixed with the group name, and a process group
-    registered under `group_name` (works whether or not a default group exists, e.g. next to
-    DeepSpeed's).
+    The store is created directly, not through `rendezvous` (which SGLang's helper uses): under
+    torchrun, TORCHELASTIC_USE_AGENT_STORE makes `rendezvous` connect as a client to a store
+    nobody serves on this port, and the servers then time out waiting for rank 0.
     """
-    from datetime import timedelta
-
-    timeout = timedelta(seconds=timeout_s)
-    try:
-        from sglang.srt.utils import init_custom_process_group
-
-        return init_custom_process_group(backend=backend, init_method=init_method, timeout=timeout,
-                                         world_size=world_size, rank=rank, group_name=group_name)
-    except ImportError:
-        pass
     import inspect
+    from datetime import timedelta
+    from urllib.parse import urlsplit
 
+    import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    timeout = timedelta(seconds=timeout_s)
+    where = urlsplit(init_method)
+    if where.scheme != "tcp" or where.port is None:
+        raise ValueError(f"init_method={init_method!r}: expected tcp://host:port")
+    store = dist.TCPStore(where.hostname, where.port, world_size, is_master=rank == 0,
+                          timeout=timeout, wait_for_workers=False)
     opts = ("backend_options" if "backend_options" in
             inspect.signature(c10d._new_process_group_helper).parameters else "pg_options")
     pg, _ = c10d._new_process_group_helper(
