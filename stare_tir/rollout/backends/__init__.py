@@ -1,5 +1,5 @@
 """Inference backends behind one protocol (`base.Backend`): in-process Hugging Face (`hf`), SGLang
-over HTTP or in process (`sglang`), plus an SGLang API stand-in for CPU tests (`sglang_standin`).
+over HTTP or in process (`sglang`). The SGLang stand-in server for tests is tests/rollout/sglang_standin.py.
 
 Importing this package is light: torch is imported when a backend is built.
 """
@@ -27,5 +27,5 @@ def make_backend(kind: Literal["hf", "sglang"], *, model: Any = None, tokenizer:
     if kind == "sglang":
         from stare_tir.rollout.backends.sglang import SGLangBackend
 
-        return SGLangBackend(urls, cfg.sglang if cfg is not None else None)
+        return SGLangBackend(urls, cfg.sglang if cfg is not None else None, tokenizer=tokenizer)
     raise ValueError(f"kind={kind!r}: must be 'hf' or 'sglang'")

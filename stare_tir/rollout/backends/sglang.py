@@ -407,7 +407,7 @@ class SGLangBackend:
                 "rollout.sglang.sync_dir is not set: weight_sync=disk writes the learner's weights "
                 "there for the servers to load. Set rollout.sglang.sync_dir to a directory every "
                 "SGLang server can read (a shared file system when they run on other nodes).")
-        out = Path(self.cfg.sync_dir)
+        out = Path(self.cfg.sync_dir).resolve()  # the servers get an absolute path
         out.mkdir(parents=True, exist_ok=True)
         foreign = sorted(p.name for p in out.glob("*.safetensors") if p.name != SYNC_FILE)
         if foreign:
