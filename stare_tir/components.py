@@ -102,9 +102,25 @@ def make_backend(kind: Literal["hf", "sglang"], model_path: str, tokenizer: Any,
             "backend sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
             "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
         )
+    if rollout.sglang.weight_sync == "disk" and not rollout.sglang.sync_dir:
+        raise ValueError(
+            "rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the trainer "
+            "writes and every SGLang server reads (shared storage when servers run on other nodes)"
+        )
     from stare_tir.rollout.backends.sglang import SGLangBackend
 
-    return SGLangBackend(rollout.sglang.urls, rollout.sglang, tokenizer=tokenizer)
+    return SGLangBackend(rollout.sglang.urls, rollout.sglang, tokenizer=tokenizer, eos_token_ids=_eos_ids(model_path))
+
+
+def _eos_ids(model_path: str) -> list[int]:
+    """The model's own EOS ids (Qwen2.5: <|im_end|> and <|endoftext|>), on which SGLang stops too."""
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS is used
+        return []
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 @dataclass

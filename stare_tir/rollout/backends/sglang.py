@@ -215,13 +215,14 @@ class SGLangBackend:
     tokenizer: the policy's tokenizer; with it the finish of every answer is classified from its
     last token (EOS ids, stop strings decoded exactly as the HF backend does). Without it, EOS is
     taken from the server's `matched` and stop strings are searched in the returned text.
+    eos_token_ids: more EOS ids (the model's generation_config ones).
     """
 
     # One set of servers serves every trainer rank: exactly one rank pushes weights.
     shared_by_ranks = True
 
     def __init__(self, urls: Optional[list[str]] = None, cfg: Optional[SGLangConfig] = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, eos_token_ids: Iterable[int] = ()) -> None:
         self.cfg = cfg or SGLangConfig()
         urls = list(urls if urls is not None else self.cfg.urls)
         if not urls:
@@ -232,12 +233,15 @@ class SGLangBackend:
         SGLangConfig(urls=self.urls, weight_urls=self.control_urls)  # validates the URLs
         self._client = AsyncJSONClient(connect_timeout_s=self.cfg.connect_timeout_s,
                                        read_timeout_s=self.cfg.generate_timeout_s)
-        self._eos_ids: frozenset[int] = frozenset()
+        # EOS ids: the tokenizer's plus `eos_token_ids` (e.g. the model's generation_config ones,
+        # which SGLang also stops on: schedule_batch.py `eos_token_ids`)
+        eos = set(eos_token_ids)
         self._decode = None
         if tokenizer is not None:
-            eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-            self._eos_ids = frozenset(int(e) for e in eos)
+            if tokenizer.eos_token_id is not None:
+                eos.add(tokenizer.eos_token_id)
             self._decode = fast_decoder(tokenizer)
+        self._eos_ids: frozenset[int] = frozenset(int(e) for e in eos)
         self._inflight = [0] * len(self.urls)
         self._rr = itertools.count()
         self._group = None
