@@ -48,7 +48,7 @@ from collections import Counter
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository root must be importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -56,8 +56,17 @@ if __package__ in (None, ""):  # run as a script: the repository root must be im
 from stare_tir.rollout.backends.base import SamplingParams  # noqa: E402
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "no_stop_trim",
-                  "skip_special_tokens", "spaces_between_special_tokens", "sampling_seed"}
+_SAMPLING_KEYS = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "stop",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "sampling_seed",
+}
 
 # Version behaviours, each with the upstream source it mirrors:
 QUIRKS = {
@@ -99,9 +108,15 @@ class _AllowListUnpickler(pickle.Unpickler):
     """Our own small allow-list in the spirit of SGLang's SafeUnpickler (utils/common.py): the
     globals a by-value pickle of CPU tensors needs, nothing that can run code."""
 
-    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
-               ("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "list"),
-               ("builtins", "tuple"), ("builtins", "dict")}
+    ALLOWED = {
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_parameter"),
+        ("torch", "Size"),
+        ("collections", "OrderedDict"),
+        ("builtins", "list"),
+        ("builtins", "tuple"),
+        ("builtins", "dict"),
+    }
     STORAGE = ("torch.storage", "_load_from_bytes")
 
     def find_class(self, module: str, name: str) -> Any:
@@ -117,9 +132,16 @@ class _AllowListUnpickler(pickle.Unpickler):
 class StandinServer:
     """The HTTP server and its HF model (see module docstring)."""
 
-    def __init__(self, model_path: str, host: str = "127.0.0.1", port: int = 0,
-                 max_batch_size: int = 64, compat: str = "0.5.23",
-                 quirks: Optional[set[str]] = None, deterministic: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch_size: int = 64,
+        compat: str = "0.5.23",
+        quirks: set[str] | None = None,
+        deterministic: bool = False,
+    ) -> None:
         if host not in LOOPBACK:
             raise ValueError(f"host={host!r}: the stand-in binds to the loopback interface only")
         if compat not in COMPAT:
@@ -135,8 +157,7 @@ class StandinServer:
         self.backend = HFBackend(self.model_path, cfg=HFBackendConfig(max_batch_size=max_batch_size))
         self.tokenizer = self.backend.tokenizer
         self.loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                             name="standin-loop")
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="standin-loop")
         self._loop_thread.start()
         self.counts: Counter = Counter()
         self.lock = threading.Lock()
@@ -152,7 +173,7 @@ class StandinServer:
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "StandinServer":
+    def start(self) -> StandinServer:
         threading.Thread(target=self.httpd.serve_forever, daemon=True, name="standin-http").start()
         return self
 
@@ -193,31 +214,31 @@ class StandinServer:
         allowed = _SAMPLING_KEYS - ({"sampling_seed"} if "seed_refused" in self.quirks else set())
         unknown = set(sp) - allowed
         if unknown:
-            return HTTPStatus.BAD_REQUEST, {
-                "error": {"message": f"unexpected sampling_params {sorted(unknown)}"}}
+            return HTTPStatus.BAD_REQUEST, {"error": {"message": f"unexpected sampling_params {sorted(unknown)}"}}
         stop = sp.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         seed = sp.get("sampling_seed")
         if "seed_ignored" in self.quirks and not self.deterministic:
             seed = None
         try:
-            sampling = SamplingParams(temperature=float(sp.get("temperature", 1.0)),
-                                      top_p=float(sp.get("top_p", 1.0)),
-                                      top_k=int(sp.get("top_k", -1)),
-                                      max_new_tokens=int(sp.get("max_new_tokens", 128)),
-                                      seed=seed)
+            sampling = SamplingParams(
+                temperature=float(sp.get("temperature", 1.0)),
+                top_p=float(sp.get("top_p", 1.0)),
+                top_k=int(sp.get("top_k", -1)),
+                max_new_tokens=int(sp.get("max_new_tokens", 128)),
+                seed=seed,
+            )
         except ValueError as exc:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": str(exc)}}
         batched = isinstance(ids[0], list)
         prompts = ids if batched else [ids]
-        futs = [asyncio.run_coroutine_threadsafe(self.backend.generate(p, sampling, stop), self.loop)
-                for p in prompts]
-        outs = [self._answer(p, f.result(), sp, bool(body.get("return_logprob")), sampling)
-                for p, f in zip(prompts, futs)]
+        futs = [asyncio.run_coroutine_threadsafe(self.backend.generate(p, sampling, stop), self.loop) for p in prompts]
+        outs = [
+            self._answer(p, f.result(), sp, bool(body.get("return_logprob")), sampling) for p, f in zip(prompts, futs)
+        ]
         return HTTPStatus.OK, (outs if batched else outs[0])
 
-    def _answer(self, prompt: list[int], gen, sp: dict, logprobs: bool,
-                sampling: SamplingParams) -> dict:
+    def _answer(self, prompt: list[int], gen, sp: dict, logprobs: bool, sampling: SamplingParams) -> dict:
         if "length_first" in self.quirks and len(gen.token_ids) >= sampling.max_new_tokens:
             finish = {"type": "length", "length": len(gen.token_ids)}
         elif gen.finish_reason == "eos":
@@ -226,13 +247,17 @@ class StandinServer:
             finish = {"type": "stop", "matched": gen.stop_text}
         else:
             finish = {"type": "length", "length": len(gen.token_ids)}
-        text = self.tokenizer.decode(gen.token_ids,
-                                     skip_special_tokens=bool(sp.get("skip_special_tokens", True)))
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=bool(sp.get("skip_special_tokens", True)))
         if gen.stop_text and not sp.get("no_stop_trim", False):
             text = text[: text.find(gen.stop_text)]
-        meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(prompt),
-                "completion_tokens": len(gen.token_ids), "cached_tokens": 0,
-                "weight_version": self.weight_version}
+        meta = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(gen.token_ids),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+        }
         if logprobs:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
         out_ids = list(gen.token_ids)
@@ -251,26 +276,32 @@ class StandinServer:
         """Version bump, then the flush an update asks for (default true), which fails the call
         while requests run (weight_updater.py `flush_cache_after_weight_update`)."""
         version = body.get("weight_version")
-        self.weight_version = str(version) if version is not None else \
-            str(self.backend.weight_version)
+        self.weight_version = str(version) if version is not None else str(self.backend.weight_version)
         if body.get("flush_cache", True) and self.flush()[0] != HTTPStatus.OK:
             return HTTPStatus.BAD_REQUEST, {
-                "success": False, "message": "Weights were updated, but the cache was not flushed "
-                "because requests are still running or queued."}
+                "success": False,
+                "message": "Weights were updated, but the cache was not flushed "
+                "because requests are still running or queued.",
+            }
         return HTTPStatus.OK, {"success": True, "message": ok_message}
 
-    def _needs_session(self, what: str) -> Optional[tuple[int, Any]]:
+    def _needs_session(self, what: str) -> tuple[int, Any] | None:
         if "session_required" in self.quirks and not self.session_open:
-            return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{what} must run "
-                                            "between begin_weight_update() and end_weight_update()"}
+            return HTTPStatus.BAD_REQUEST, {
+                "success": False,
+                "message": f"{what} must run between begin_weight_update() and end_weight_update()",
+            }
         return None
 
     def session(self, begin: bool) -> tuple[int, Any]:
         if "session_required" not in self.quirks:
             return HTTPStatus.NOT_FOUND, {"detail": "Not Found"}
         if begin == self.session_open:
-            msg = ("a weight-update session is already open; call end_weight_update() first"
-                   if begin else "no weight-update session is open; call begin_weight_update() first")
+            msg = (
+                "a weight-update session is already open; call end_weight_update() first"
+                if begin
+                else "no weight-update session is open; call begin_weight_update() first"
+            )
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": msg}
         self.session_open = begin
         with self.lock:
@@ -281,8 +312,7 @@ class StandinServer:
         try:
             self.backend.update_weights_from_disk(body["model_path"])
         except Exception as exc:
-            return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}",
-                                            "num_paused_requests": 0}
+            return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}", "num_paused_requests": 0}
         return self._after_update(body, "Succeeded to update model weights.")
 
     def update_from_tensor(self, body: dict) -> tuple[int, Any]:
@@ -290,13 +320,15 @@ class StandinServer:
         if refused:
             return refused
         if body.get("load_format") not in (None, "direct"):
-            return HTTPStatus.BAD_REQUEST, {"success": False,
-                                            "message": f"load_format={body.get('load_format')!r} "
-                                                       "not supported by the stand-in"}
+            return HTTPStatus.BAD_REQUEST, {
+                "success": False,
+                "message": f"load_format={body.get('load_format')!r} not supported by the stand-in",
+            }
         try:
             blob = base64.b64decode(body["serialized_named_tensors"][0])  # our single "TP rank"
-            named = (_AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks
-                     else pickle.loads(blob))
+            named = (
+                _AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks else pickle.loads(blob)
+            )
             self.backend.update_weights(named)
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
@@ -308,8 +340,13 @@ class StandinServer:
         try:
             name = body.get("group_name", "weight_update_group")
             self.groups[name] = init_weight_update_group(
-                body.get("backend", "nccl"), f"tcp://{body['master_address']}:{body['master_port']}",
-                int(body["world_size"]), int(body["rank_offset"]), name, 120.0)
+                body.get("backend", "nccl"),
+                f"tcp://{body['master_address']}:{body['master_port']}",
+                int(body["world_size"]),
+                int(body["rank_offset"]),
+                name,
+                120.0,
+            )
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
         return HTTPStatus.OK, {"success": True, "message": "Succeeded to initialize custom process group."}
@@ -354,13 +391,21 @@ class StandinServer:
         return HTTPStatus.OK, None
 
     def stats(self) -> dict:
-        return {"counts": dict(self.counts), "weight_version": self.weight_version,
-                "released": sorted(self.released), "quirks": sorted(self.quirks),
-                "generate_during_sync": self.generate_during_sync}
+        return {
+            "counts": dict(self.counts),
+            "weight_version": self.weight_version,
+            "released": sorted(self.released),
+            "quirks": sorted(self.quirks),
+            "generate_during_sync": self.generate_during_sync,
+        }
 
 
-_SYNC_PATHS = {"/update_weights_from_disk", "/update_weights_from_tensor",
-               "/update_weights_from_distributed", "/init_weights_update_group"}
+_SYNC_PATHS = {
+    "/update_weights_from_disk",
+    "/update_weights_from_tensor",
+    "/update_weights_from_distributed",
+    "/init_weights_update_group",
+}
 
 
 def _make_handler(server: StandinServer):
@@ -392,13 +437,17 @@ def _make_handler(server: StandinServer):
             if path in ("/health", "/health_generate"):
                 self._reply(HTTPStatus.OK, "")
             elif path == "/get_model_info":
-                self._reply(HTTPStatus.OK, {"model_path": server.model_path,
-                                            "tokenizer_path": server.model_path,
-                                            "is_generation": True,
-                                            "weight_version": server.weight_version})
+                self._reply(
+                    HTTPStatus.OK,
+                    {
+                        "model_path": server.model_path,
+                        "tokenizer_path": server.model_path,
+                        "is_generation": True,
+                        "weight_version": server.weight_version,
+                    },
+                )
             elif path == "/get_server_info":
-                self._reply(HTTPStatus.OK, {"model_path": server.model_path, "tp_size": 1,
-                                            "version": "stand-in"})
+                self._reply(HTTPStatus.OK, {"model_path": server.model_path, "tp_size": 1, "version": "stand-in"})
             elif path == "/standin_stats":
                 self._reply(HTTPStatus.OK, server.stats())
             elif path == "/flush_cache":
@@ -445,11 +494,13 @@ def _make_handler(server: StandinServer):
     return Handler
 
 
-def launch_standin(model_path: str, port: int = 0, timeout_s: float = 120.0,
-                   extra_args: Optional[list[str]] = None) -> tuple[subprocess.Popen, str]:
+def launch_standin(
+    model_path: str, port: int = 0, timeout_s: float = 120.0, extra_args: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """Start a stand-in server in a subprocess; returns (process, base URL) once it serves."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--model-path", str(model_path),
-           "--port", str(port)] + list(extra_args or [])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--model-path", str(model_path), "--port", str(port)] + list(
+        extra_args or []
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
@@ -465,9 +516,10 @@ def launch_standin(model_path: str, port: int = 0, timeout_s: float = 120.0,
     raise RuntimeError(f"stand-in server did not start (exit code {proc.poll()})")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    ap = argparse.ArgumentParser(description="SGLang HTTP API stand-in on a Hugging Face model "
-                                             "(CPU tests; loopback only).")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description="SGLang HTTP API stand-in on a Hugging Face model (CPU tests; loopback only)."
+    )
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
@@ -482,8 +534,15 @@ def main(argv: Optional[list[str]] = None) -> None:
 
         torch.set_num_threads(args.threads)
     quirks = {q for q in args.quirks.split(",") if q}
-    server = StandinServer(args.model_path, args.host, args.port, args.max_batch_size,
-                           args.compat, quirks, args.enable_deterministic_inference)
+    server = StandinServer(
+        args.model_path,
+        args.host,
+        args.port,
+        args.max_batch_size,
+        args.compat,
+        quirks,
+        args.enable_deterministic_inference,
+    )
     # SIGTERM keeps its default action (exit at once): a test helper has nothing to flush.
     print(f"STANDIN_READY port={server.port}", flush=True)
     try:

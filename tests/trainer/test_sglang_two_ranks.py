@@ -26,11 +26,21 @@ STEPS = 2
 # GRPO without dynamic sampling: every step updates even when the tiny base's rewards tie, so
 # each step syncs once; tiny budgets keep a step at a few seconds.
 FAST = [
-    "model.path=tiny", "sft.enabled=false", "algo.name=grpo", "trainer.backend=sglang",
-    "data.arithmetic_train_size=64", "data.arithmetic_eval_size=2", "trainer.eval_n=1",
-    "trainer.prompts_per_step=2", "rollout.n_per_prompt=2", "rollout.max_total_tokens=48",
-    "rollout.max_new_tokens_per_turn=24", "trainer.eval_every=0", f"trainer.save_every={STEPS}",
-    f"trainer.steps={STEPS}", "learner.zero_stage=2",
+    "model.path=tiny",
+    "sft.enabled=false",
+    "algo.name=grpo",
+    "trainer.backend=sglang",
+    "data.arithmetic_train_size=64",
+    "data.arithmetic_eval_size=2",
+    "trainer.eval_n=1",
+    "trainer.prompts_per_step=2",
+    "rollout.n_per_prompt=2",
+    "rollout.max_total_tokens=48",
+    "rollout.max_new_tokens_per_turn=24",
+    "trainer.eval_every=0",
+    f"trainer.save_every={STEPS}",
+    f"trainer.steps={STEPS}",
+    "learner.zero_stage=2",
 ]
 
 
@@ -42,8 +52,9 @@ def two_servers(request, standin):
     procs, urls = [], []
     try:
         for _ in range(2):
-            proc, url = standin.launch_standin(str(pretrained_tiny_base()),
-                                               extra_args=["--threads", "1", "--compat", compat])
+            proc, url = standin.launch_standin(
+                str(pretrained_tiny_base()), extra_args=["--threads", "1", "--compat", compat]
+            )
             procs.append(proc)
             urls.append(url)
         yield compat, urls
@@ -53,26 +64,48 @@ def two_servers(request, standin):
             proc.wait(timeout=30)
 
 
-def _train(run_dir: Path, urls: list[str], *extra: str, nproc: int = 2,
-           timeout: int = 600) -> subprocess.CompletedProcess:
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
-                if nproc > 1 else [sys.executable])
-    cmd = [*launcher, str(SCRIPT), f"trainer.run_dir={run_dir}", *FAST,
-           f"rollout.sglang.urls={json.dumps(urls)}", *extra]
+def _train(
+    run_dir: Path, urls: list[str], *extra: str, nproc: int = 2, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+        if nproc > 1
+        else [sys.executable]
+    )
+    cmd = [
+        *launcher,
+        str(SCRIPT),
+        f"trainer.run_dir={run_dir}",
+        *FAST,
+        f"rollout.sglang.urls={json.dumps(urls)}",
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "two_servers"), [
-    ("disk", "0.5.2"), ("tensor", "0.5.23"), ("distributed", "0.5.23"), ("distributed", "0.5.2"),
-], indirect=["two_servers"])
+@pytest.mark.parametrize(
+    ("mode", "two_servers"),
+    [
+        ("disk", "0.5.2"),
+        ("tensor", "0.5.23"),
+        ("distributed", "0.5.23"),
+        ("distributed", "0.5.2"),
+    ],
+    indirect=["two_servers"],
+)
 def test_two_ranks_push_once_per_sync_and_never_during_generation(mode, two_servers, tmp_path):
     compat, urls = two_servers
     sync_dir = tmp_path / "sync"
     run_dir = tmp_path / "run"
-    proc = _train(run_dir, urls, f"rollout.sglang.weight_sync={mode}",
-                  f"rollout.sglang.sync_dir={sync_dir}", "rollout.sglang.dist_backend=gloo")
+    proc = _train(
+        run_dir,
+        urls,
+        f"rollout.sglang.weight_sync={mode}",
+        f"rollout.sglang.sync_dir={sync_dir}",
+        "rollout.sglang.dist_backend=gloo",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
@@ -82,8 +115,11 @@ def test_two_ranks_push_once_per_sync_and_never_during_generation(mode, two_serv
         assert r["dropped/rollout_error"] == 0 and r["finish/error"] == 0.0
 
     syncs = 1 + STEPS  # the initial one (servers start from the base) + one per step
-    push_path = {"disk": "/update_weights_from_disk", "tensor": "/update_weights_from_tensor",
-                 "distributed": "/update_weights_from_distributed"}[mode]
+    push_path = {
+        "disk": "/update_weights_from_disk",
+        "tensor": "/update_weights_from_tensor",
+        "distributed": "/update_weights_from_distributed",
+    }[mode]
     for url in urls:
         stats = request_sync("GET", url + "/standin_stats")
         counts = stats["counts"]
@@ -109,9 +145,16 @@ def test_a_run_that_never_updates_exits_non_zero_naming_the_cause(two_servers, t
     """0.5.2 refuses sampling_seed: with send_seed on, every rollout fails; the run must stop
     after trainer.max_empty_steps steps with a non-zero exit that says so, not exit 0."""
     _, urls = two_servers
-    proc = _train(tmp_path / "run", urls, "rollout.sglang.send_seed=true",
-                  f"rollout.sglang.sync_dir={tmp_path / 'sync'}", "trainer.steps=6",
-                  "trainer.max_empty_steps=2", nproc=1, timeout=300)
+    proc = _train(
+        tmp_path / "run",
+        urls,
+        "rollout.sglang.send_seed=true",
+        f"rollout.sglang.sync_dir={tmp_path / 'sync'}",
+        "trainer.steps=6",
+        "trainer.max_empty_steps=2",
+        nproc=1,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "2 consecutive steps (up to step 2) updated nothing" in proc.stderr
     assert "all rollouts failed" in proc.stderr and "rollout_error=4" in proc.stderr

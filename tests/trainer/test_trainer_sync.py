@@ -5,6 +5,8 @@ The same rules under `torchrun` against SGLang stand-ins: test_sglang_two_ranks.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -65,13 +67,21 @@ class OwnBackend(SharedBackend):
 
 def _run(learner, backend, cfg=None, engine=None) -> Run:
     cfg = cfg or TrainConfig()
-    return Run(cfg=cfg, run_dir=None, tokenizer=None, learner=learner, backend=backend,
-               engine=engine, controller=StareController.from_config(cfg.algo.stare),
-               sampler=PromptSampler([{"id": "a"}], seed=0), eval_problems=[], log=None)
+    return Run(
+        cfg=cfg,
+        run_dir=None,
+        learner=learner,
+        parts=SimpleNamespace(engine=engine, backend=backend, tokenizer=None),
+        controller=StareController.from_config(cfg.algo.stare),
+        sampler=PromptSampler([{"id": "a"}], seed=0),
+        eval_problems=[],
+        log=None,
+    )
 
 
-@pytest.mark.parametrize(("rank", "backend_cls", "pushes"), [
-    (0, SharedBackend, 1), (1, SharedBackend, 0), (1, OwnBackend, 1)])
+@pytest.mark.parametrize(
+    ("rank", "backend_cls", "pushes"), [(0, SharedBackend, 1), (1, SharedBackend, 0), (1, OwnBackend, 1)]
+)
 def test_one_pusher_for_shared_servers_every_rank_for_its_own(rank, backend_cls, pushes):
     learner, backend = FakeLearner(rank=rank), backend_cls()
     sync_weights(_run(learner, backend))
@@ -95,8 +105,12 @@ class FakeEngine:
 
 
 def _failed(group: int) -> Trajectory:
-    t = Trajectory(prompt_ids=[1, 2], group_id=group, finish_reason="error",
-                   info={"error": "HTTPError: 400 unexpected sampling_params"})
+    t = Trajectory(
+        prompt_ids=[1, 2],
+        group_id=group,
+        finish_reason="error",
+        info={"error": "HTTPError: 400 unexpected sampling_params"},
+    )
     t.append([5], [-0.5], "model")
     return t
 

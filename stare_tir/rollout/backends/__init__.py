@@ -14,7 +14,7 @@ __all__ = ["Backend", "Generation", "SamplingParams", "StopChecker", "make_backe
 
 
 def make_backend(kind: Literal["hf", "sglang"], *, model: Any = None, tokenizer: Any = None,
-                 cfg: Any = None, urls: Optional[list[str]] = None) -> Backend:
+                 cfg: Any = None, urls: list[str] | None = None) -> Backend:
     """Build a backend from a `RolloutConfig` (`cfg.hf` / `cfg.sglang` are used).
 
     hf: `model` is a loaded HF model or a checkpoint path (tokenizer loaded from it if omitted).

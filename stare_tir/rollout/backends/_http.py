@@ -15,7 +15,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -36,8 +36,10 @@ class NotSentError(ConnectionError):
 
 def check_url(url: str) -> None:
     if urlsplit(url).scheme != "http":
-        raise ValueError(f"{url}: only http:// URLs are supported (SGLang servers and "
-                         "sglang-router speak plain HTTP inside a cluster)")
+        raise ValueError(
+            f"{url}: only http:// URLs are supported (SGLang servers and "
+            "sglang-router speak plain HTTP inside a cluster)"
+        )
 
 
 class AsyncJSONClient:
@@ -47,23 +49,25 @@ class AsyncJSONClient:
     wait for an answer.
     """
 
-    def __init__(self, connect_timeout_s: float = 30.0, read_timeout_s: Optional[float] = None,
-                 max_connections: int = 1024) -> None:
+    def __init__(
+        self, connect_timeout_s: float = 30.0, read_timeout_s: float | None = None, max_connections: int = 1024
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.max_connections = max_connections
-        self._session: Optional[aiohttp.ClientSession] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _session_for_loop(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or loop is not self._loop or self._session.closed:
             # A session is bound to its loop; an old loop's connections cannot be used here.
-            timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s,
-                                            sock_read=self.read_timeout_s)
+            timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
             self._session = aiohttp.ClientSession(
-                timeout=timeout, trust_env=False,  # no http_proxy: servers are on the cluster net
-                connector=aiohttp.TCPConnector(limit=self.max_connections))
+                timeout=timeout,
+                trust_env=False,  # no http_proxy: servers are on the cluster net
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+            )
             self._loop = loop
         return self._session
 
@@ -84,8 +88,7 @@ class AsyncJSONClient:
                 raise NotSentError(f"{url}: cannot connect: {exc!r}") from exc
             raise TimeoutError(f"{url}: no answer within {self.read_timeout_s}s") from exc
         except aiohttp.ClientError as exc:
-            raise ConnectionError(f"{url}: connection lost after the request was sent: "
-                                  f"{exc!r}") from exc
+            raise ConnectionError(f"{url}: connection lost after the request was sent: {exc!r}") from exc
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
@@ -94,8 +97,7 @@ class AsyncJSONClient:
 
 
 def _is_connect_timeout(exc: BaseException) -> bool:
-    return isinstance(exc, aiohttp.ConnectionTimeoutError) if hasattr(
-        aiohttp, "ConnectionTimeoutError") else False
+    return isinstance(exc, aiohttp.ConnectionTimeoutError) if hasattr(aiohttp, "ConnectionTimeoutError") else False
 
 
 def _decode(url: str, status: int, data: bytes) -> Any:
@@ -108,14 +110,12 @@ def _decode(url: str, status: int, data: bytes) -> Any:
         return text
 
 
-def request_sync(method: str, url: str, payload: Any = None, timeout_s: Optional[float] = 600.0
-                 ) -> Any:
+def request_sync(method: str, url: str, payload: Any = None, timeout_s: float | None = 600.0) -> Any:
     """Blocking JSON request for control calls (health, weight updates, memory release); these
     run in the trainer's thread between rollout phases, or in helper threads during a broadcast."""
     check_url(url)
     data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     # No proxies: rollout servers live on the cluster network (an http_proxy would misroute).
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:

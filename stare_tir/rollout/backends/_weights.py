@@ -15,7 +15,7 @@ import pickle
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from stare_tir.rollout.backends._http import request_sync
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def serialize_named_tensors(named: list[tuple[str, "torch.Tensor"]]) -> str:
+def serialize_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     """Base64 pickle of [(name, tensor)] as SGLang's update_weights_from_tensor reads it.
 
     CUDA tensors: SGLang's own serializer when importable (IPC handles, device-UUID aware), else
@@ -39,8 +39,9 @@ def serialize_named_tensors(named: list[tuple[str, "torch.Tensor"]]) -> str:
                 from sglang.srt.utils.common import MultiprocessingSerializer
             return MultiprocessingSerializer.serialize(named, output_str=True)
         except ImportError:
-            import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
             from multiprocessing.reduction import ForkingPickler
+
+            import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
 
             buf = io.BytesIO()
             ForkingPickler(buf).dump(named)
@@ -48,12 +49,13 @@ def serialize_named_tensors(named: list[tuple[str, "torch.Tensor"]]) -> str:
     return base64.b64encode(pickle.dumps([(n, t.detach().contiguous()) for n, t in named])).decode()
 
 
-def buckets(named_tensors: Iterable[tuple[str, "torch.Tensor"]], max_bytes: int
-            ) -> Iterator[tuple[list[tuple[str, "torch.Tensor"]], bool]]:
+def buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int
+) -> Iterator[tuple[list[tuple[str, torch.Tensor]], bool]]:
     """Group (name, tensor) pairs into buckets of at most max_bytes; yields (bucket, is_last)."""
     bucket: list = []
     size = 0
-    pending: Optional[list] = None
+    pending: list | None = None
     for name, t in named_tensors:
         nbytes = t.numel() * t.element_size()
         if bucket and size + nbytes > max_bytes:
@@ -74,8 +76,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_weight_update_group(backend: str, init_method: str, world_size: int, rank: int,
-                             group_name: str, timeout_s: float = 600.0):
+def init_weight_update_group(
+    backend: str, init_method: str, world_size: int, rank: int, group_name: str, timeout_s: float = 600.0
+):
     """A torch.distributed group outside the default one, built as SGLang's servers build theirs
     (`init_custom_process_group`, python/sglang/srt/utils/common.py): a TCP store at
     `init_method` (tcp://host:port) that rank 0 serves, prefixed with the group name, and a
@@ -96,18 +99,29 @@ def init_weight_update_group(backend: str, init_method: str, world_size: int, ra
     where = urlsplit(init_method)
     if where.scheme != "tcp" or where.port is None:
         raise ValueError(f"init_method={init_method!r}: expected tcp://host:port")
-    store = dist.TCPStore(where.hostname, where.port, world_size, is_master=rank == 0,
-                          timeout=timeout, wait_for_workers=False)
-    opts = ("backend_options" if "backend_options" in
-            inspect.signature(c10d._new_process_group_helper).parameters else "pg_options")
+    store = dist.TCPStore(
+        where.hostname, where.port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+    )
+    opts = (
+        "backend_options"
+        if "backend_options" in inspect.signature(c10d._new_process_group_helper).parameters
+        else "pg_options"
+    )
     pg, _ = c10d._new_process_group_helper(
-        world_size, rank, [], c10d.Backend(backend), c10d.PrefixStore(group_name, store),
-        group_name=group_name, timeout=timeout, **{opts: None})
+        world_size,
+        rank,
+        [],
+        c10d.Backend(backend),
+        c10d.PrefixStore(group_name, store),
+        group_name=group_name,
+        timeout=timeout,
+        **{opts: None},
+    )
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
 
 
-def broadcast_from_rank0(group, tensor: "torch.Tensor"):
+def broadcast_from_rank0(group, tensor: torch.Tensor):
     """Start a broadcast of `tensor` from the group's rank 0 (in place on the others); returns
     the work handle. Called on the ProcessGroup object itself: no default group needed."""
     import torch.distributed as dist
@@ -118,7 +132,7 @@ def broadcast_from_rank0(group, tensor: "torch.Tensor"):
     return group.broadcast([tensor], opts)
 
 
-def dtype_name(t: "torch.Tensor") -> str:
+def dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
@@ -130,8 +144,9 @@ class Posts:
     def __init__(self, urls: list[str], path: str, payloads: list[Any], timeout_s: float) -> None:
         self.urls, self.path = urls, path
         self.results: list[Any] = [None] * len(urls)
-        self.threads = [threading.Thread(target=self._call, args=(i, payloads[i], timeout_s),
-                                         daemon=True) for i in range(len(urls))]
+        self.threads = [
+            threading.Thread(target=self._call, args=(i, payloads[i], timeout_s), daemon=True) for i in range(len(urls))
+        ]
         for t in self.threads:
             t.start()
 
@@ -141,7 +156,7 @@ class Posts:
         except BaseException as exc:  # collected and re-raised by check()/join()
             self.results[i] = exc
 
-    def failure(self) -> Optional[str]:
+    def failure(self) -> str | None:
         """The first finished call that failed, as a message (None: none so far)."""
         for url, t, r in zip(self.urls, self.threads, self.results):
             if t.is_alive():
@@ -167,8 +182,7 @@ class Posts:
         while not done():
             err = self.failure()
             if err is not None:
-                raise RuntimeError(f"weight update refused while {what}; stopped instead of "
-                                   f"blocking: {err}")
+                raise RuntimeError(f"weight update refused while {what}; stopped instead of blocking: {err}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not done after {timeout_s}s (rollout.sglang.timeout_s)")
             time.sleep(0.005)

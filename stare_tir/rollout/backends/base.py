@@ -17,7 +17,7 @@ No torch import here: this module is light.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, Literal, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Collection, Iterable, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -43,7 +43,7 @@ class SamplingParams:
     max_new_tokens: int = 512
     # Per-request RNG seed, for reproducible samples where the backend supports it (None: the
     # backend's own stream).
-    seed: Optional[int] = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -71,7 +71,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
-    stop_text: Optional[str] = None
+    stop_text: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -143,7 +143,7 @@ class StopChecker:
             self._piece_cache[token_id] = hit
         return hit
 
-    def feed(self, tokens: list[int]) -> Optional[str]:
+    def feed(self, tokens: list[int]) -> str | None:
         if not self.stops or not tokens or not self._may_end_stop(tokens[-1]):
             return None
         text = self._decode(tokens[-self._window :])
@@ -154,8 +154,8 @@ class StopChecker:
         return min(found)[1]
 
 
-def finish_after_token(tokens: list[int], eos_ids: Collection[int], checker: Optional[StopChecker],
-                       max_new_tokens: int) -> tuple[Optional[FinishReason], Optional[str]]:
+def finish_after_token(tokens: list[int], eos_ids: Collection[int], checker: StopChecker | None,
+                       max_new_tokens: int) -> tuple[FinishReason | None, str | None]:
     """The one finish rule of every backend, applied after each sampled token.
 
     Order: EOS, then a stop string completed by the newest token, then the budget. A turn whose
@@ -175,9 +175,9 @@ def finish_after_token(tokens: list[int], eos_ids: Collection[int], checker: Opt
 
 
 def classify_finish(tokens: list[int], stops: list[str], eos_ids: Collection[int],
-                    decode: Optional[Callable[[list[int]], str]], reported: str,
-                    matched: Any = None, text: Optional[str] = None
-                    ) -> tuple[FinishReason, Optional[str]]:
+                    decode: Callable[[list[int]], str] | None, reported: str,
+                    matched: Any = None, text: str | None = None
+                    ) -> tuple[FinishReason, str | None]:
     """Finish of a whole answer from a server: `finish_after_token` on its last token, then the
     server's own report, accepted only where it names an EOS or one of the request's stops.
 

@@ -62,7 +62,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
 
 from loguru import logger
 
@@ -101,7 +101,7 @@ class SGLangConfig:
     # Seconds a /generate may wait for its answer; None: no limit. A limit drops exactly the
     # long turns of a loaded server (and biases the batch to short answers); keep None unless
     # a hung server must be detected.
-    generate_timeout_s: Optional[float] = None
+    generate_timeout_s: float | None = None
     # Retries of a request whose connection could not be opened (on the next-least-loaded server).
     retries: int = 2
     # Send per-request seeds (`sampling_seed`). SGLang uses them only when the server runs with
@@ -125,7 +125,7 @@ class SGLangConfig:
     group_name: str = "weight_update_group"
     # "disk" sync: a directory every server can read (shared file system across nodes), owned
     # by the trainer; it holds at most one checkpoint (model.safetensors), replaced atomically.
-    sync_dir: Optional[str] = None
+    sync_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "connect_timeout_s"):
@@ -175,7 +175,7 @@ def sampling_payload(sampling: SamplingParams, stop: list[str], send_seed: bool 
     return params
 
 
-def parse_generate_output(out: dict, stop: Optional[list[str]] = None,
+def parse_generate_output(out: dict, stop: list[str] | None = None,
                           eos_ids: Iterable[int] = (), decode=None) -> Generation:
     """A `Generation` from one SGLang /generate (or Engine.async_generate) answer.
 
@@ -221,7 +221,7 @@ class SGLangBackend:
     # One set of servers serves every trainer rank: exactly one rank pushes weights.
     shared_by_ranks = True
 
-    def __init__(self, urls: Optional[list[str]] = None, cfg: Optional[SGLangConfig] = None,
+    def __init__(self, urls: list[str] | None = None, cfg: SGLangConfig | None = None,
                  tokenizer: Any = None, eos_token_ids: Iterable[int] = ()) -> None:
         self.cfg = cfg or SGLangConfig()
         urls = list(urls if urls is not None else self.cfg.urls)
@@ -313,14 +313,14 @@ class SGLangBackend:
                                            f"{exc}") from exc
                     time.sleep(wait_s)
 
-    def release_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         tags = list(tags or ["weights", "kv_cache"])
         for url in self.control_urls:
             request_sync("POST", url + "/release_memory_occupation", {"tags": tags},
                          self.cfg.timeout_s)
         self._released |= set(tags)
 
-    def resume_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         """Resume the released tags among `tags` (all: None); resuming twice is a no-op here."""
         todo = sorted(self._released & set(tags or self._released))
         if not todo:
@@ -330,11 +330,11 @@ class SGLangBackend:
                          self.cfg.timeout_s)
         self._released -= set(todo)
 
-    def update_weights_from_disk(self, path: str, load_format: Optional[str] = None) -> None:
+    def update_weights_from_disk(self, path: str, load_format: str | None = None) -> None:
         self._load_from_disk(path, load_format)
         self.weight_version += 1
 
-    def _load_from_disk(self, path: str, load_format: Optional[str] = None) -> None:
+    def _load_from_disk(self, path: str, load_format: str | None = None) -> None:
         payload: dict[str, Any] = {"model_path": str(path),
                                    "weight_version": str(self.weight_version + 1)}
         if load_format is not None:
@@ -349,7 +349,7 @@ class SGLangBackend:
         posts.join()
         self.flush_cache()
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         mode = self.cfg.weight_sync
         if mode == "disk":
             self._update_via_disk(named_tensors)
@@ -526,7 +526,7 @@ class SGLangEngineBackend:
     update_weights_from_disk.
     """
 
-    def __init__(self, model_path: str, cfg: Optional[SGLangConfig] = None, **engine_kwargs) -> None:
+    def __init__(self, model_path: str, cfg: SGLangConfig | None = None, **engine_kwargs) -> None:
         try:
             import sglang
         except ImportError as exc:
@@ -543,7 +543,7 @@ class SGLangEngineBackend:
             sampling_params=sampling_payload(sampling, stop, self.cfg.send_seed))
         return parse_generate_output(out, stop)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         for bucket, last in buckets(named_tensors, self.cfg.bucket_mb << 20):
             res = self.engine.update_weights_from_tensor(named_tensors=bucket, load_format=None,
                                                          flush_cache=last)
@@ -557,10 +557,10 @@ class SGLangEngineBackend:
     def flush_cache(self) -> None:
         self.engine.flush_cache()
 
-    def release_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.engine.release_memory_occupation(tags=tags)
 
-    def resume_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.engine.resume_memory_occupation(tags=tags)
 
     def close(self) -> None:
