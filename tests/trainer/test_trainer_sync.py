@@ -12,6 +12,7 @@ import torch
 
 from stare_tir.algos.stare import StareController
 from stare_tir.data import PromptSampler
+from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.trainer import (
     Run,
@@ -97,6 +98,8 @@ def test_a_failed_push_stops_every_rank():
 
 
 class FakeEngine:
+    configured = RolloutEngine.configured  # the real settings swap (collect_batch seeds each round)
+
     def __init__(self, batches):
         self.batches = list(batches)
 
