@@ -102,11 +102,6 @@ def make_backend(kind: Literal["hf", "sglang"], model_path: str, tokenizer: Any,
             "backend sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
             "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
         )
-    if rollout.sglang.weight_sync == "disk" and not rollout.sglang.sync_dir:
-        raise ValueError(
-            "rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the trainer "
-            "writes and every SGLang server reads (shared storage when servers run on other nodes)"
-        )
     from stare_tir.rollout.backends.sglang import SGLangBackend
 
     return SGLangBackend(rollout.sglang.urls, rollout.sglang, tokenizer=tokenizer, eos_token_ids=_eos_ids(model_path))

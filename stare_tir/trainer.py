@@ -489,6 +489,9 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
     if cfg.trainer.backend == "sglang":
         from stare_tir.rollout.backends.sglang import prepare_trainer_env
 
+        if cfg.rollout.sglang.weight_sync == "disk" and not cfg.rollout.sglang.sync_dir:
+            raise ValueError("rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the "
+                             "trainer writes and every SGLang server reads (shared storage across nodes)")
         prepare_trainer_env(cfg.rollout.sglang)  # NCCL settings must precede the learner's NCCL
     learner = Learner(model_path, learner_cfg, tokenizer)
     parts = build_components(cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox,

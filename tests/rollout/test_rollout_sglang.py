@@ -236,7 +236,7 @@ def test_engine_over_http(server, local, fake_env_cls):
         n_per_prompt=4, max_total_tokens=64, max_new_tokens_per_turn=32, progress=False))
     trajs, stats = eng.run([{"id": "a", "problem": "2+2?", "answer": "4"}])
     eng.close()
-    assert len(trajs) == 4 and stats["model_tokens"] > 0
+    assert len(trajs) == 4 and stats["engine/model_tokens"] > 0
     for t in trajs:
         t.check()
         assert t.finish_reason in ("eos", "max_tokens", "answer")
