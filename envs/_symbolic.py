@@ -6,12 +6,18 @@ bound. Here the answers are converted from LaTeX to sympy by a small translator 
 eval of model text: every identifier of the translated text is checked against a whitelist and
 builtins are removed from the evaluation namespace), then compared:
 
-- numbers (no free symbols): numerically at 30 digits; exact answers must agree to 1e-12
-  relative, an answer written with decimals to `grading.REL_TOL` (or to gold's shown precision);
-- expressions with symbols: same free symbols, then equal at several random rational points,
-  then `simplify(a - b) == 0` as the last resort;
+- decimal literals inside an expression become exact rationals (10.5 -> 21/2); a scalar that is
+  a written decimal against an exact expression follows the decimal rule of `envs.equivalence`
+  (`decimal_matches_exact`), never a tolerance;
+- numbers (no free symbols): numerically at 30 digits, agreeing to 1e-12 relative (rounding
+  residue only);
+- expressions with symbols: same free symbols, then equal at all of several random rational
+  points of both signs (so sqrt(x^2) is not x), then `simplify(a - b) == 0` as the last resort;
 - relations: `a = b` vs `c = d` when a - b and c - d are proportional; inequalities when they are
   positively proportional with the same strictness.
+
+A side our translator cannot read leaves the pair undecided (`Undecided`); the worker then asks
+the math-verify stage (`envs/_mv_stage.py`), whose "equal" is re-checked exactly before it counts.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ import sympy
 from sympy.parsing.sympy_parser import (implicit_multiplication, parse_expr,
                                         standard_transformations)
 
-from envs.equivalence import (REL_TOL, NeedSymbolic, _match_brace, compare_normalized,
-                          fast_relation_eq, fast_scalar_eq)
+from fractions import Fraction
+
+from envs.equivalence import (Num, NeedSymbolic, Undecided, _match_brace, compare_normalized,
+                              decimal_matches_exact, fast_relation_eq, fast_scalar_eq, parse_number)
 
 _FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
           "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",
@@ -53,6 +61,8 @@ _TRANSFORMS = standard_transformations + (implicit_multiplication,)
 
 class _Unsupported(Exception):
     pass
+
+
 
 
 def _arg(s: str, i: int) -> tuple[str, int]:
@@ -191,7 +201,21 @@ def _to_py(s: str) -> str:
                 out.append(f" {_GREEK_IDENT[run]} ")
             else:  # "xy" is x*y
                 out.append(" " + "*".join(run))
-        elif c in "0123456789.+-*/(), !":
+        elif c.isdigit() or c == ".":
+            # A decimal literal becomes its exact rational (10.5 -> 105/10): decimals are judged
+            # by the decimal rule on whole numbers, never by a float tolerance inside algebra.
+            m = re.match(r"\d*\.?\d*", s[i:])
+            lit = m.group(0)
+            i += max(len(lit), 1)
+            if lit == ".":
+                raise _Unsupported("lone dot")
+            if "." in lit:
+                whole, frac = lit.split(".")
+                out.append(f"({int(whole or '0') * 10 ** len(frac) + int(frac or '0')}/1{'0' * len(frac)})"
+                           if frac else str(int(whole)))
+            else:
+                out.append(lit)
+        elif c in "+-*/(), !":
             out.append(c)
             i += 1
         elif c in "[]":
@@ -260,17 +284,21 @@ def _close(a: complex, b: complex, tol: float) -> bool:
 
 
 def _points(syms, k: int = 8):
+    """Random rational points with both signs: a rule that holds only for positive values
+    (sqrt(x^2) = x, |x| = x, log(x^2) = 2 log x) must fail here, not pass."""
     rng = random.Random(1234)  # deterministic: the same pair always gets the same verdict
-    for _ in range(k):
-        yield {s: sympy.Rational(rng.randint(11, 97), rng.randint(7, 31)) for s in syms}
+    for j in range(k):
+        yield {s: (-1 if (j + n) % 2 else 1) * sympy.Rational(rng.randint(11, 97), rng.randint(7, 31))
+               for n, s in enumerate(syms)}
 
 
 def exprs_equal(a, b) -> bool:
+    """Exact equality of two sympy expressions (decimal literals were made exact rationals)."""
     if a == b:
         return True
+    a, b = _exact_floats(a), _exact_floats(b)
     fa, fb = a.free_symbols, b.free_symbols
-    approx = a.has(sympy.Float) or b.has(sympy.Float)
-    tol = REL_TOL if approx else 1e-12
+    tol = 1e-12  # 30-digit evaluation: only rounding residue is tolerated
     if not fa and not fb:
         va, vb = _cval(a), _cval(b)
         if va is None or vb is None:
@@ -282,19 +310,49 @@ def exprs_equal(a, b) -> bool:
         except Exception:
             return False
     agree = 0
-    for subs in _points(sorted(fa, key=str)):
+    for subs in _points(sorted(fa, key=str)):  # every point is checked: negatives come second
         va, vb = _cval(a, subs), _cval(b, subs)
         if va is None or vb is None:
             continue
         if not _close(va, vb, tol):
             return False
         agree += 1
-        if agree >= 4:
-            return True
+    if agree >= 4:
+        return True
     try:
         return sympy.simplify(a - b) == 0
     except Exception:
         return False
+
+
+def _exact_floats(expr):
+    """Floats (from a parser that makes them) -> the exact decimal they print as."""
+    try:
+        floats = expr.atoms(sympy.Float)
+    except Exception:
+        return expr
+    if not floats:
+        return expr
+    return expr.xreplace({f: sympy.Rational(repr(float(f))) for f in floats})
+
+
+def _exact_fraction(expr) -> Fraction | None:
+    """A real constant as a Fraction good to ~60 digits, or None."""
+    try:
+        if expr.free_symbols:
+            return None
+        v = sympy.N(expr, 60)
+        if not v.is_real:
+            return None
+        return Fraction(str(v))
+    except Exception:
+        return None
+
+
+def decimal_vs_expr(dec: Num, expr) -> bool:
+    """The decimal rule (`equivalence.numbers_equal`) for a decimal against an exact expression."""
+    exact = _exact_fraction(expr)
+    return exact is not None and decimal_matches_exact(dec, exact)
 
 
 def sympy_scalar_eq(pred: str, gold: str) -> bool:
@@ -304,7 +362,11 @@ def sympy_scalar_eq(pred: str, gold: str) -> bool:
         pass
     a, b = latex_to_sympy(pred), latex_to_sympy(gold)
     if a is None or b is None:
-        return False
+        raise Undecided(f"cannot translate {pred if a is None else gold!r}")
+    for text, other in ((pred, b), (gold, a)):
+        num = parse_number(text)
+        if num is not None and num.approx:  # a written decimal: judged by the decimal rule
+            return decimal_vs_expr(num, other)
     return exprs_equal(a, b)
 
 
@@ -350,12 +412,29 @@ def sympy_relation_eq(pp: list, po: list, gp: list, go: list) -> bool:
     return _proportional(e1, e2, positive=True)
 
 
-def symbolic_equivalent(pred: str, gold: str) -> bool:
-    """Full comparison of two normalized answers with sympy scalars and relations."""
+def symbolic_equivalent(pred: str, gold: str) -> bool | None:
+    """Full comparison of two normalized answers with sympy scalars and relations; None when
+    our translator could not read some part (the math-verify stage may still decide)."""
     try:
         return compare_normalized(pred, gold, sympy_scalar_eq, sympy_relation_eq)
+    except Undecided:
+        return None
     except NeedSymbolic:
         return False
+
+
+def _judge(req: dict, mv) -> tuple[bool, str]:
+    """(verdict, deciding stage) of one request; see `envs.grading` for the stages."""
+    if req.get("mode") == "math_verify":
+        if mv is None:
+            raise RuntimeError("math-verify is not installed")
+        return mv.math_verify_equal(str(req["response"]), str(req["gold_raw"])), "math_verify"
+    verdict = symbolic_equivalent(str(req["pred"]), str(req["gold"]))
+    if verdict:
+        return True, "symbolic"
+    if verdict is None and mv is not None and req.get("pred_raw") is not None:
+        return mv.guarded_equal(str(req["pred_raw"]), str(req["gold_raw"])), "math_verify"
+    return False, "symbolic"
 
 
 class _Timeout(BaseException):
@@ -367,7 +446,7 @@ def _on_alarm(signum, frame):
 
 
 def main() -> None:
-    """Serve JSON lines {"pred", "gold", "timeout"} -> {"equal": bool} on stdin/stdout."""
+    """Serve JSON lines (a request of `envs.grading._SymbolicWorker.call`) -> {"equal", "stage"}."""
     try:
         import resource  # a pathological answer must not take the machine's memory with it
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
@@ -375,20 +454,28 @@ def main() -> None:
         pass
     signal.signal(signal.SIGALRM, _on_alarm)
     out, sys.stdout = sys.stdout, sys.stderr  # stray prints (warnings) must not corrupt the protocol
+    try:
+        from envs import _mv_stage as mv
+        mv.warm()
+    except ImportError:
+        mv = None  # the builtin grader still works (our stages only); math_verify mode reports it
     symbolic_equivalent("\\sqrt{2}x", "2^{1/2}x")  # warm the caches before saying ready
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
+        stage = "error"
         try:
             req = json.loads(line)
             # Soft bound inside (the parent kills us at the hard bound if C code ignores it).
             signal.setitimer(signal.ITIMER_REAL, max(0.05, 0.9 * float(req.get("timeout", 3.0))))
-            equal = symbolic_equivalent(str(req["pred"]), str(req["gold"]))
-        except (_Timeout, Exception, RecursionError, MemoryError):
+            equal, stage = _judge(req, mv)
+        except _Timeout:
+            equal, stage = False, "timeout"
+        except (Exception, RecursionError, MemoryError):
             equal = False
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        out.write(json.dumps({"equal": bool(equal)}) + "\n")
+        out.write(json.dumps({"equal": bool(equal), "stage": stage}) + "\n")
         out.flush()
 
 

@@ -72,12 +72,21 @@ _UNIT_TAIL_RE = re.compile(
     re.IGNORECASE)
 
 
+_TEXT_TAIL_RE = re.compile(r"\s*\\(?:text|textrm|mbox|textnormal)\{\s*[a-zA-Z][a-zA-Z .,'!?-]*\}\.?$")
+
+
 def normalize_answer(s: str) -> str:
     """Canonical LaTeX-ish text of an answer: no delimiters, styling, units or separators."""
     s = s.strip()
     s = s.replace("\n", " ")
+    s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
+    # "17\text{ any text}": words in \text after a value are a comment, not part of it.
+    tail = _TEXT_TAIL_RE.search(s)
+    if tail and re.search(r"\d", s[:tail.start()]) and not re.search(r"[a-zA-Z]", s[:tail.start()]):
+        s = s[:tail.start()]
     s = re.sub(r"(?<!\\)\\[\[\]()]", " ", s)  # \( \) \[ \]
     s = s.replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\(?:euro|pounds|yen)(?![a-zA-Z])|[€£¥₹]|\b(?:USD|EUR|GBP|JPY|CNY|RMB)\b", "", s)
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|bigg|Bigg|big|Big)(?![a-zA-Z])", "", s)
     s = re.sub(r"\\(?:displaystyle|textstyle|limits|nolimits|rm|bf|it)(?![a-zA-Z])", "", s)
@@ -89,8 +98,8 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z])|\\circ(?![a-zA-Z])", "", s)
     s = s.replace("\\%", "%")
-    s = re.sub(r"\\(?:leqslant|leq|le)(?![a-zA-Z])|≤", "<=", s)
-    s = re.sub(r"\\(?:geqslant|geq|ge)(?![a-zA-Z])|≥", ">=", s)
+    s = re.sub(r"\\(?:leqslant|leq|le)(?![a-zA-Z])|[≤⩽]", "<=", s)
+    s = re.sub(r"\\(?:geqslant|geq|ge)(?![a-zA-Z])|[≥⩾]", ">=", s)
     s = re.sub(r"\\(?:neq|ne)(?![a-zA-Z])|≠", "!=", s)
     s = re.sub(r"\\lt(?![a-zA-Z])", "<", s)
     s = re.sub(r"\\gt(?![a-zA-Z])", ">", s)
@@ -138,6 +147,8 @@ class Num:
     value: Fraction
     approx: bool
     decimals: int | None  # digits after the point, when written as a plain decimal
+    sig: int = 0  # significant digits written (decimals and scientific notation)
+    last_exp: int | None = None  # the written value is an integer times 10**last_exp
 
 
 _DEC = r"[-+]?(?:\d+\.?\d*|\.\d+)"
@@ -153,6 +164,14 @@ _THOUSANDS_RE = re.compile(r"^[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 
 def _dec(text: str) -> Fraction:
     return Fraction(text)
+
+
+def _written_precision(mant: str, exp: int) -> tuple[int, int]:
+    """(significant digits, exponent of the last written digit) of a decimal mantissa."""
+    digits = mant.lstrip("+-")
+    frac = digits.split(".")[1] if "." in digits else ""
+    sig = len(digits.replace(".", "").lstrip("0")) or 1
+    return sig, exp - len(frac)
 
 
 def parse_number(s: str) -> Num | None:
@@ -178,10 +197,14 @@ def parse_number(s: str) -> Num | None:
             v = _dec(mant) * (Fraction(10) ** int(exp) if exp else 1)
             approx = "." in mant or exp is not None
             decimals = len(mant.split(".")[1]) if "." in mant and not exp else None
-            return Num(v, approx, decimals)
+            if not approx:
+                return Num(v, False, None)
+            return Num(v, True, decimals, *_written_precision(mant, int(exp or 0)))
         m = _SCI_RE.match(t)
         if m:
-            return Num(_dec(m.group(1)) * Fraction(10) ** int(m.group(2)), True, None)
+            exp = int(m.group(2))
+            return Num(_dec(m.group(1)) * Fraction(10) ** exp, True, None,
+                       *_written_precision(m.group(1), exp))
         m = _POW10_RE.match(t)
         if m:
             v = Fraction(10) ** int(m.group(2))
@@ -208,31 +231,56 @@ def parse_number(s: str) -> Num | None:
     return None
 
 
-REL_TOL = 1e-6  # decimals within this relative error count as equal (float printing noise)
+# A decimal stands for an exact value only when it is the value rounded at the precision it
+# states AND it states at least this many significant digits (a calculator or float print of the
+# value: 0.0833333333333333 for 1/12, 3.14159265358979 for pi). Fewer digits (0.333 for 1/3,
+# 1.4142 for sqrt 2) answer a different question than an exact gold asks; a truncation
+# (0.666666666666666 for 2/3) or a value off in any stated digit is never accepted.
+FULL_PRECISION_DIGITS = 12
+
+
+def _round_half_away(x: Fraction) -> int:
+    return int((x + Fraction(1, 2)).__floor__()) if x >= 0 else -int((-x + Fraction(1, 2)).__floor__())
+
+
+def rounds_to(exact: Fraction, dec: Num) -> bool:
+    """True when `exact` rounded at the last digit `dec` writes is `dec`'s value."""
+    if dec.last_exp is None:
+        return False
+    scale = Fraction(10) ** dec.last_exp
+    return _round_half_away(exact / scale) * scale == dec.value
+
+
+def decimal_matches_exact(dec: Num, exact: Fraction) -> bool:
+    """The decimal rule for a decimal against an exact value (see FULL_PRECISION_DIGITS)."""
+    return dec.value == exact or (dec.sig >= FULL_PRECISION_DIGITS and rounds_to(exact, dec))
 
 
 def numbers_equal(pred: Num, gold: Num) -> bool:
-    """Exact for exact numbers; decimals may differ by float noise or be more precise than gold."""
+    """The decimal rule: exact when both sides are exact; two decimals are equal when their values
+    are, or when the prediction states more digits and rounds to the gold's ("27.3912" for a
+    gold rounded to "27.39"); a decimal against an exact value follows `decimal_matches_exact`."""
     if pred.value == gold.value:
         return True
     if not (pred.approx or gold.approx):
         return False
-    # A more precise prediction of a rounded gold ("27.3912" for "27.39") is right.
-    if gold.decimals is not None and pred.decimals is not None and pred.decimals > gold.decimals:
-        scaled = pred.value * 10 ** gold.decimals
-        rounded = Fraction((scaled.numerator * 2 + scaled.denominator) // (2 * scaled.denominator))
-        if pred.value < 0:
-            rounded = -Fraction(((-scaled).numerator * 2 + scaled.denominator) // (2 * scaled.denominator))
-        if rounded / 10 ** gold.decimals == gold.value:
-            return True
-    scale = max(abs(pred.value), abs(gold.value))
-    return abs(pred.value - gold.value) <= Fraction(REL_TOL) * scale
+    if pred.approx and gold.approx:
+        if gold.decimals is not None and pred.decimals is not None and pred.decimals > gold.decimals:
+            return rounds_to(pred.value, gold)
+        return False
+    dec, exact = (pred, gold) if pred.approx else (gold, pred)
+    return decimal_matches_exact(dec, exact.value)
 
 
 # ----------------------------------------------------------------------------- structure
 
 class NeedSymbolic(Exception):
     """A scalar (or relation) comparison that plain numbers and strings cannot decide."""
+
+
+class Undecided(NeedSymbolic):
+    """Our parsers cannot read a side (a translator failure, an expression of matrices, kinds our
+    structure does not pair): the worker's math-verify stage may still decide, guarded."""
 
 
 _OPEN, _CLOSE = "([{", ")]}"
@@ -276,8 +324,14 @@ _LIST_SEP = re.compile(r"\s*(?:,|;|\band\b|\bor\b)\s*")
 _COMMA = re.compile(r"\s*,\s*")
 _MATRIX_RE = re.compile(
     r"^\\begin\{([pbvBV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
-_VAR_LHS_RE = re.compile(r"^(?:[a-zA-Z](?:_\{?\w+\}?)?'*|\\[a-zA-Z]+|[a-zA-Z]\([a-zA-Z0-9, ]*\)|"
-                         r"\([a-zA-Z](?:\s*,\s*[a-zA-Z])*\))$")
+# A label on the left of "=": a name (x, x_1, AB, \\alpha, f(x)), a ratio of names (V_1:V_2), a
+# quotient of names (\\frac{NO}{BO}), |AB|, \\angle ABC, or a tuple of names ((p,q,r)). Never
+# an expression with operators or digits outside subscripts ("a+3z = 0", "7 = 11a+c").
+_NAME = r"(?:[a-zA-Z]+|\\(?!frac|sqrt|binom)[a-zA-Z]+)(?:_\{?[a-zA-Z0-9,]+\}?)?'*"
+_NAMES = rf"{_NAME}(?:\s*{_NAME})*"
+_VAR_LHS_RE = re.compile(
+    rf"^(?:{_NAMES}|\\angle\s*{_NAMES}|{_NAME}\([a-zA-Z0-9, ]*\)|\\frac\{{{_NAMES}\}}\{{{_NAMES}\}}|"
+    rf"{_NAMES}\s*:\s*{_NAMES}|\|{_NAMES}\||\([a-zA-Z](?:\s*,\s*[a-zA-Z])*\))$")
 
 
 def parse_structure(s: str):
@@ -351,6 +405,7 @@ def _iter_top_ops(s: str):
         i += 1
 
 
+_CONSTS = ("e", "i", "\\pi", "\\infty")
 _FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "=": "=", "!=": "!="}
 
 
@@ -359,7 +414,7 @@ def _as_interval(node):
     if node[0] != "rel":
         return None
     pieces, ops = node[1], node[2]
-    var_idx = [i for i, p in enumerate(pieces) if re.fullmatch(r"[a-zA-Z]", p)]
+    var_idx = [i for i, p in enumerate(pieces) if _VAR_LHS_RE.match(p) and p not in _CONSTS]
     if len(var_idx) != 1 or any(o not in ("<", ">", "<=", ">=") for o in ops):
         return None
     v = var_idx[0]
@@ -378,8 +433,46 @@ def _as_interval(node):
 
 
 def _is_assignment(node) -> bool:
-    return node[0] == "rel" and all(o == "=" for o in node[2]) and (
-        len(node[1]) >= 3 or bool(_VAR_LHS_RE.match(node[1][0])))
+    """"x = 3", "AB = 4", a chain "x = 5+5+1 = 11", or "\\sqrt{4} = 2" (a constant then its value)."""
+    if node[0] != "rel" or any(o != "=" for o in node[2]):
+        return False
+    lhs = node[1][0]
+    return len(node[1]) >= 3 or bool(_VAR_LHS_RE.match(lhs)) or (
+        len(node[1]) == 2 and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs))
+        and parse_number(node[1][1]) is not None)
+
+
+def _labelled(items: list) -> list[str] | None:
+    """The labels when every item is "label = value" ("k = 45, n = 2"), else None."""
+    labels = []
+    for it in items:
+        if not (it[0] == "rel" and len(it[1]) == 2 and it[2] == ["="] and _VAR_LHS_RE.match(it[1][0])):
+            return None
+        labels.append(_squash(it[1][0]))
+    return labels if len(set(labels)) == len(labels) else None
+
+
+def _compare_labelled(p, g, scalar_eq, relation_eq) -> bool | None:
+    """Lists where one side labels its values: both labelled -> matched by label; one side
+    labelled, the other bare values -> matched in order. None when neither applies."""
+    lp, lg = _labelled(p[1]), _labelled(g[1])
+    if lp is None and lg is None:
+        return None
+    if len(p[1]) != len(g[1]):
+        return False
+    def value(it):
+        return parse_structure(normalize_answer(it[1][1]))
+    if lp is not None and lg is not None:
+        if sorted(lp) != sorted(lg):
+            return False
+        by_label = dict(zip(lg, g[1]))
+        return all(compare_structures(value(a), value(by_label[k]), scalar_eq, relation_eq)
+                   for k, a in zip(lp, p[1]))
+    if any(it[0] == "rel" for it in (g[1] if lp is not None else p[1])):
+        return None
+    pv = [value(it) for it in p[1]] if lp is not None else p[1]
+    gv = [value(it) for it in g[1]] if lg is not None else g[1]
+    return all(compare_structures(a, b, scalar_eq, relation_eq) for a, b in zip(pv, gv))
 
 
 ScalarEq = Callable[[str, str], bool]
@@ -415,6 +508,9 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kp == "matrix" or kg == "matrix":
         return _compare_matrix(p, g, scalar_eq)
     if kp in ("set", "list") and kg in ("set", "list"):
+        labelled = _compare_labelled(p, g, scalar_eq, relation_eq)
+        if labelled is not None:
+            return labelled
         return _match_unordered(p[1], g[1], scalar_eq, relation_eq)
     if kp == "seq" and kg == "seq":
         if (p[1], p[2]) != (g[1], g[2]) or len(p[3]) != len(g[3]):
@@ -432,7 +528,7 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
         return compare_structures(p[1][0], g, scalar_eq, relation_eq)
     if kg == "set" and kp == "scalar" and len(g[1]) == 1:
         return compare_structures(p, g[1][0], scalar_eq, relation_eq)
-    return False
+    raise Undecided(f"{kp} against {kg}")
 
 
 def _match_unordered(ps: list, gs: list, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:
@@ -465,7 +561,7 @@ def _compare_matrix(p, g, scalar_eq: ScalarEq) -> bool:
         return None
     rp, rg = rows(p), rows(g)
     if rp is None or rg is None:
-        return False
+        raise Undecided("a matrix against something else")
     if len(rp) == 1 and len(rg) > 1 and all(len(r) == 1 for r in rg):
         rp = [[c] for c in rp[0]]  # row vector vs column vector: same entries
     if len(rp) != len(rg) or any(len(a) != len(b) for a, b in zip(rp, rg)):
@@ -474,6 +570,17 @@ def _compare_matrix(p, g, scalar_eq: ScalarEq) -> bool:
 
 
 _CHOICE_RE = re.compile(r"^\(?([A-Ea-e])\)?$")
+_CHOICE_PREFIX_RE = re.compile(r"^\(?([A-E])(?:\)|\.|:|\)\.)\s*\S")
+
+
+def _compare_choice(pred: str, gold: str) -> bool | None:
+    """An option letter against the same option written out: gold "C" vs "C. x = 42" / "(C) 42".
+    None when neither side is a bare letter facing a lettered option."""
+    for bare, full in ((gold, pred), (pred, gold)):
+        b, f = _CHOICE_RE.match(bare.strip()), _CHOICE_PREFIX_RE.match(full.strip())
+        if b and f:
+            return b.group(1).upper() == f.group(1)
+    return None
 _PLAIN_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z\s'\-]*$")
 
 
@@ -526,13 +633,19 @@ def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: R
     """Full comparison of two normalized answers with the given scalar/relation comparators."""
     if _squash(pred) == _squash(gold):
         return True
+    choice = _compare_choice(pred, gold)
+    if choice is not None:
+        return choice
     if max(len(pred), len(gold)) > MAX_STRUCT_CHARS or max(_depth(pred), _depth(gold)) > MAX_DEPTH:
         return False  # no real answer is this long or deep: spare the structure walk
+    undecided: Undecided | None = None
     try:
         if compare_structures(parse_structure(pred), parse_structure(gold), scalar_eq, relation_eq):
             return True
     except RecursionError:
         return False
+    except Undecided as e:
+        undecided = e
     # Decimal comma ("1000,99" for 1000.99) when the other side is a decimal number.
     a, b = _squash(pred), _squash(gold)
     if re.fullmatch(r"-?\d+,\d+", a) and re.fullmatch(r"-?\d*\.\d+", b) or \
@@ -540,4 +653,6 @@ def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: R
         na, nb = parse_number(a.replace(",", ".")), parse_number(b.replace(",", "."))
         if na is not None and nb is not None:
             return numbers_equal(na, nb)
+    if undecided is not None:
+        raise undecided
     return False

@@ -1,0 +1,186 @@
+"""Final-answer extraction: which part of a response is its answer.
+
+    extract_answer(response) -> str | None                    # the builtin grader's extraction
+    extract_answer(response, boxed_only=True) -> str | None   # the `boxed` grader: \\boxed{} only
+
+The steps, in order:
+1. Chat-template leftovers end the response: text from the first special token that follows
+   some text (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end_of_text|>`,
+   `</s>`) is dropped ("... is $42$.<|im_start|>user ..." -> "... is $42$.").
+2. Reasoning blocks: when the response closes a `<think>` block, the text after the last
+   `</think>` is searched first and wins; the thinking is searched only when that text holds no
+   answer (a \\boxed{5} while thinking never overrides "The final answer is 7." after it).
+3. In the text chosen: the last `<answer>...</answer>` block (its last \\boxed{}, else its final-
+   answer line, else its whole text); else the last \\boxed{}/\\fbox{}, joined with the boxes just
+   before it when only connectors separate them (`,` `;` `and` `or` `\\quad` `\\text{and}` `$`:
+   "\\boxed{(2,2)} \\quad \\text{and} \\quad \\boxed{(6,2)}" is the one answer "(2,2), (6,2)");
+   else a final-answer line in prose ("The final answer is $10,455$. I hope it is correct.",
+   "Answer: 9", "**Final Answer**" then a line) whose value is its first math span (`$...$`,
+   `\\(...\\)`, `\\[...\\]`, `$$...$$`, also when the span's content runs over several lines) or
+   else the sentence up to its end (after a last " is "); else the response itself when it is a
+   bare answer (one short line with at most two words, or one display-math block).
+With `boxed_only`, step 3 keeps only \\boxed{}/\\fbox{} answers (inside <answer> or not).
+
+Option letters, labelled values and the like are not decided here: extraction returns the text
+("C. x = 42"), and `envs.equivalence` compares it with the gold.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["extract_answer"]
+
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+_SPECIAL_RE = re.compile(r"<\|(?:im_start|im_end|endoftext|eot_id|end_of_text)\|>|</s>")
+
+
+def _brace_pairs(text: str) -> dict[int, int]:
+    """Index of each '{' -> index of its matching '}' (one linear pass; \\{ \\} do not count)."""
+    pairs, stack = {}, []
+    for i, c in enumerate(text):
+        if c in "{}" and i > 0 and text[i - 1] == "\\":
+            continue
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i
+    return pairs
+
+
+def _find_boxed(text: str) -> list[tuple[int, int, str]]:
+    """All \\boxed{...}/\\fbox{...} (and `\\boxed 5`) as (start, end, content), in order."""
+    found = []
+    pairs: dict[int, int] | None = None
+    for m in list(_BOXED_RE.finditer(text))[-64:]:  # the last ones matter; bounded work on junk
+        j = m.end()
+        if j < len(text) and text[j] == "{":
+            pairs = _brace_pairs(text) if pairs is None else pairs
+            k = pairs.get(j, -1)
+            if k < 0:
+                continue
+            found.append((m.start(), k + 1, text[j + 1:k]))
+        else:  # "\\boxed 5" form: the next token
+            t = re.match(r"[^\s$.,;]+", text[j:j + 200])
+            if t:
+                found.append((m.start(), j + t.end(), t.group(0)))
+    return found
+
+
+# What may stand between two boxes of one multi-part answer.
+_BOX_JOIN_RE = re.compile(
+    r"(?:\s|\$|,|;|\.|&|\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:text|textrm|mbox)\{\s*(?:and|or|,)?\s*\}"
+    r"|\band\b|\bor\b|\\\[|\\\])*")
+
+
+def _last_boxed(text: str) -> str | None:
+    boxes = _find_boxed(text)
+    if not boxes:
+        return None
+    parts = [boxes[-1]]
+    for b in reversed(boxes[:-1]):
+        if _BOX_JOIN_RE.fullmatch(text[b[1]:parts[0][0]]):
+            parts.insert(0, b)
+        else:
+            break
+    return ", ".join(p[2].strip() for p in parts)
+
+
+_FINAL_RE = re.compile(
+    r"(?:(?:final\s+answer|the\s+answer)\s*(?:is\s*:?|:|=)|final\s+answer\s*\*\*\s*:?\s*(?=\n)|"
+    r"(?:^|\n)\s*\**answer\b\**\s*:?)[ \t]*\n?[ \t]*(.+)",
+    re.IGNORECASE)
+_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+_WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
+_MATH_WORDS = {"pi", "sqrt", "frac", "sin", "cos", "tan", "log", "ln", "exp", "and", "or",
+               "infty", "cup", "cap", "in", "to"}
+_DISPLAY_RE = re.compile(r"\s*(\\\[|\$\$)(.*?)(\\\]|\$\$)", re.DOTALL)
+
+
+def _first_math_span(s: str) -> str | None:
+    m = re.search(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", s, re.DOTALL)
+    if not m:
+        return None
+    return next(g for g in m.groups() if g is not None)
+
+
+def _from_final_line(text: str) -> str | None:
+    matches = list(_FINAL_RE.finditer(text))
+    if not matches:
+        return None
+    tail = text[matches[-1].start(1):]
+    display = _DISPLAY_RE.match(tail)
+    if display and display.group(2).strip():  # "\[\n9\n\]": display math over several lines
+        return display.group(2).strip()
+    rest = tail.split("\n")[0].strip()
+    boxed = _last_boxed(rest)
+    if boxed is not None:
+        return boxed
+    if re.search(r"\\(?:boxed|fbox)", rest):  # a \boxed{ cut off (truncated response): no answer
+        return None
+    # Cut at the end of the sentence ("42. I hope it is correct."), not inside decimals or $...$.
+    masked = re.sub(r"\$[^$]*\$", lambda m: "x" * len(m.group()), rest)
+    cut = re.search(r"(?<!\d)\.(?:\s|$)|\.\s", masked)
+    sentence = rest[:cut.start()] if cut else rest
+    # "The volume of $ABC$ is 120": the value follows the last " is ".
+    is_m = list(re.finditer(r"\bis\b", masked[:len(sentence)]))
+    if is_m:
+        sentence = sentence[is_m[-1].end():]
+    math = _first_math_span(sentence)
+    ans = math if math is not None else sentence
+    ans = ans.strip().strip("*").strip()
+    return ans or None
+
+
+def _is_bare_answer(text: str) -> bool:
+    """A short one-line answer ("42", "$\\frac{1}{2}$", "x = 3") rather than prose."""
+    if "\n" in text.strip() or len(text) > 120 or re.search(r"\\(?:boxed|fbox)", text):
+        return False  # (a \boxed left here is unclosed: a truncated response, not an answer)
+    t = re.sub(r"\\text\{[^{}]*\}", " ", text)
+    words = [w for w in _WORD_RE.findall(t) if w.lower() not in _MATH_WORDS]
+    return len(words) <= 2 and not re.search(r"[a-zA-Z]\.\s+[A-Z]", t)
+
+
+def _strip_template(response: str) -> str:
+    for m in _SPECIAL_RE.finditer(response):
+        if response[:m.start()].strip():
+            return response[:m.start()]
+    return _SPECIAL_RE.sub("", response)
+
+
+def _extract_in(text: str, boxed_only: bool) -> str | None:
+    tags = _ANSWER_TAG_RE.findall(text)
+    if tags and tags[-1].strip():
+        block = tags[-1]
+        boxed = _last_boxed(block)
+        if boxed is not None or boxed_only:
+            return boxed
+        line = _from_final_line(block)
+        return line if line is not None else block.strip()
+    boxed = _last_boxed(text)
+    if boxed is not None or boxed_only:
+        return boxed
+    line = _from_final_line(text)
+    if line is not None:
+        return line
+    stripped = text.strip()
+    whole = _DISPLAY_RE.fullmatch(stripped + "")
+    if whole and whole.group(2).strip() and len(stripped) <= 400:
+        return whole.group(2).strip()
+    if stripped and _is_bare_answer(stripped):
+        return stripped
+    return None
+
+
+def extract_answer(response: str, *, boxed_only: bool = False) -> str | None:
+    """The final answer in a response, or None when there is none (steps: module docstring)."""
+    if not response:
+        return None
+    text = _strip_template(response)
+    close = text.rfind("</think>")
+    if close >= 0:
+        after = _extract_in(text[close + len("</think>"):], boxed_only)
+        if after is not None:
+            return after
+        text = text[:close]
+    return _extract_in(text, boxed_only)
