@@ -258,14 +258,15 @@ def decimal_matches_exact(dec: Num, exact: Fraction) -> bool:
 
 def numbers_equal(pred: Num, gold: Num) -> bool:
     """The decimal rule: exact when both sides are exact; two decimals are equal when their values
-    are, or when the prediction states more digits and rounds to the gold's ("27.3912" for a
-    gold rounded to "27.39"); a decimal against an exact value follows `decimal_matches_exact`."""
+    are, or when the prediction states more digits and rounds to a gold of two or more decimals
+    ("27.3912" for a gold rounded to "27.39"; a gold "0.5" is taken as exact); a decimal against an exact value follows `decimal_matches_exact`."""
     if pred.value == gold.value:
         return True
     if not (pred.approx or gold.approx):
         return False
     if pred.approx and gold.approx:
-        if gold.decimals is not None and pred.decimals is not None and pred.decimals > gold.decimals:
+        # A gold with one decimal (0.5, 2.5) is an exact value far more often than a rounding.
+        if gold.decimals is not None and pred.decimals is not None and pred.decimals > gold.decimals >= 2:
             return rounds_to(pred.value, gold)
         return False
     dec, exact = (pred, gold) if pred.approx else (gold, pred)

@@ -126,6 +126,8 @@ def _from_final_line(text: str) -> str | None:
     is_m = list(re.finditer(r"\bis\b", masked[:len(sentence)]))
     if is_m:
         sentence = sentence[is_m[-1].end():]
+    if re.match(r"\s*(?:\([A-E]\)|[A-E][.:])(?:\s|$)", sentence):  # "(C) $42$": the option is the answer
+        return sentence.strip().rstrip(".")
     math = _first_math_span(sentence)
     ans = math if math is not None else sentence
     ans = ans.strip().strip("*").strip()

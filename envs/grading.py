@@ -28,8 +28,9 @@ The builtin stages:
    `Grader.stats` and in `GradeResult.timed_out`.
 
 The decimal rule (`envs.equivalence.numbers_equal`): two exact forms compare exactly. Two decimals
-are equal when their values are, or when the prediction states more digits and rounds to the
-gold's (a gold rounded to "27.39" accepts "27.3912", not "27.4"). A decimal against an exact value
+are equal when their values are, or when the prediction states more digits and rounds to a gold
+of two or more decimals (a gold rounded to "27.39" accepts "27.3912", not "27.4"; a gold "0.5"
+is exact and does not accept "0.54"). A decimal against an exact value
 (1/3, \\pi) is accepted only when it is that value rounded at the last digit it states and it
 states at least 12 significant digits (a calculator or float print): "0.0833333333333333" is 1/12,
 while "0.333" is not 1/3, "1.4142" is not \\sqrt{2}, and the truncation "0.666666666666666" is not 2/3.

@@ -35,7 +35,7 @@ from typing import Any, Literal, Optional
 from loguru import logger
 
 from envs.base import EnvFactory, StepResult
-from envs.grading import answers_equivalent, extract_answer
+from envs.grading import GRADERS, get_grader
 
 RETOOL_SYSTEM_PROMPT = (
     "Solve the following problem step by step. You may write Python code to help your reasoning: "
@@ -95,6 +95,12 @@ class RetoolConfig:
     require_answer_tag: bool = False
     # Hard time bound of one symbolic grading call, seconds.
     grade_timeout_s: float = 3.0
+    # Which grader scores the final answer (rewards and evaluation alike; summary.json records it):
+    # "builtin" = our extraction + exact numbers + sympy + math-verify guarded by an exact re-check
+    # (recall at least math-verify's, no float tolerance); "math_verify" = Hugging Face math-verify
+    # alone, for numbers comparable with papers that grade with it; "boxed" = builtin, but only a
+    # \boxed{} answer counts. See envs/grading.py.
+    grader: str = "builtin"
 
     def __post_init__(self) -> None:
         if self.max_tool_calls < 0:
@@ -109,6 +115,8 @@ class RetoolConfig:
             raise ValueError(f"format_penalty={self.format_penalty!r}: must be >= 0")
         if self.grade_timeout_s <= 0:
             raise ValueError(f"grade_timeout_s={self.grade_timeout_s!r}: must be > 0")
+        if self.grader not in GRADERS:
+            raise ValueError(f"grader={self.grader!r}: must be one of {list(GRADERS)}")
         if self.prompt not in PROMPTS:
             raise ValueError(f"prompt={self.prompt!r}: must be one of {sorted(PROMPTS)}")
         if "{problem}" not in self.user_template:
@@ -261,9 +269,9 @@ class RetoolEnv:
     def reward(self, response_text: str) -> tuple[float, dict]:
         cfg = self.cfg
         model_text = strip_interpreter(response_text)
-        pred = extract_answer(model_text)
         gold = str(self.problem["answer"])
-        correct = pred is not None and answers_equivalent(pred, gold, timeout_s=cfg.grade_timeout_s)
+        graded = get_grader(cfg.grader).check(model_text, gold, timeout_s=cfg.grade_timeout_s)
+        pred, correct = graded.pred, graded.correct
         format_ok = self._format_ok(model_text)
         if correct:
             r = cfg.reward_correct
@@ -271,8 +279,10 @@ class RetoolEnv:
             r = cfg.reward_wrong if pred is not None else cfg.reward_no_answer
         if not format_ok:
             r -= cfg.format_penalty
+        # grade_s / grade_timeout: per-step metrics (the trainer's rollout_stats averages them).
         return r, {"correct": bool(correct), "pred": pred, "format_ok": format_ok,
-                   "has_answer": pred is not None}
+                   "has_answer": pred is not None, "grade_s": graded.seconds,
+                   "grade_timeout": graded.timed_out, "grade_stage": graded.stage}
 
     def _format_ok(self, model_text: str) -> bool:
         if model_text.count("<code>") != model_text.count("</code>"):

@@ -413,7 +413,8 @@ def run_eval(cfg: EvalRunConfig) -> dict[str, Any]:
     try:
         summary = evaluate(parts.engine, cfg.eval, out,
                            meta={"model": cfg.model.path, "backend": cfg.backend,
-                                 "sandbox": getattr(parts.engine.sandbox, "info", {})})
+                                 "sandbox": getattr(parts.engine.sandbox, "info", {}),
+                                 "grader": cfg.env.grader})
     finally:
         parts.close()
     logger.info(f"wrote {out / 'summary.json'} and per-sample rows in {out}")

@@ -121,6 +121,7 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
                      band=0.05) if train_rows else None
     summary = {
         "run_dir": str(run_dir),
+        "grader": cfg.env.grader,  # rewards and accuracies above were graded by this (env.grader)
         "acc_before_rl": before.get("eval/acc"),
         "acc_after_rl": after.get("eval/acc"),
         "tool_calls_before_rl": before.get("eval/tool_calls"),

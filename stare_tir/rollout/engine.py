@@ -359,6 +359,8 @@ def rollout_stats(trajs: list[Trajectory], wall_s: Optional[float] = None) -> di
         "rollout/sandbox_error_rate": sum(t.sandbox_error for t in trajs) / n,
         "rollout/error_rate": sum(t.finish_reason == "error" for t in trajs) / n,
         "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
+        "grade/seconds": sum(float(t.info.get("grade_s", 0.0)) for t in trajs) / n,
+        "grade/timeout_rate": sum(bool(t.info.get("grade_timeout")) for t in trajs) / n,
     }
     stats.update({f"finish/{k}": v / n for k, v in finish.items()})
     if wall_s is not None:
