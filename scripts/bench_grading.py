@@ -1,14 +1,24 @@
-"""Compare envs.grading.grade_answer with Hugging Face math-verify on the same labeled cases.
+"""Compare envs.grading (the builtin grader) with Hugging Face math-verify on labelled cases.
 
-Both graders see exactly the same (response, gold) pairs from tests/envs/grading_cases.py; for
-math-verify the gold is wrapped in $...$ as its documentation does. Agreement = verdict equals the
-label. Speed = calls per second over the whole case list, measured in this run, one grader after
-the other, after one warm-up call each (imports, sympy, our worker start). Our result cache is
-off, so every call does the full work; math-verify keeps its internal parse caches.
+Both graders see exactly the same (response, gold) pairs: the project's labelled cases
+(tests/envs/grading_cases.py) and the per-kind cases (tests/envs/grading_cases_kinds.py). For
+math-verify the gold is wrapped in $...$ as its documentation does and the whole response goes
+to its `parse` (its own extraction). Agreement = verdict equals the label; a false positive =
+"equal" on a pair labelled not equal.
+
+Speed, measured in this run, one grader after the other, after one warm-up call each (imports,
+sympy, our worker start), best of --repeat passes, our result cache off:
+- over all labelled cases (many need algebra: our worker process answers those);
+- over an integer-heavy mix shaped like DAPO rewards (integer golds; responses with reasoning
+  text ending in \\boxed{n} or "Answer: n", right or wrong, some formatted "1,000" / "12.0" /
+  "x = 5", a few without an answer), which is what RL grades at every step.
+Hang check: adversarial answers (power towers, huge factorials, deep nesting, long sums) go
+through our grader, in every mode; each call must return within its time bound plus start-up.
 
     python scripts/bench_grading.py [--repeat 3] [--show-disagreements]
 
-The last line is `RESULT agree_ours=<n>/<N> agree_math_verify=<m>/<N> speed_ratio=<ours/theirs>`.
+The last line is `RESULT agree_ours=N/M agree_math_verify=N/M false_pos_ours=K
+false_pos_math_verify=K speed_ratio=X int_mix_speed_ratio=Y hang_max_s=Z`.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import random
+import sys
 import time
 from pathlib import Path
 
@@ -23,28 +35,75 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_cases() -> list[tuple[str, str, bool, str]]:
-    spec = importlib.util.spec_from_file_location("grading_cases", ROOT / "tests/envs/grading_cases.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod.CASES
+    cases = []
+    for name in ("grading_cases", "grading_cases_kinds"):
+        spec = importlib.util.spec_from_file_location(name, ROOT / f"tests/envs/{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        assert spec.loader is not None
+        spec.loader.exec_module(mod)
+        cases += mod.CASES
+    return cases
+
+
+def dapo_mix(n: int = 400, seed: int = 0) -> list[tuple[str, str]]:
+    """(gold, response) pairs like an RL step's: integer golds, mostly integer answers."""
+    rng = random.Random(seed)
+    filler = ("Let me set up the equation. We compute the sum step by step and check the "
+              "boundary cases with the interpreter. ")
+    out = []
+    for _ in range(n):
+        gold = rng.randint(0, 99999)
+        pred = gold if rng.random() < 0.4 else gold + rng.randint(1, 50)
+        style = rng.random()
+        if style < 0.55:
+            ans = f"\\boxed{{{pred}}}"
+        elif style < 0.7:
+            ans = f"Answer: {pred}"
+        elif style < 0.78:
+            ans = f"\\boxed{{{pred:,}}}"
+        elif style < 0.85:
+            ans = f"\\boxed{{{pred}.0}}"
+        elif style < 0.92:
+            ans = f"so $\\boxed{{x = {pred}}}$"
+        elif style < 0.96:
+            ans = f"\\boxed{{\\frac{{{2 * pred}}}{{2}}}}"
+        else:
+            ans = "I could not finish the computation."
+        out.append((str(gold), filler * rng.randint(2, 12) + ans))
+    return out
+
+
+ADVERSARIAL = [
+    r"\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}", r"\boxed{10^{10^{10^{10}}}}", r"\boxed{9^{9^{9^{9}}}}",
+    r"\boxed{100000000!}", r"\boxed{(10^{100})!}",
+    "\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}", "\\boxed{" + "\\frac{1}{" * 60 + "2" + "}" * 60 + "}",
+    "\\boxed{" + "\\sqrt{" * 80 + "2" + "}" * 80 + "}", "\\boxed{" + "x^{" * 40 + "2" + "}" * 40 + "}",
+    r"\boxed{" + "+".join(f"x^{{{i}}}" for i in range(300)) + "}",
+]
+
+
+def timed(fn, pairs, repeat: int) -> tuple[list[bool], float]:
+    best, out = float("inf"), []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        out = [fn(resp, gold) for gold, resp in pairs]
+        best = min(best, time.perf_counter() - t0)
+    return out, best
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3, help="timing passes over all cases (best is kept)")
+    ap.add_argument("--repeat", type=int, default=3, help="timing passes (best is kept)")
     ap.add_argument("--show-disagreements", action="store_true")
     args = ap.parse_args()
 
-    import sys
     sys.path.insert(0, str(ROOT))
-    from envs.grading import Grader
+    from envs.grading import GRADERS, Grader
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every parse failure
     cases = load_cases()
     n = len(cases)
-
     ours = Grader(cache_size=0)
 
     def mv(response: str, gold: str) -> bool:
@@ -58,38 +117,56 @@ def main() -> None:
     for fn in graders.values():  # warm-up: imports, sympy, our worker process
         fn(r"\boxed{\sqrt{2}}", "2^{1/2}")
 
-    verdicts: dict[str, list[bool]] = {}
-    rate: dict[str, float] = {}
+    pairs = [(c[0], c[1]) for c in cases]
+    verdicts, secs = {}, {}
     for name, fn in graders.items():
-        best = float("inf")
-        for _ in range(max(1, args.repeat)):
-            t0 = time.perf_counter()
-            out = [fn(resp, gold) for gold, resp, _, _ in cases]
-            best = min(best, time.perf_counter() - t0)
-        verdicts[name] = out
-        rate[name] = n / best
-
+        verdicts[name], secs[name] = timed(fn, pairs, args.repeat)
     agree = {k: sum(v == c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
+    false_pos = {k: sum(v and not c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
+
     by_cat: dict[str, list[int]] = {}
     for i, (_, _, label, cat) in enumerate(cases):
-        row = by_cat.setdefault(cat, [0, 0, 0])
+        row = by_cat.setdefault(cat, [0, 0, 0, 0, 0])
         row[0] += 1
         row[1] += verdicts["ours"][i] == label
         row[2] += verdicts["math_verify"][i] == label
-    print(f"{'category':<12} {'N':>4} {'ours':>5} {'math_verify':>11}")
-    for cat, (cnt, a, b) in sorted(by_cat.items()):
-        print(f"{cat:<12} {cnt:>4} {a:>5} {b:>11}")
+        row[3] += verdicts["ours"][i] and not label
+        row[4] += verdicts["math_verify"][i] and not label
+    print(f"{'category':<14} {'N':>4} {'ours':>5} {'math_verify':>11} {'fp_ours':>8} {'fp_mv':>6}")
+    for cat, (cnt, a, b, fa, fb) in sorted(by_cat.items()):
+        print(f"{cat:<14} {cnt:>4} {a:>5} {b:>11} {fa:>8} {fb:>6}")
     negatives = sum(1 for c in cases if not c[2])
-    print(f"cases={n} (true negatives: {negatives})  calls/s: ours={rate['ours']:.0f} "
-          f"math_verify={rate['math_verify']:.0f}  symbolic worker calls={ours.stats['symbolic_calls']}")
+    print(f"labelled cases={n} (not equal: {negatives})  calls/s: ours={n / secs['ours']:.0f} "
+          f"math_verify={n / secs['math_verify']:.0f}  worker calls={ours.stats['symbolic_calls']}")
     if args.show_disagreements:
         for i, (gold, resp, label, cat) in enumerate(cases):
             o, m = verdicts["ours"][i], verdicts["math_verify"][i]
             if o != label or m != label:
                 print(f"[{cat}] label={label} ours={o} math_verify={m} gold={gold!r} resp={resp[-90:]!r}")
+
+    mix = dapo_mix()
+    mix_ours, t_ours = timed(graders["ours"], mix, args.repeat)
+    mix_mv, t_mv = timed(mv, mix, args.repeat)
+    same = sum(a == b for a, b in zip(mix_ours, mix_mv))
+    print(f"integer mix: {len(mix)} responses  calls/s: ours={len(mix) / t_ours:.0f} "
+          f"math_verify={len(mix) / t_mv:.0f}  ratio={t_mv / t_ours:.1f}x  same verdict={same}/{len(mix)}")
+
+    hang_max = 0.0
+    for mode in GRADERS:
+        g = Grader(mode, timeout_s=2.0, cache_size=0)
+        g.grade(r"\boxed{\sqrt{8}}", r"2\sqrt{2}")  # start-up paid here, not in the bound
+        for text in ADVERSARIAL:
+            t0 = time.perf_counter()
+            g.grade(text, "5")
+            hang_max = max(hang_max, time.perf_counter() - t0)
+        print(f"hang check [{mode}]: {len(ADVERSARIAL)} adversarial answers, timeouts={g.stats['timeouts']}, "
+              f"max so far {hang_max:.2f} s (bound 2 s + worker restart)")
+        g.close()
     ours.close()
     print(f"RESULT agree_ours={agree['ours']}/{n} agree_math_verify={agree['math_verify']}/{n} "
-          f"speed_ratio={rate['ours'] / rate['math_verify']:.2f}")
+          f"false_pos_ours={false_pos['ours']} false_pos_math_verify={false_pos['math_verify']} "
+          f"speed_ratio={secs['math_verify'] / secs['ours']:.2f} int_mix_speed_ratio={t_mv / t_ours:.1f} "
+          f"hang_max_s={hang_max:.2f}")
 
 
 if __name__ == "__main__":
