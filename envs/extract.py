@@ -6,7 +6,7 @@
 The steps, in order:
 1. Chat-template leftovers end the response: text from the first special token that follows
    some text (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end_of_text|>`,
-   `</s>`) is dropped ("... is $42$.<|im_start|>user ..." -> "... is $42$.").
+   `</s>`), outside code blocks, is dropped ("... is $42$.<|im_start|>user ..." -> "... is $42$.").
 2. Reasoning blocks: when the response closes a `<think>` block, the text after the last
    `</think>` is searched first and wins; the thinking is searched only when that text holds no
    answer (a \\boxed{5} while thinking never overrides "The final answer is 7." after it).
@@ -143,11 +143,20 @@ def _is_bare_answer(text: str) -> bool:
     return len(words) <= 2 and not re.search(r"[a-zA-Z]\.\s+[A-Z]", t)
 
 
+_CODE_SPAN_RE = re.compile(r"<code>.*?(?:</code>|$)|```.*?(?:```|$)", re.DOTALL)
+
+
 def _strip_template(response: str) -> str:
+    if "<|" not in response and "</s>" not in response:
+        return response
+    # A token written inside code (print('<|im_end|>')) is program text, not the chat template.
+    code = [(m.start(), m.end()) for m in _CODE_SPAN_RE.finditer(response)]
     for m in _SPECIAL_RE.finditer(response):
+        if any(a <= m.start() < b for a, b in code):
+            continue
         if response[:m.start()].strip():
             return response[:m.start()]
-    return _SPECIAL_RE.sub("", response)
+    return response
 
 
 def _extract_in(text: str, boxed_only: bool) -> str | None:

@@ -55,6 +55,7 @@ def test_kind_case(grader, gold, response, label, kind):
     ("\\boxed{7}<|im_end|>\n<|im_start|>user\n\\boxed{8}", "7"),
     ("\\boxed{(2,2)} \\quad \\text{and} \\quad \\boxed{(6,2)}", "(2,2), (6,2)"),
     ("First \\boxed{1}, then after checking \\boxed{2}", "2"),
+    ("<code>\n```python\nprint('<|im_end|>')\n```\n</code>\nSo \\boxed{42}", "42"),  # a token in code
 ])
 def test_extraction(response, expected):
     assert extract_answer(response) == expected
