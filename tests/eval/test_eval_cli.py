@@ -79,7 +79,7 @@ def test_cpu_smoke_run_on_the_tiny_model_writes_summary_and_resumes(tmp_path: Pa
     out = tmp_path / "eval"
     cmd = [sys.executable, str(SCRIPT), "--model", "tiny", "--datasets", "aime24",
            "--limit", "2", "--n", "2", "--max-turns", "2", "--max-tokens", "48",
-           "--max-tokens-per-turn", "32", "--seed", "0", "--out", str(out),
+           "--max-tokens-per-turn", "32", "--seed", "0", "--out", str(out), "--grader", "boxed",
            "env.prompt=short", "rollout.progress=false"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
@@ -89,6 +89,7 @@ def test_cpu_smoke_run_on_the_tiny_model_writes_summary_and_resumes(tmp_path: Pa
     assert m["problems"] == 2 and m["samples"] == 4 and m["n"] == 2
     assert 0.0 <= m["avg@2"] <= 1.0 and "pass@1" in m and "pass@4" not in m
     assert summary["model"] == "tiny" and summary["six_benchmark_avg"] is None
+    assert summary["grader"] == "boxed"  # the grader that produced these numbers is on record
     rows = read_rows(out / "aime24.jsonl")
     assert len(rows) == 4 and all(0 < r["response_tokens"] <= 48 for r in rows)
     assert {r["problem_id"] for r in rows} == {"aime2024-I-1", "aime2024-I-2"}
