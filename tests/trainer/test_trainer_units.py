@@ -218,3 +218,8 @@ def test_rollout_means_are_weighted_over_ranks_finish_reasons_included():
     a = rollout_stats([traj(0, 1.0, finish="answer")])
     b = rollout_stats([traj(0, 1.0, finish="eos"), traj(1, -1.0, finish="max_tokens")])
     assert a.keys() == b.keys() and a["finish/answer"] == 1.0 and b["finish/eos"] == 0.5
+    slow, fast = traj(0, -1.0), traj(1, 1.0)  # grading time and timeouts (reward info) per step
+    slow.info.update(grade_s=3.0, grade_timeout=True)
+    fast.info.update(grade_s=0.001, grade_timeout=False)
+    c = rollout_stats([slow, fast])
+    assert c["grade/seconds"] == pytest.approx(1.5005) and c["grade/timeout_rate"] == 0.5
