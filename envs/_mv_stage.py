@@ -30,11 +30,11 @@ import sympy
 from sympy.matrices import MatrixBase
 
 from envs._symbolic import _proportional, decimal_vs_expr, exprs_equal
-from envs.equivalence import parse_number
+from envs.numbers import numbers_equal, parse_number
 
 logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every parse failure
 
-from math_verify import parse, verify  # noqa: E402  (after silencing its logger)
+from math_verify import parse, verify  # imported after its logger is silenced
 
 _BOXED = "\\boxed{{{}}}"
 
@@ -101,7 +101,7 @@ def guarded_equal(pred: str, gold: str) -> bool:
 def _labels_dropped(text: str) -> set[str]:
     """Letters of a label math-verify may rightly drop ("x = 3", "AB = 4": the value counts)."""
     m = re.match(r"^\s*([^=<>]*?)=(?!=)", text)
-    return set(_LETTER_RE.findall(m.group(1))) | set(re.findall(r"[a-zA-Z]", m.group(1))) if m else set()
+    return set(re.findall(r"[a-zA-Z]", m.group(1))) if m else set()
 
 
 def _doit(x):
@@ -123,7 +123,6 @@ def _float_decimal(x):
 def _expr_exact(a, b) -> bool:
     da, db = _float_decimal(a), _float_decimal(b)
     if da is not None and db is not None:
-        from envs.equivalence import numbers_equal
         return numbers_equal(da, db)
     if da is not None:
         return decimal_vs_expr(da, b)

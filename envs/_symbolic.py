@@ -27,15 +27,24 @@ import random
 import re
 import signal
 import sys
-
-import sympy
-from sympy.parsing.sympy_parser import (implicit_multiplication, parse_expr,
-                                        standard_transformations)
-
 from fractions import Fraction
 
-from envs.equivalence import (Num, NeedSymbolic, Undecided, _match_brace, compare_normalized,
-                              decimal_matches_exact, fast_relation_eq, fast_scalar_eq, parse_number)
+import sympy
+from sympy.parsing.sympy_parser import (
+    implicit_multiplication,
+    parse_expr,
+    standard_transformations,
+)
+
+from envs.equivalence import (
+    NeedSymbolic,
+    Undecided,
+    _match_brace,
+    compare_normalized,
+    fast_relation_eq,
+    fast_scalar_eq,
+)
+from envs.numbers import Num, decimal_matches_exact, parse_number
 
 _FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
           "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",

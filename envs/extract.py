@@ -175,7 +175,7 @@ def _extract_in(text: str, boxed_only: bool) -> str | None:
     if line is not None:
         return line
     stripped = text.strip()
-    whole = _DISPLAY_RE.fullmatch(stripped + "")
+    whole = _DISPLAY_RE.fullmatch(stripped)
     if whole and whole.group(2).strip() and len(stripped) <= 400:
         return whole.group(2).strip()
     if stripped and _is_bare_answer(stripped):

@@ -53,12 +53,27 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.equivalence import (NeedSymbolic, compare_normalized, fast_relation_eq, fast_scalar_eq,
-                              normalize_answer, parse_number)
+from envs.equivalence import (
+    NeedSymbolic,
+    compare_normalized,
+    fast_relation_eq,
+    fast_scalar_eq,
+    normalize_answer,
+    parse_number,
+)
 from envs.extract import extract_answer
 
-__all__ = ["grade_answer", "extract_answer", "answers_equivalent", "normalize_answer", "parse_number",
-           "Grader", "GradeResult", "GRADERS", "get_grader"]
+__all__ = [
+    "GRADERS",
+    "GradeResult",
+    "Grader",
+    "answers_equivalent",
+    "extract_answer",
+    "get_grader",
+    "grade_answer",
+    "normalize_answer",
+    "parse_number",
+]
 
 # ----------------------------------------------------------------------------- modes
 

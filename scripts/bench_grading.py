@@ -98,8 +98,9 @@ def main() -> None:
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from envs.grading import GRADERS, Grader
     from math_verify import parse, verify
+
+    from envs.grading import GRADERS, Grader
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every parse failure
     cases = load_cases()

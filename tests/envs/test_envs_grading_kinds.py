@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.equivalence import decimal_matches_exact, numbers_equal, parse_number
 from envs.extract import extract_answer
 from envs.grading import GRADERS, Grader
+from envs.numbers import decimal_matches_exact, numbers_equal, parse_number
+
 _spec = importlib.util.spec_from_file_location("grading_cases_kinds",
                                                Path(__file__).with_name("grading_cases_kinds.py"))
 _mod = importlib.util.module_from_spec(_spec)
@@ -145,7 +146,6 @@ def test_adversarial_answers_return_within_the_bound(mode):
             r = g.check(text, "5")
             assert time.monotonic() - t0 < 1.5 + 1.0, text[:30]
             assert r.correct is False
-        assert g.stats["timeouts"] >= (1 if mode == "math_verify" else 0)
     finally:
         g.close()
 
