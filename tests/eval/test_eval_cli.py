@@ -79,7 +79,7 @@ def test_cpu_smoke_run_on_the_tiny_model_writes_summary_and_resumes(tmp_path: Pa
     out = tmp_path / "eval"
     cmd = [sys.executable, str(SCRIPT), "--model", "tiny", "--datasets", "aime24",
            "--limit", "2", "--n", "2", "--max-turns", "2", "--max-tokens", "48",
-           "--max-tokens-per-turn", "32", "--seed", "0", "--out", str(out), "--grader", "boxed",
+           "--max-tokens-per-turn", "32", "--seed", "0", "--out", str(out), "env.grader=boxed",
            "env.prompt=short", "rollout.progress=false"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
