@@ -1,8 +1,8 @@
 """Symbolic answer comparison with sympy: runs in the grading worker process only.
 
-`envs.grading` sends (pred, gold) pairs that plain numbers cannot decide to
-`python -m envs._symbolic`, one JSON line each, and kills this process if it overruns its time
-bound. Here the answers are converted from LaTeX to sympy by a small translator of our own (no
+`envs.grading` sends (pred, gold) pairs that plain numbers cannot decide to its worker process
+(`python -m envs._grading_worker`), one JSON line each, and kills that process if it overruns its
+time bound. Here the answers are converted from LaTeX to sympy by a small translator of our own (no
 eval of model text: every identifier of the translated text is checked against a whitelist and
 builtins are removed from the evaluation namespace), then compared:
 
@@ -22,11 +22,8 @@ the math-verify stage (`envs/_mv_stage.py`), whose "equal" is re-checked exactly
 
 from __future__ import annotations
 
-import json
 import random
 import re
-import signal
-import sys
 from fractions import Fraction
 
 import sympy
@@ -430,63 +427,3 @@ def symbolic_equivalent(pred: str, gold: str) -> bool | None:
         return None
     except NeedSymbolic:
         return False
-
-
-def _judge(req: dict, mv) -> tuple[bool, str]:
-    """(verdict, deciding stage) of one request; see `envs.grading` for the stages."""
-    if req.get("mode") == "math_verify":
-        if mv is None:
-            raise RuntimeError("math-verify is not installed")
-        return mv.math_verify_equal(str(req["response"]), str(req["gold_raw"])), "math_verify"
-    verdict = symbolic_equivalent(str(req["pred"]), str(req["gold"]))
-    if verdict:
-        return True, "symbolic"
-    if verdict is None and mv is not None and req.get("pred_raw") is not None:
-        return mv.guarded_equal(str(req["pred_raw"]), str(req["gold_raw"])), "math_verify"
-    return False, "symbolic"
-
-
-class _Timeout(BaseException):
-    pass
-
-
-def _on_alarm(signum, frame):
-    raise _Timeout()
-
-
-def main() -> None:
-    """Serve JSON lines (a request of `envs.grading._SymbolicWorker.call`) -> {"equal", "stage"}."""
-    try:
-        import resource  # a pathological answer must not take the machine's memory with it
-        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-    except Exception:
-        pass
-    signal.signal(signal.SIGALRM, _on_alarm)
-    out, sys.stdout = sys.stdout, sys.stderr  # stray prints (warnings) must not corrupt the protocol
-    try:
-        from envs import _mv_stage as mv
-        mv.warm()
-    except ImportError:
-        mv = None  # the builtin grader still works (our stages only); math_verify mode reports it
-    symbolic_equivalent("\\sqrt{2}x", "2^{1/2}x")  # warm the caches before saying ready
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
-        stage = "error"
-        try:
-            req = json.loads(line)
-            # Soft bound inside (the parent kills us at the hard bound if C code ignores it).
-            signal.setitimer(signal.ITIMER_REAL, max(0.05, 0.9 * float(req.get("timeout", 3.0))))
-            equal, stage = _judge(req, mv)
-        except _Timeout:
-            equal, stage = False, "timeout"
-        except (Exception, RecursionError, MemoryError):
-            equal = False
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        out.write(json.dumps({"equal": bool(equal), "stage": stage}) + "\n")
-        out.flush()
-
-
-if __name__ == "__main__":
-    main()

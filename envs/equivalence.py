@@ -395,7 +395,7 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
         return compare_structures(p[1][0], g, scalar_eq, relation_eq)
     if kg == "set" and kp == "scalar" and len(g[1]) == 1:
         return compare_structures(p, g[1][0], scalar_eq, relation_eq)
-    raise Undecided(f"{kp} against {kg}")
+    return False
 
 
 def _match_unordered(ps: list, gs: list, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:

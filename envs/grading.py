@@ -19,7 +19,7 @@ The builtin stages:
    decimals, a/b, \\frac, mixed numbers, scientific notation) are compared exactly with
    `fractions.Fraction`, in this process, without sympy. This decides most answers (every DAPO
    and AIME answer is an integer), and its "not equal" is final when both sides are plain numbers.
-3. Otherwise the pair goes to a worker process (`envs/_symbolic.py`): step 2 again with sympy
+3. Otherwise the pair goes to a worker process (`envs/_grading_worker.py`): step 2 again with sympy
    scalars (our own LaTeX translator, exact comparison); when that does not say "equal",
    math-verify parses both answers and its "equal" counts only after our exact re-check of the
    objects it parsed (`envs/_mv_stage.py`: no float tolerance, no sign-dropping simplification).
@@ -116,7 +116,7 @@ class _SymbolicWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_PARENT + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "envs._symbolic"], stdin=subprocess.PIPE,
+            [sys.executable, "-u", "-m", "envs._grading_worker"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, env=env, close_fds=True)
         self.ready, self.buf = False, b""
 
