@@ -18,16 +18,17 @@ The builtin stages:
    union, matrix, relation, option letter) and compared item by item. Plain numbers (integers,
    decimals, a/b, \\frac, mixed numbers, scientific notation) are compared exactly with
    `fractions.Fraction`, in this process, without sympy. This decides most answers (every DAPO
-   and AIME answer is an integer), and its "not equal" is final when both sides are plain numbers.
-3. Otherwise the pair goes to a worker process (`envs/_grading_worker.py`): step 2 again with sympy
-   scalars (our own LaTeX translator, exact comparison); when that does not say "equal",
-   math-verify parses both answers and its "equal" counts only after our exact re-check of the
-   objects it parsed (`envs/_mv_stage.py`: no float tolerance, no sign-dropping simplification).
+   and AIME answer is an integer); its "equal" and "not equal" are final.
+3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices) sends
+   the pair to a worker process (`envs/_grading_worker.py`): step 2 again with sympy scalars (our
+   own LaTeX translator, exact comparison); when our translator cannot read a side, math-verify
+   parses both answers and its "equal" counts only after our exact re-check of the objects it
+   parsed (`envs/_mv_stage.py`: no float tolerance, no sign-dropping simplification).
    The worker is killed when a call exceeds `timeout_s`, so no answer can hang the caller, from any
    thread, even inside C code; a timed-out call counts as "not equal" and as a timeout in
    `Grader.stats` and in `GradeResult.timed_out`.
 
-The decimal rule (`envs.equivalence.numbers_equal`): two exact forms compare exactly. Two decimals
+The decimal rule (`envs.numbers.numbers_equal`): two exact forms compare exactly. Two decimals
 are equal when their values are, or when the prediction states more digits and rounds to a gold
 of two or more decimals (a gold rounded to "27.39" accepts "27.3912", not "27.4"; a gold "0.5"
 is exact and does not accept "0.54"). A decimal against an exact value
@@ -151,8 +152,12 @@ class _SymbolicWorker:
         restarted)."""
         if self.owner_pid != os.getpid():  # we are a forked child: the pipes belong to the parent
             self.proc, self.ready, self.buf, self.owner_pid = None, False, b"", os.getpid()
-        if self.proc is None or self.proc.poll() is not None:
-            self._spawn()
+        try:
+            if self.proc is None or self.proc.poll() is not None:
+                self._spawn()
+        except OSError:  # (no process slots, E2BIG environment, ...): a failed call, never a crash
+            self.proc = None
+            return None
         if not self.ready:
             if self._readline(time.monotonic() + self.startup_timeout_s) != b"ready":
                 self.kill()
@@ -167,7 +172,10 @@ class _SymbolicWorker:
         line = self._readline(time.monotonic() + timeout_s)
         if line is None:
             self.kill()
-            self._spawn()  # start the replacement now so the next call finds it warm
+            try:
+                self._spawn()  # start the replacement now so the next call finds it warm
+            except OSError:
+                self.proc = None
             return None
         try:
             reply = json.loads(line)
@@ -180,13 +188,7 @@ class _SymbolicWorker:
 # ----------------------------------------------------------------------------- grader
 
 MAX_WORKER_CHARS = 2000  # longer answer pairs are compared by the in-process stages only
-
-
-def _fast_verdict_final(p: str, g: str) -> bool:
-    """A fast "not equal" needs no second opinion when both sides are plain numbers or words."""
-    if parse_number(p) is not None and parse_number(g) is not None:
-        return True
-    return p.replace(" ", "").isalpha() and g.replace(" ", "").isalpha()
+MAX_ANSWER_CHARS = 20000  # longer answer pairs are compared as whitespace-split text only
 
 
 class Grader:
@@ -267,6 +269,8 @@ class Grader:
     def _equivalent(self, pred: str, gold: str, timeout_s: float | None) -> tuple[bool, str]:
         with self._lock:
             self.stats["calls"] += 1
+        if len(pred) + len(gold) > MAX_ANSWER_CHARS:  # junk, not an answer: spare the regex passes
+            return pred.split() == gold.split(), "fast"
         try:
             p, g = normalize_answer(pred), normalize_answer(gold)
         except Exception:  # (defensive: normalization is regex-only) never crash the caller
@@ -278,8 +282,9 @@ class Grader:
                 return self._cache[key], "cache"
         stage = "fast"
         try:
-            verdict = compare_normalized(p, g, fast_scalar_eq, fast_relation_eq)
-            escalate = not verdict and not _fast_verdict_final(p, g)
+            # A "not equal" here is final: the worker runs the same structure walk, and its
+            # comparators defer to these fast ones wherever these decide.
+            verdict, escalate = compare_normalized(p, g, fast_scalar_eq, fast_relation_eq), False
         except NeedSymbolic:
             verdict, escalate = False, True
         except Exception as e:  # a grader bug must never crash training: count it as "not equal"
