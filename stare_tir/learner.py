@@ -28,16 +28,18 @@ with an empty (zero-loss) micro-batch.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Sequence
 
 from stare_tir.deepspeed_config import check_deepspeed_overrides, merge_deepspeed_config
 from stare_tir.distributed import init_process_group, rng_state, set_rng_state, skip_shm_comm_build
+from stare_tir.learner_parts import lr_lambda, token_logprob_model
 from stare_tir.micro_batch import MicroBatch, as_long_list, build_micro_batch, empty_micro_batch, plan_micro_batches
+from stare_tir.step_guard import GradNormBound, frozen_update, step_is_finite
 
 if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: LearnerConfig
     from torch import Tensor, nn  # stays importable by light paths (CLI --help, config loading)
@@ -52,6 +54,15 @@ class LearnerConfig:
     # Training dtype. auto = bf16 on CUDA, fp32 on CPU (bf16 is ~7x slower than fp32 on CPUs
     # without AVX-512/AMX). Master weights and optimizer state stay fp32 under bf16.
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    # dtype of the buffer that sums micro-batch gradients under bf16 (DeepSpeed's
+    # data_types.grad_accum_dtype; unset, DeepSpeed sums in the model dtype). fp32: dozens of
+    # small token-normalised micro-batch gradients per step are summed without bf16 rounding.
+    # DeepSpeed without ZeRO (stage 0) accumulates only in bf16: stage 0 + bf16 needs "bf16".
+    grad_accum_dtype: Literal["fp32", "bf16"] = "fp32"
+    # Timeout of every collective (torch.distributed and DeepSpeed). Ranks roll out independently
+    # and meet in all-reduces: a rank whose 16k-token multi-turn rollouts, evaluation or weight
+    # sync run longer than the others' must not trip NCCL's default 10-minute watchdog.
+    dist_timeout_minutes: float = 120.0
     # AdamW peak learning rate (1e-6 is the usual value for 7B RL; tiny models want ~1e-3).
     lr: float = 1e-6
     # AdamW decoupled weight decay, applied to every parameter (as in verl/OpenRLHF RL recipes).
@@ -103,6 +114,8 @@ class LearnerConfig:
         check_deepspeed_overrides(self.deepspeed)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r}: must be 0, 1, 2 or 3")
+        if not self.dist_timeout_minutes > 0:
+            raise ValueError(f"dist_timeout_minutes={self.dist_timeout_minutes!r}: must be > 0")
         if not self.lr > 0:
             raise ValueError(f"lr={self.lr!r}: must be > 0")
         if self.weight_decay < 0:
@@ -135,55 +148,6 @@ class LearnerConfig:
             raise ValueError(f"temperature={self.temperature!r}: must be > 0")
 
 
-# ----------------------------------------------------------------------------------------------
-# The module DeepSpeed wraps
-
-
-def _token_logprob_model(lm: "nn.Module", temperature: float, chunk_size: int) -> "nn.Module":
-    """Wrap a causal LM as a module returning log pi(target) (and entropy) at selected positions.
-
-    Full logits are never formed. Wrapping lets the lm_head weight be used outside
-    lm_head.forward() while ZeRO-3 still gathers it (registered as an external parameter of this
-    module) and reduces its gradient.
-    """
-    from torch import nn
-
-    from stare_tir.algos.logprobs import logprobs_and_entropy
-
-    class TokenLogprobModel(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids: "Tensor", attention_mask: "Tensor", position_ids: "Tensor",
-                    sel_rows: "Tensor", sel_pos: "Tensor", targets: "Tensor",
-                    with_entropy: bool = False) -> tuple["Tensor", Optional["Tensor"]]:
-            out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                     position_ids=position_ids, use_cache=False)
-            hidden = out.last_hidden_state[sel_rows, sel_pos]  # [N, H]
-            head = self.lm.get_output_embeddings()
-            return logprobs_and_entropy(hidden, head.weight, targets, temperature=temperature,
-                                        chunk_size=chunk_size, lm_head_bias=getattr(head, "bias", None),
-                                        with_entropy=with_entropy)
-
-    return TokenLogprobModel()
-
-
-def _lr_lambda(cfg: LearnerConfig) -> Callable[[int], float]:
-    """Multiplier of cfg.lr at optimizer step k (0-based): linear warm-up, then the schedule."""
-
-    def f(k: int) -> float:
-        if k < cfg.warmup_steps:
-            return (k + 1) / cfg.warmup_steps
-        if cfg.lr_scheduler == "constant":
-            return 1.0
-        frac = min(1.0, (k - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
-        decay = 1.0 - frac if cfg.lr_scheduler == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
-
-    return f
-
-
 class Learner:
     """A DeepSpeed engine around an HF causal LM; see the module docstring.
 
@@ -210,14 +174,21 @@ class Learner:
         else:
             self.device = torch.device("cpu")
             skip_shm_comm_build()
-        init_process_group("nccl" if on_cuda else "gloo")
-        deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
+        timeout = timedelta(minutes=cfg.dist_timeout_minutes)
+        init_process_group("nccl" if on_cuda else "gloo", timeout)
+        deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo", timeout=timeout)
         import torch.distributed as dist
 
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self._seed_all(cfg.seed + self.rank)
 
         self.bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and on_cuda)
+        if self.bf16 and cfg.zero_stage == 0 and cfg.grad_accum_dtype == "fp32":
+            # deepspeed/runtime/engine.py `_do_optimizer_sanity_check`: without ZeRO, bf16 with an
+            # fp32 accumulation dtype raises NotImplementedError ("unsupported mix").
+            raise ValueError("learner.zero_stage=0 with bf16: DeepSpeed accumulates gradients in bf16 "
+                             "without ZeRO. Use learner.zero_stage=1 (fp32 accumulation; same math, "
+                             "optimizer state sharded) or set learner.grad_accum_dtype=bf16")
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
@@ -230,6 +201,7 @@ class Learner:
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage},
             "bf16": {"enabled": self.bf16},
+            "data_types": {"grad_accum_dtype": cfg.grad_accum_dtype if self.bf16 else "fp32"},
             "zero_allow_untested_optimizer": True,  # our torch.optim.AdamW (no CPU-Adam compile)
             "zero_force_ds_cpu_optimizer": False,
             "steps_per_print": 2**31 - 1,
@@ -249,16 +221,18 @@ class Learner:
                                                   attn_implementation=cfg.attn_implementation)
         if cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._module = _token_logprob_model(lm, cfg.temperature, cfg.logprob_chunk_size)
+        self._module = token_logprob_model(lm, cfg.temperature, cfg.logprob_chunk_size)
         if cfg.zero_stage == 3:
             deepspeed.zero.register_external_parameter(self._module, lm.get_output_embeddings().weight)
 
         optimizer = torch.optim.AdamW(self._module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                       eps=cfg.eps, weight_decay=cfg.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         self.engine.train()
+        self._base_optimizer = optimizer  # ours: a skipped step freezes its step() (step_guard)
+        self._norm_bound = GradNormBound(self._module.parameters(), self.device)
         self.steps_applied = 0  # optimizer steps actually taken
         self.steps_skipped = 0  # steps skipped for a non-finite loss or gradient
 
@@ -440,6 +414,7 @@ class Learner:
 
         loss_sum = torch.zeros((), dtype=torch.float64)
         nonfinite = 0.0
+        self._norm_bound.reset()
         sums: dict[str, float] = {}  # token-weighted sums of the loss function's mean metrics
         ratio_max = 0.0
         for k, mb in enumerate(mbs):
@@ -450,9 +425,7 @@ class Learner:
             else:
                 loss, metrics = loss_fn(mb.to(self.device), logp, g_tok, g_seq)
             if not torch.isfinite(loss.detach()):
-                nonfinite = 1.0
-                # Make sure the gradient is non-finite too, so every ZeRO stage skips the step.
-                loss = loss + float("nan") * logp.sum()
+                nonfinite = 1.0  # still backward it: ZeRO's reductions need every rank's backward
             # DeepSpeed averages gradients over data-parallel ranks; our loss is already a share
             # of the global mean, so scale the average back up to the sum.
             self.engine.backward(loss * self.world_size)
@@ -470,11 +443,20 @@ class Learner:
             every = [None] * self.world_size
             dist.all_gather_object(every, names)
             names = sorted(set().union(*every))
-        red = self.all_reduce_sum(torch.tensor([float(loss_sum), nonfinite] + [sums.get(k, 0.0) for k in names],
-                                               dtype=torch.float64))
-        nonfinite_any = float(red[1]) > 0
-        grad_norm = self._step()
-        applied = grad_norm is not None and math.isfinite(grad_norm) and not nonfinite_any
+        # Sums of every rank, in one all-reduce: loss, non-finite-loss flags, gradient-norm bounds
+        # (step_guard), metrics. The skip is decided from them, identically on every rank.
+        bound = self._norm_bound.total.to(torch.float64).cpu()
+        red = self.all_reduce_sum(torch.cat([torch.tensor([float(loss_sum), nonfinite], dtype=torch.float64),
+                                             bound.reshape(1),
+                                             torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64)]))
+        nonfinite_loss, norm_bound = float(red[1]), float(red[2]) / self.world_size
+        if step_is_finite(nonfinite_loss, norm_bound):
+            grad_norm = self._step()
+        else:  # DeepSpeed's end-of-step path discards the gradients; weights and Adam stay as they are
+            with frozen_update(self._base_optimizer, self.scheduler):
+                self.engine.step()
+            grad_norm = None
+        applied = grad_norm is not None
         if applied:
             self.steps_applied += 1
         else:
@@ -487,35 +469,36 @@ class Learner:
             "sequences": g_seq,
             "micro_batches": float(len(mbs)),
             "step_skipped": 0.0 if applied else 1.0,
+            "nonfinite_loss": 1.0 if nonfinite_loss > 0 else 0.0,
+            "grad_norm_bound": norm_bound,
         }
         for k, name in enumerate(names):
-            out[name] = float(red[2 + k]) / g_tok
+            out[name] = float(red[3 + k]) / g_tok
         if names:
             out["pg/ratio_max"] = float(self.all_reduce_max(torch.tensor([ratio_max])).item())
         return out
 
     def _step(self) -> Optional[float]:
-        """Optimizer step after the boundary backward. Returns the global grad norm (pre-clip).
+        """Optimizer step of a step judged finite. Returns the global grad norm (pre-clip), or
+        None if DeepSpeed skipped the step after all (its own overflow check).
 
-        Under ZeRO 1-3 DeepSpeed computes the norm and skips the update itself when it is not
-        finite. Stage 0 with fp32 hands the plain torch optimizer the already all-reduced
-        gradients, so the norm and the skip are done here.
+        Stage 0 with fp32 hands the plain torch optimizer the already all-reduced gradients and
+        records no norm, so it is computed here.
         """
         import torch
 
+        norm = None
         if self.cfg.zero_stage == 0 and not self.bf16:
             grads = [p.grad for p in self._module.parameters() if p.grad is not None]
             norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
-            if not math.isfinite(norm):
-                self.engine.zero_grad()
-                return norm
-            self.engine.step()
-            return norm
         self.engine.step()
-        norm = self.engine.get_global_grad_norm()
         if not self.engine.was_step_applied():
-            return float("inf") if norm is None or math.isfinite(float(norm)) else float(norm)
-        return None if norm is None else float(norm)
+            logging.getLogger(__name__).warning("DeepSpeed skipped a step whose loss and gradient bound were finite")
+            return None
+        if norm is None:
+            ds_norm = self.engine.get_global_grad_norm()
+            norm = float("nan") if ds_norm is None else float(ds_norm)
+        return norm
 
     # ------------------------------------------------------------------ weights and checkpoints
 
