@@ -288,6 +288,7 @@ def rl_step(run: Run, step: int) -> dict:
                 learner, batch, advantages, omega, old_logprobs, entropies, run.controller.w)
 
     t2 = time.perf_counter()
+    applied = 0  # optimizer steps that changed the weights (a skipped one leaves them bit-identical)
     for _ in range(algo.ppo_epochs):
         update = learner.train_step(
             batch, advantages, omega, old_logprobs, clip_low=algo.clip_low,
@@ -296,6 +297,7 @@ def rl_step(run: Run, step: int) -> dict:
         metrics.update({f"update/{k}": v for k, v in update.items()})
         if update["step_skipped"]:
             break
+        applied += 1
     t_update = time.perf_counter() - t2
 
     if update["step_skipped"]:
@@ -312,8 +314,10 @@ def rl_step(run: Run, step: int) -> dict:
         run.nonfinite_in_row = 0
 
     t3 = time.perf_counter()
-    sync_weights(run)
+    if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
+        sync_weights(run)
     resume_rollout_memory(run)
+    metrics["update/synced"] = float(applied > 0)
     t_sync = time.perf_counter() - t3
 
     n_tokens = sum(len(t.response_ids) for t in rolled)

@@ -161,6 +161,7 @@ class SkippingLearner(OneRankLearner):
 
     def __init__(self):
         self.trained_on = []
+        self.exports = 0
 
     def compute_logprobs_entropy(self, trajs):
         lps = [torch.full((len(t.response_ids),), -0.5) * torch.tensor(t.loss_mask) for t in trajs]
@@ -171,6 +172,7 @@ class SkippingLearner(OneRankLearner):
         return {"loss": float("nan"), "step_skipped": 1.0}
 
     def export_weights(self):
+        self.exports += 1
         return iter(())
 
 
@@ -193,6 +195,7 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
               sampler=PromptSampler([{"id": "a"}], seed=0), eval_problems=[], log=None)
     metrics = rl_step(run, 1)
     assert metrics["update/nonfinite_in_row"] == 1.0 and run.nonfinite_in_row == 1
+    assert learner.exports == 0 and metrics["update/synced"] == 0  # unchanged weights are not synced
     # The trajectory whose sandbox failed never reached the loss.
     assert all(not t.sandbox_error for t in learner.trained_on[0]) and len(learner.trained_on[0]) == 2
     with pytest.raises(FloatingPointError, match="2 consecutive steps"):
