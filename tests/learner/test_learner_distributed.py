@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,13 @@ def _launch(model: str, out: Path, world: int, extra: list[str]) -> None:
 def test_two_process_zero_matches_one_process(tiny_path, worker, tmp_path, stage):
     """ZeRO-3: every parameter is partitioned over the ranks and gathered at each use."""
     out = tmp_path / "two.pt"
-    _launch(tiny_path, out, 2, ["--zero-stage", str(stage), "--budget", "64", "--stare"])
+    _launch(tiny_path, out, 2, ["--zero-stage", str(stage), "--budget", "64", "--stare",
+                                "--dist-timeout-minutes", "37"])
     two = torch.load(out, weights_only=False)
     one = worker.run(tiny_path, zero_stage=stage, budget=64, stare=True)
     assert two["world_size"] == 2 and one["world_size"] == 1
+    # learner.dist_timeout_minutes reached the env:// process group's gloo backend.
+    assert two["pg_timeout"] == timedelta(minutes=37)
 
     for step, (m1, m2) in enumerate(zip(one["metrics"], two["metrics"])):
         assert m1["tokens"] == m2["tokens"] and m1["sequences"] == m2["sequences"], step
@@ -74,3 +78,17 @@ def test_two_process_zero_matches_one_process(tiny_path, worker, tmp_path, stage
 
     w0 = dict(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).named_parameters())
     assert max(float((w1[k] - w0[k]).abs().max()) for k in w1) > 1e-3
+
+
+def test_one_process_group_gets_the_configured_timeout():
+    """Without a launcher (in-process store) the timeout reaches the group too; a fresh
+    interpreter, since a test process may already hold a group from another test."""
+    code = ("from datetime import timedelta\n"
+            "from stare_tir.distributed import init_process_group, process_group_timeout\n"
+            "init_process_group('gloo', timedelta(minutes=123))\n"
+            "print(process_group_timeout().total_seconds())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert float(res.stdout.split()[-1]) == 123 * 60
