@@ -1,0 +1,47 @@
+"""scripts/gpu_check.py: its --help, and its CPU dry run (the same code paths as on a GPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+
+
+def test_help_documents_every_flag_without_importing_torch():
+    res = subprocess.run([sys.executable, "-X", "importtime", str(SCRIPT), "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for flag in ("--device", "--tiny", "--seqs", "--prompt-len", "--response-len", "--micro-batch-tokens", "--steps",
+                 "--stages", "--decode-batch", "--decode-tokens", "--peak-tflops", "--wheel-dir", "--skip-decode",
+                 "--skip-nonfinite"):
+        assert flag in res.stdout
+    assert "pip wheel --no-deps" in res.stdout  # says which wheels to bring
+    assert " torch" not in res.stderr.replace("torch_", "")  # -X importtime lists imports on stderr
+
+
+def test_bad_flag_values_are_refused_with_the_flag_named():
+    res = subprocess.run([sys.executable, str(SCRIPT), "--stages", "0,5"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--stages" in res.stderr and "0, 1, 2 or 3" in res.stderr
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_prints_the_result_line():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--steps", "1"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    last = res.stdout.strip().splitlines()[-1]
+    assert last.startswith("RESULT "), out[-4000:]
+    fields = dict(kv.split("=", 1) for kv in last.split()[1:])
+    assert fields["deepspeed"] == "1" and fields["nonfinite_skip"] == "pass"
+    for key in ("zero0_tok_s", "zero3_tok_s", "decode_tok_s"):
+        assert float(fields[key]) > 0, key
+    print(f"dry run: {time.perf_counter() - t0:.1f} s")
