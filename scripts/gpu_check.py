@@ -22,11 +22,12 @@ Missing dependencies: DeepSpeed is not on PyPI as a wheel; build pure-Python whe
 machine with network and copy them next to the working tree (see `--wheel-dir`):
 
     pip wheel --no-deps --no-build-isolation -w wheels deepspeed==0.19.8
-    pip download --no-deps -d wheels hjson py-cpuinfo ninja msgpack einops
+    pip download --no-deps --only-binary=:all: --python-version 3.X --platform manylinux2014_x86_64
+                 -d wheels hjson py-cpuinfo msgpack einops    (one line; plus what the script reports)
 
 Then `python scripts/gpu_check.py --wheel-dir wheels` installs them into wheels/site (no
-network, `pip install --no-index --no-deps --target`) and imports from there. The script prints
-which of DeepSpeed's own requirements are missing before it starts.
+network, `pip install --no-index --no-deps --target`) and imports from there. Without DeepSpeed the
+script prints the exact commands for the wheels this machine lacks, then runs what it can.
 
 CPU dry run (this machine, < 1 minute): `python scripts/gpu_check.py --device cpu --tiny`.
 """
@@ -53,10 +54,13 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True)
 # Dense bf16 peak TFLOP/s by device name (vendor data sheets, SXM parts).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0}
-# What `import deepspeed` needs beyond torch, numpy, packaging, psutil, pydantic, tqdm (deepspeed's
-# requirements/requirements.txt); all are pure Python or ship manylinux wheels.
+# What `import deepspeed` imports beyond torch and numpy (deepspeed 0.19.8's requirements plus
+# pydantic's own; ninja only for compiling ops, which the learner does not use): module -> wheel.
 DEEPSPEED_DEPS = {"hjson": "hjson", "cpuinfo": "py-cpuinfo", "msgpack": "msgpack", "einops": "einops",
-                  "ninja": "ninja", "pydantic": "pydantic", "psutil": "psutil", "packaging": "packaging"}
+                  "packaging": "packaging", "psutil": "psutil", "tqdm": "tqdm", "pydantic": "pydantic",
+                  "pydantic_core": "pydantic-core", "annotated_types": "annotated-types",
+                  "typing_inspection": "typing-inspection", "typing_extensions": "typing-extensions"}
+DEEPSPEED_VERSION = "0.19.8"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,9 +106,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder refused it, or a half-imported module
+        return False
+
+
 def ensure_deepspeed(wheel_dir: Path | None) -> tuple[bool, str]:
     """Make deepspeed importable if it is not (from wheel_dir); returns (available, note)."""
-    if importlib.util.find_spec("deepspeed") is None and wheel_dir is not None:
+    if not importable("deepspeed") and wheel_dir is not None:
         wheels = sorted(str(p) for p in wheel_dir.glob("*.whl"))
         site = wheel_dir / "site"
         if wheels and not site.exists():
@@ -112,12 +123,18 @@ def ensure_deepspeed(wheel_dir: Path | None) -> tuple[bool, str]:
             subprocess.run(cmd, check=True)
         sys.path.insert(1, str(site))
         importlib.invalidate_caches()
-    missing = [pkg for mod, pkg in DEEPSPEED_DEPS.items() if importlib.util.find_spec(mod) is None]
-    if importlib.util.find_spec("deepspeed") is None:
-        missing.insert(0, "deepspeed")
+    missing = [pkg for mod, pkg in DEEPSPEED_DEPS.items() if not importable(mod)]
+    if not importable("deepspeed"):
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        bring = [f"pip wheel --no-deps --no-build-isolation -w wheels deepspeed=={DEEPSPEED_VERSION}"]
+        if missing:  # binary ones (pydantic-core, msgpack, psutil) must match this Python and platform
+            bring.append(f"pip download --no-deps --only-binary=:all: --python-version {py} "
+                         f"--platform manylinux2014_x86_64 -d wheels {' '.join(missing)}")
+        return False, ("deepspeed not importable; on a machine with network run: " + " && ".join(bring) +
+                       "; then pass --wheel-dir wheels. Meanwhile ZeRO-0 runs on plain torch; ZeRO-3 "
+                       "and the non-finite check are skipped")
     if missing:
-        return False, ("missing: " + " ".join(missing) + " -- bring them as wheels (see --help, --wheel-dir); "
-                       "ZeRO-0 runs on plain torch, ZeRO-3 and the non-finite check are skipped")
+        return False, f"deepspeed is present but its requirements are not: {' '.join(missing)} (see --help)"
     return True, "deepspeed available"
 
 

@@ -20,6 +20,9 @@ micro-batch loss by gradient_accumulation_steps and (b) average gradients over d
 by multiplying the loss by the data-parallel world size before backward. Tests check the result
 against 1 process and against other micro-batch splits.
 
+Non-finite steps are decided here, before `engine.step()`, from all-reduced loss flags and a
+gradient-norm bound, and skipped without touching weights or optimizer state (`step_guard`).
+
 Collectives. Under ZeRO-3 every forward all-gathers parameters and under ZeRO-2 every backward
 reduces gradients, so all ranks must run the same number of micro-batches: ranks with fewer pad
 with an empty (zero-loss) micro-batch.

@@ -45,3 +45,29 @@ def test_cpu_dry_run_prints_the_result_line():
     for key in ("zero0_tok_s", "zero3_tok_s", "decode_tok_s"):
         assert float(fields[key]) > 0, key
     print(f"dry run: {time.perf_counter() - t0:.1f} s")
+
+
+# Runs the script with `import deepspeed` refused, as on a GPU machine without it.
+_WITHOUT_DEEPSPEED = """
+import runpy, sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name == "deepspeed" or name.startswith("deepspeed."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Refuse())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_without_deepspeed_zero0_runs_on_plain_torch_and_the_rest_says_why():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", _WITHOUT_DEEPSPEED, str(SCRIPT), "--device", "cpu", "--tiny",
+                          "--steps", "1", "--skip-decode"], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "pip wheel --no-deps --no-build-isolation -w wheels deepspeed==" in res.stdout
+    assert "ZeRO-0 (plain torch, no DeepSpeed)" in res.stdout
+    fields = dict(kv.split("=", 1) for kv in res.stdout.strip().splitlines()[-1].split()[1:])
+    assert fields["deepspeed"] == "0" and float(fields["zero0_tok_s"]) > 0
+    assert fields["zero3_tok_s"] == "skipped" and fields["nonfinite_skip"] == "not_run_no_deepspeed"
