@@ -357,11 +357,14 @@ def main(argv: list[str] | None = None) -> int:
             if have_ds:
                 from stare_tir.learner import Learner, LearnerConfig
 
-                # DeepSpeed without ZeRO accumulates only in bf16 (engine.py); ZeRO 1-3 in fp32.
-                cfg = LearnerConfig(zero_stage=stage, dtype="bf16", lr=1e-6, micro_batch_tokens=a.micro_batch_tokens,
-                                    grad_accum_dtype="bf16" if stage == 0 else "fp32")
                 tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
-                learner = Learner(model_path, cfg, tokenizer=tok)
+                cfg = LearnerConfig(zero_stage=stage, dtype="bf16", lr=1e-6, micro_batch_tokens=a.micro_batch_tokens)
+                try:
+                    learner = Learner(model_path, cfg, tokenizer=tok)
+                except ValueError as e:  # ZeRO-0: this DeepSpeed version accumulates bf16 in bf16 only
+                    print(f"ZeRO-{stage}: {e}; measuring with grad_accum_dtype=bf16")
+                    cfg.grad_accum_dtype = "bf16"
+                    learner = Learner(model_path, cfg, tokenizer=tok)
                 label = f"ZeRO-{stage} (DeepSpeed, grad accumulation {cfg.grad_accum_dtype})"
             else:
                 learner = PlainTorchLearner(model_path, a.device, a.micro_batch_tokens)

@@ -60,7 +60,8 @@ class LearnerConfig:
     # dtype of the buffer that sums micro-batch gradients under bf16 (DeepSpeed's
     # data_types.grad_accum_dtype; unset, DeepSpeed sums in the model dtype). fp32: dozens of
     # small token-normalised micro-batch gradients per step are summed without bf16 rounding.
-    # DeepSpeed without ZeRO (stage 0) accumulates only in bf16: stage 0 + bf16 needs "bf16".
+    # Without ZeRO (stage 0) DeepSpeed allows one of the two, depending on its version (0.16: fp32,
+    # 0.19: bf16); the learner names the other if DeepSpeed refuses.
     grad_accum_dtype: Literal["fp32", "bf16"] = "fp32"
     # Timeout of every collective (torch.distributed and DeepSpeed). Ranks roll out independently
     # and meet in all-reduces: a rank whose 16k-token multi-turn rollouts, evaluation or weight
@@ -186,12 +187,6 @@ class Learner:
         self._seed_all(cfg.seed + self.rank)
 
         self.bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and on_cuda)
-        if self.bf16 and cfg.zero_stage == 0 and cfg.grad_accum_dtype == "fp32":
-            # deepspeed/runtime/engine.py `_do_optimizer_sanity_check`: without ZeRO, bf16 with an
-            # fp32 accumulation dtype raises NotImplementedError ("unsupported mix").
-            raise ValueError("learner.zero_stage=0 with bf16: DeepSpeed accumulates gradients in bf16 "
-                             "without ZeRO. Use learner.zero_stage=1 (fp32 accumulation; same math, "
-                             "optimizer state sharded) or set learner.grad_accum_dtype=bf16")
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
@@ -231,8 +226,16 @@ class Learner:
         optimizer = torch.optim.AdamW(self._module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                       eps=cfg.eps, weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        try:
+            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        except NotImplementedError as e:
+            # Without ZeRO, bf16 supports one accumulation dtype, and which one depends on the
+            # version (engine.py `_do_optimizer_sanity_check`: 0.16 wants fp32, 0.19 bf16).
+            raise ValueError(f"DeepSpeed {deepspeed.__version__} refuses learner.zero_stage={cfg.zero_stage} with "
+                             f"bf16 and learner.grad_accum_dtype={cfg.grad_accum_dtype} ({e}). Use "
+                             "learner.zero_stage=1 (fp32 accumulation, same math) or the other "
+                             "learner.grad_accum_dtype") from e
         self.engine.train()
         self._base_optimizer = optimizer  # ours: a skipped step freezes its step() (step_guard)
         self._norm_bound = GradNormBound(self._module.parameters(), self.device)
