@@ -47,52 +47,108 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, without installing it
 
 # Qwen2.5-0.5B's architecture (config.json of the public checkpoint); weights are random.
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151_936, max_position_embeddings=32_768,
-                  rope_theta=1_000_000.0, tie_word_embeddings=True, rms_norm_eps=1e-6)
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151_936,
+    max_position_embeddings=32_768,
+    rope_theta=1_000_000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+)
 # Dense bf16 peak TFLOP/s by device name (vendor data sheets, SXM parts).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0}
 # What `import deepspeed` imports beyond torch and numpy (deepspeed 0.19.8's requirements plus
 # pydantic's own; ninja only for compiling ops, which the learner does not use): module -> wheel.
-DEEPSPEED_DEPS = {"hjson": "hjson", "cpuinfo": "py-cpuinfo", "msgpack": "msgpack", "einops": "einops",
-                  "packaging": "packaging", "psutil": "psutil", "tqdm": "tqdm", "pydantic": "pydantic",
-                  "pydantic_core": "pydantic-core", "annotated_types": "annotated-types",
-                  "typing_inspection": "typing-inspection", "typing_extensions": "typing-extensions"}
+DEEPSPEED_DEPS = {
+    "hjson": "hjson",
+    "cpuinfo": "py-cpuinfo",
+    "msgpack": "msgpack",
+    "einops": "einops",
+    "packaging": "packaging",
+    "psutil": "psutil",
+    "tqdm": "tqdm",
+    "pydantic": "pydantic",
+    "pydantic_core": "pydantic-core",
+    "annotated_types": "annotated-types",
+    "typing_inspection": "typing-inspection",
+    "typing_extensions": "typing-extensions",
+}
 DEEPSPEED_VERSION = "0.19.8"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                    help="where to run; cpu is a dry run of the same code paths (default: cuda)")
-    ap.add_argument("--tiny", action="store_true",
-                    help="a 2-layer, 512-token-vocabulary model and small batches instead of the 0.5B shape "
-                         "(for the CPU dry run; figures are then meaningless)")
-    ap.add_argument("--seqs", type=int, default=None,
-                    help="sequences per learner step (default: 64; tiny: 4)")
+    ap.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="where to run; cpu is a dry run of the same code paths (default: cuda)",
+    )
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a 2-layer, 512-token-vocabulary model and small batches instead of the 0.5B shape "
+        "(for the CPU dry run; figures are then meaningless)",
+    )
+    ap.add_argument("--seqs", type=int, default=None, help="sequences per learner step (default: 64; tiny: 4)")
     ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default: 256; tiny: 8)")
-    ap.add_argument("--response-len", type=int, default=None,
-                    help="response tokens per sequence (default: 768; tiny: 8)")
-    ap.add_argument("--micro-batch-tokens", type=int, default=None,
-                    help="learner.micro_batch_tokens: padded tokens per micro-batch (default: 16384; tiny: 32)")
-    ap.add_argument("--steps", type=int, default=3, help="timed learner steps per ZeRO stage, after 1 warm-up (default: 3)")
+    ap.add_argument(
+        "--response-len", type=int, default=None, help="response tokens per sequence (default: 768; tiny: 8)"
+    )
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="learner.micro_batch_tokens: padded tokens per micro-batch (default: 16384; tiny: 32)",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=3, help="timed learner steps per ZeRO stage, after 1 warm-up (default: 3)"
+    )
     ap.add_argument("--stages", default="0,3", help="comma-separated ZeRO stages to measure (default: 0,3)")
-    ap.add_argument("--decode-batch", type=int, default=None, help="concurrent HF-backend requests (default: 64; tiny: 4)")
+    ap.add_argument(
+        "--decode-batch", type=int, default=None, help="concurrent HF-backend requests (default: 64; tiny: 4)"
+    )
     ap.add_argument("--decode-tokens", type=int, default=None, help="new tokens per request (default: 256; tiny: 8)")
-    ap.add_argument("--peak-tflops", type=float, default=None,
-                    help="dense bf16 peak of the device for MFU (default: from the device name for "
-                         f"{', '.join(PEAK_TFLOPS)}; otherwise MFU is reported as nan)")
-    ap.add_argument("--wheel-dir", type=Path, default=None,
-                    help="folder of wheels (deepspeed and its pure-Python requirements) to install into "
-                         "WHEEL_DIR/site without network when deepspeed is not importable")
+    ap.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="dense bf16 peak of the device for MFU (default: from the device name for "
+        f"{', '.join(PEAK_TFLOPS)}; otherwise MFU is reported as nan)",
+    )
+    ap.add_argument(
+        "--wheel-dir",
+        type=Path,
+        default=None,
+        help="folder of wheels (deepspeed and its pure-Python requirements) to install into "
+        "WHEEL_DIR/site without network when deepspeed is not importable",
+    )
     ap.add_argument("--skip-decode", action="store_true", help="do not measure the HF backend")
     ap.add_argument("--skip-nonfinite", action="store_true", help="do not run the non-finite skip check")
     a = ap.parse_args(argv)
     small = a.tiny
-    for name, big, tiny in (("seqs", 64, 4), ("prompt_len", 256, 8), ("response_len", 768, 8),
-                            ("micro_batch_tokens", 16384, 32), ("decode_batch", 64, 4), ("decode_tokens", 256, 8)):
+    for name, big, tiny in (
+        ("seqs", 64, 4),
+        ("prompt_len", 256, 8),
+        ("response_len", 768, 8),
+        ("micro_batch_tokens", 16384, 32),
+        ("decode_batch", 64, 4),
+        ("decode_tokens", 256, 8),
+    ):
         if getattr(a, name) is None:
             setattr(a, name, tiny if small else big)
         if getattr(a, name) < 1:
@@ -128,11 +184,16 @@ def ensure_deepspeed(wheel_dir: Path | None) -> tuple[bool, str]:
         py = f"{sys.version_info.major}.{sys.version_info.minor}"
         bring = [f"pip wheel --no-deps --no-build-isolation -w wheels deepspeed=={DEEPSPEED_VERSION}"]
         if missing:  # binary ones (pydantic-core, msgpack, psutil) must match this Python and platform
-            bring.append(f"pip download --no-deps --only-binary=:all: --python-version {py} "
-                         f"--platform manylinux2014_x86_64 -d wheels {' '.join(missing)}")
-        return False, ("deepspeed not importable; on a machine with network run: " + " && ".join(bring) +
-                       "; then pass --wheel-dir wheels. Meanwhile ZeRO-0 runs on plain torch; ZeRO-3 "
-                       "and the non-finite check are skipped")
+            bring.append(
+                f"pip download --no-deps --only-binary=:all: --python-version {py} "
+                f"--platform manylinux2014_x86_64 -d wheels {' '.join(missing)}"
+            )
+        return False, (
+            "deepspeed not importable; on a machine with network run: "
+            + " && ".join(bring)
+            + "; then pass --wheel-dir wheels. Meanwhile ZeRO-0 runs on plain torch; ZeRO-3 "
+            "and the non-finite check are skipped"
+        )
     if missing:
         return False, f"deepspeed is present but its requirements are not: {' '.join(missing)} (see --help)"
     return True, "deepspeed available"
@@ -173,8 +234,14 @@ def make_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int
         mask = [1] * response_len
         for j in range(response_len // 5, response_len // 5 + response_len // 10):  # a masked "observation"
             mask[j] = 0
-        out.append(SimpleNamespace(prompt_ids=ids[:prompt_len], response_ids=ids[prompt_len:], loss_mask=mask,
-                                   rollout_logprobs=[0.0] * response_len))
+        out.append(
+            SimpleNamespace(
+                prompt_ids=ids[:prompt_len],
+                response_ids=ids[prompt_len:],
+                loss_mask=mask,
+                rollout_logprobs=[0.0] * response_len,
+            )
+        )
     return out
 
 
@@ -182,7 +249,7 @@ def stare_omega(surprisal, advantages, masks):
     """STARE-O1 weights over the whole batch (one rank), per trajectory."""
     import torch
 
-    from stare_tir.algos import stare_token_weights
+    from stare_tir.algos.stare import stare_token_weights
 
     s = torch.cat([x[m.bool()] for x, m in zip(surprisal, masks)])
     a = torch.cat([torch.full((int(m.sum()),), float(adv)) for adv, m in zip(advantages, masks)])
@@ -239,8 +306,9 @@ class PlainTorchLearner:
 
     def _fwd(self, mb, with_entropy: bool):
         d = mb.to(self.device)
-        return self.module(d.input_ids, d.attention_mask, d.position_ids, d.sel_rows, d.sel_pos, d.targets,
-                           with_entropy=with_entropy)
+        return self.module(
+            d.input_ids, d.attention_mask, d.position_ids, d.sel_rows, d.sel_pos, d.targets, with_entropy=with_entropy
+        )
 
     def compute_logprobs_entropy(self, trajs):
         import torch
@@ -257,18 +325,26 @@ class PlainTorchLearner:
     def train_step(self, trajs, advantages, omega, old, **kw):
         import torch
 
-        from stare_tir.algos import policy_loss
+        from stare_tir.algos.policy_loss import policy_loss
 
         mbs = self._mbs(trajs)
         n_tok = float(sum(mb.num_tokens for mb in mbs))
         for mb in mbs:
             logp, _ = self._fwd(mb, False)
-            lp = torch.zeros(mb.mask.shape, device=self.device).index_put((mb.sel_rows.to(self.device),
-                                                                          mb.sel_resp.to(self.device)), logp.float())
+            lp = torch.zeros(mb.mask.shape, device=self.device).index_put(
+                (mb.sel_rows.to(self.device), mb.sel_resp.to(self.device)), logp.float()
+            )
             mask = mb.mask.to(self.device)
-            loss, _ = policy_loss(lp, mb.per_token(old).to(self.device), mb.per_token(advantages).to(self.device) * mask,
-                                  mask, token_weights=mb.per_token(omega, 1.0).to(self.device), global_tokens=n_tok,
-                                  clip_low=kw.get("clip_low", 0.2), clip_high=kw.get("clip_high", 0.2))
+            loss, _ = policy_loss(
+                lp,
+                mb.per_token(old).to(self.device),
+                mb.per_token(advantages).to(self.device) * mask,
+                mask,
+                token_weights=mb.per_token(omega, 1.0).to(self.device),
+                global_tokens=n_tok,
+                clip_low=kw.get("clip_low", 0.2),
+                clip_high=kw.get("clip_high", 0.2),
+            )
             loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -296,8 +372,10 @@ def nonfinite_check(learner, trajs, advantages) -> str:
     m2 = learner.train_step(trajs, advantages, None, old)
     finite = all(torch.isfinite(v).all() for _, v in learner.export_weights())
     ok = m["step_skipped"] == 1 and same_w and same_s and m2["step_skipped"] == 0 and finite
-    print(f"non-finite skip: skipped={m['step_skipped']:.0f} weights_identical={same_w} "
-          f"optimizer_identical={same_s} next_step_applied={m2['step_skipped'] == 0} finite={finite}")
+    print(
+        f"non-finite skip: skipped={m['step_skipped']:.0f} weights_identical={same_w} "
+        f"optimizer_identical={same_s} next_step_applied={m2['step_skipped'] == 0} finite={finite}"
+    )
     return "pass" if ok else "FAIL"
 
 
@@ -306,8 +384,8 @@ def decode_throughput(model_path: Path, device: str, batch: int, new_tokens: int
 
     import torch
 
-    from stare_tir.rollout.backends.hf import HFBackend, HFBackendConfig
     from stare_tir.rollout.backends.base import SamplingParams
+    from stare_tir.rollout.backends.hf import HFBackend, HFBackendConfig
 
     tok = SimpleNamespace(eos_token_id=1, pad_token_id=0, decode=lambda ids, **kw: "")
     backend = HFBackend(str(model_path), tok, HFBackendConfig(device=device, dtype="bfloat16", max_batch_size=batch))
@@ -346,8 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         trajs = make_batch(a.seqs, a.prompt_len, a.response_len, vocab, seed=0)
         advantages = [1.0 if i % 2 else -1.0 for i in range(a.seqs)]
         tokens = a.seqs * (a.prompt_len + a.response_len)
-        flops = step_flops(n_matmul, shape["num_hidden_layers"], shape["hidden_size"],
-                           a.prompt_len + a.response_len, tokens)
+        flops = step_flops(
+            n_matmul, shape["num_hidden_layers"], shape["hidden_size"], a.prompt_len + a.response_len, tokens
+        )
         print(f"model: {n_matmul / 1e6:.0f}M matmul params, {tokens} tokens/step, {flops / 1e12:.2f} TFLOP/step")
         for stage in a.stages:
             if not have_ds and stage != 0:
@@ -376,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
             results[f"zero{stage}_tok_s"] = round(tok_s, 1)
             results[f"zero{stage}_mfu"] = round(mfu, 4)
             if stage == 3 and have_ds and not a.skip_nonfinite:
-                results["nonfinite_skip"] = nonfinite_check(learner, trajs[: max(2, a.seqs // 4)],
-                                                            advantages[: max(2, a.seqs // 4)])
+                results["nonfinite_skip"] = nonfinite_check(
+                    learner, trajs[: max(2, a.seqs // 4)], advantages[: max(2, a.seqs // 4)]
+                )
                 failed |= results["nonfinite_skip"] != "pass"
             del learner
             gc.collect()

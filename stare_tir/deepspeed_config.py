@@ -34,6 +34,7 @@ OWNED: dict[str, str] = {
     "bf16": "set learner.dtype",
     "fp16": "fp16 is not supported: set learner.dtype=bf16 or fp32",
     "zero_optimization.stage": "set learner.zero_stage",
+    "data_types.grad_accum_dtype": "set learner.grad_accum_dtype",
 }
 
 

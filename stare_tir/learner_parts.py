@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from stare_tir.learner import LearnerConfig
 
 
-def token_logprob_model(lm: "nn.Module", temperature: float, chunk_size: int) -> "nn.Module":
+def token_logprob_model(lm: nn.Module, temperature: float, chunk_size: int) -> nn.Module:
     """Wrap a causal LM as a module returning log pi(target) (and entropy) at selected positions.
 
     Full logits are never formed. Wrapping lets the lm_head weight be used outside
@@ -27,21 +27,35 @@ def token_logprob_model(lm: "nn.Module", temperature: float, chunk_size: int) ->
             super().__init__()
             self.lm = lm
 
-        def forward(self, input_ids: "Tensor", attention_mask: "Tensor", position_ids: "Tensor",
-                    sel_rows: "Tensor", sel_pos: "Tensor", targets: "Tensor",
-                    with_entropy: bool = False) -> tuple["Tensor", Optional["Tensor"]]:
-            out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                     position_ids=position_ids, use_cache=False)
+        def forward(
+            self,
+            input_ids: Tensor,
+            attention_mask: Tensor,
+            position_ids: Tensor,
+            sel_rows: Tensor,
+            sel_pos: Tensor,
+            targets: Tensor,
+            with_entropy: bool = False,
+        ) -> tuple[Tensor, Tensor | None]:
+            out = self.lm.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            )
             hidden = out.last_hidden_state[sel_rows, sel_pos]  # [N, H]
             head = self.lm.get_output_embeddings()
-            return logprobs_and_entropy(hidden, head.weight, targets, temperature=temperature,
-                                        chunk_size=chunk_size, lm_head_bias=getattr(head, "bias", None),
-                                        with_entropy=with_entropy)
+            return logprobs_and_entropy(
+                hidden,
+                head.weight,
+                targets,
+                temperature=temperature,
+                chunk_size=chunk_size,
+                lm_head_bias=getattr(head, "bias", None),
+                with_entropy=with_entropy,
+            )
 
     return TokenLogprobModel()
 
 
-def lr_lambda(cfg: "LearnerConfig") -> Callable[[int], float]:
+def lr_lambda(cfg: LearnerConfig) -> Callable[[int], float]:
     """Multiplier of cfg.lr at optimizer step k (0-based): linear warm-up, then the schedule."""
 
     def f(k: int) -> float:

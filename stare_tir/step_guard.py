@@ -51,13 +51,13 @@ class GradNormBound:
     the learner reads it once per step, in the all-reduce it already does.
     """
 
-    def __init__(self, params: Iterable["nn.Parameter"], device: Any) -> None:
+    def __init__(self, params: Iterable[nn.Parameter], device: Any) -> None:
         import torch
 
         self.total = torch.zeros((), dtype=torch.float32, device=device)
         self._handles = [p.register_hook(self._add) for p in params if p.requires_grad]
 
-    def _add(self, grad: "Tensor") -> None:
+    def _add(self, grad: Tensor) -> None:
         import torch
 
         # dtype=float32: a bf16 gradient is reduced in fp32, as DeepSpeed's norm is.

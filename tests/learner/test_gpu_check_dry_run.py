@@ -14,12 +14,26 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 
 
 def test_help_documents_every_flag_without_importing_torch():
-    res = subprocess.run([sys.executable, "-X", "importtime", str(SCRIPT), "--help"], capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr[-2000:]
-    for flag in ("--device", "--tiny", "--seqs", "--prompt-len", "--response-len", "--micro-batch-tokens", "--steps",
-                 "--stages", "--decode-batch", "--decode-tokens", "--peak-tflops", "--wheel-dir", "--skip-decode",
-                 "--skip-nonfinite"):
+    for flag in (
+        "--device",
+        "--tiny",
+        "--seqs",
+        "--prompt-len",
+        "--response-len",
+        "--micro-batch-tokens",
+        "--steps",
+        "--stages",
+        "--decode-batch",
+        "--decode-tokens",
+        "--peak-tflops",
+        "--wheel-dir",
+        "--skip-decode",
+        "--skip-nonfinite",
+    ):
         assert flag in res.stdout
     assert "pip wheel --no-deps" in res.stdout  # says which wheels to bring
     assert " torch" not in res.stderr.replace("torch_", "")  # -X importtime lists imports on stderr
@@ -34,8 +48,13 @@ def test_bad_flag_values_are_refused_with_the_flag_named():
 def test_cpu_dry_run_prints_the_result_line():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--steps", "1"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     last = res.stdout.strip().splitlines()[-1]
@@ -63,8 +82,24 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.mark.slow
 def test_without_deepspeed_zero0_runs_on_plain_torch_and_the_rest_says_why():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-c", _WITHOUT_DEEPSPEED, str(SCRIPT), "--device", "cpu", "--tiny",
-                          "--steps", "1", "--skip-decode"], capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WITHOUT_DEEPSPEED,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--steps",
+            "1",
+            "--skip-decode",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "pip wheel --no-deps --no-build-isolation -w wheels deepspeed==" in res.stdout
     assert "ZeRO-0 (plain torch, no DeepSpeed)" in res.stdout

@@ -19,8 +19,17 @@ def _learner(path: str, **kw):
 
     # Linear warm-up: the learning rate changes every applied step, so a schedule that advanced
     # on the skipped step shows in the next step's update.
-    base = dict(zero_stage=3, dtype="bf16", lr=1e-2, micro_batch_tokens=48, grad_clip=1.0,
-                lr_scheduler="linear", warmup_steps=4, total_steps=8, zero3_persistence_threshold=0)
+    base = dict(
+        zero_stage=3,
+        dtype="bf16",
+        lr=1e-2,
+        micro_batch_tokens=48,
+        grad_clip=1.0,
+        lr_scheduler="linear",
+        warmup_steps=4,
+        total_steps=8,
+        zero3_persistence_threshold=0,
+    )
     base.update(kw)
     return Learner(path, LearnerConfig(**base))
 
@@ -53,6 +62,7 @@ def test_bf16_nonfinite_micro_batch_is_skipped_and_leaves_no_trace(tiny_path, wo
     a = _learner(tiny_path, zero_stage=stage)
     assert a.bf16 and next(a.model.parameters()).dtype == torch.bfloat16
     # fp32 accumulation reached DeepSpeed and the ZeRO optimizer that sums the micro-batches.
+    assert a.ds_config["data_types"]["grad_accum_dtype"] == "fp32"
     assert a.engine.get_data_types() == (torch.bfloat16, torch.float32)
     assert a.engine.optimizer.gradient_accumulation_dtype == torch.float32
 
@@ -100,8 +110,11 @@ def test_nonfinite_gradient_with_finite_loss_is_skipped(tiny_path, worker, vocab
     learner = _learner(tiny_path, dtype="fp32")
     w0, s0 = _weights(learner), _optimizer_state(learner)
     layer = learner.model.model.layers[0]
-    handle = layer.register_forward_hook(lambda mod, inp, out: (_NanBackward.apply(out[0]), *out[1:])
-                                         if isinstance(out, tuple) else _NanBackward.apply(out))
+    handle = layer.register_forward_hook(
+        lambda mod, inp, out: (
+            (_NanBackward.apply(out[0]), *out[1:]) if isinstance(out, tuple) else _NanBackward.apply(out)
+        )
+    )
     try:
         m = _step(learner, trajs, advs)
     finally:
