@@ -92,11 +92,17 @@ def _local_scores(model, ids: list[int]) -> torch.Tensor:
 # ------------------------------------------------------------------------------------ generation
 
 
+def _assert_stop_completed_by_last_token(tok, ids: list[int], stop: str) -> None:
+    """The stop string first appears with the last token, which is kept whole (with a real BPE
+    it may carry more text, e.g. ">\n" completing "</code>")."""
+    assert stop in tok.decode(ids) and stop not in tok.decode(ids[:-1]), tok.decode(ids)
+
+
 def test_greedy_tito_equals_raw_server_and_local_model(sglang_server, local, tok):
     """Token in / token out: our ids and logprobs are exactly the server's
     `meta_info.output_token_logprobs`, and the real engine computes what HF transformers does."""
     prompt = _prompt(tok)
-    be = SGLangBackend([sglang_server.url])
+    be = SGLangBackend([sglang_server.url], tokenizer=tok)
     sp = SamplingParams(temperature=0.0, max_new_tokens=48)
     raw = request_sync("POST", sglang_server.url + "/generate", {
         "input_ids": prompt, "return_logprob": True,
@@ -108,8 +114,7 @@ def test_greedy_tito_equals_raw_server_and_local_model(sglang_server, local, tok
     # the tiny base writes a code block first: the stop string ends the turn, kept in the text
     assert (g.finish_reason, g.stop_text) == ("stop", "</code>")
     assert raw["meta_info"]["finish_reason"] == {"type": "stop", "matched": "</code>"}
-    text = tok.decode(g.token_ids)
-    assert text.endswith("</code>") and "</code>" not in tok.decode(g.token_ids[:-1])
+    _assert_stop_completed_by_last_token(tok, g.token_ids, "</code>")
     want = _run(local.generate(prompt, sp, ["</code>"]))
     assert g.token_ids == want.token_ids
     assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(want.logprobs), atol=1e-3)
@@ -118,7 +123,7 @@ def test_greedy_tito_equals_raw_server_and_local_model(sglang_server, local, tok
 def test_sampled_concurrent_logprobs_match_a_local_recompute(sglang_server, local, tok):
     """Many requests in flight (the server batches them): each sampled token's logprob is the
     temperature-scaled log-softmax of the real model at that position."""
-    be = SGLangBackend([sglang_server.url])
+    be = SGLangBackend([sglang_server.url], tokenizer=tok)
     prompts = [_prompt(tok, f"What is {i} + {2 * i}?") for i in range(8)]
     sp = SamplingParams(temperature=0.7, max_new_tokens=40)
 
@@ -135,11 +140,12 @@ def test_sampled_concurrent_logprobs_match_a_local_recompute(sglang_server, loca
             1, torch.tensor(g.token_ids)[:, None])[:, 0]
         assert torch.allclose(want, torch.tensor(g.logprobs), atol=1e-3), (want, g.logprobs)
         if g.finish_reason == "stop":
-            assert g.stop_text == "</code>" and tok.decode(g.token_ids).endswith("</code>")
+            assert g.stop_text == "</code>"
+            _assert_stop_completed_by_last_token(tok, g.token_ids, "</code>")
 
 
 def test_eos_and_length_finishes(sglang_server, local, tok):
-    be = SGLangBackend([sglang_server.url])
+    be = SGLangBackend([sglang_server.url], tokenizer=tok)
     prompt = _prompt(tok)
     full = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=80), []))
     assert full.finish_reason == "eos" and full.token_ids[-1] == tok.eos_token_id
@@ -149,23 +155,32 @@ def test_eos_and_length_finishes(sglang_server, local, tok):
     assert short.token_ids == full.token_ids[:5]
 
 
-def test_last_budget_token_eos_or_stop_is_not_a_length_finish(sglang_server, tok):
-    """SGLang checks max_new_tokens before EOS and stop strings: when the last allowed token is
-    EOS (or completes a stop string) the server says "length". The backend must still report
-    the EOS / stop, as the HF backend does for the same turn."""
-    be = SGLangBackend([sglang_server.url])
+def test_eos_or_stop_on_the_last_budget_token_is_a_stop(sglang_server, tok):
+    """The last allowed token is EOS (or completes a stop string): that is a stop, not a
+    length finish. Older SGLang checked max_new_tokens first and said "length" (reproduced by
+    the stand-in's compat setting); 0.5.23 reports the stop itself, checked here on the raw
+    answer, and the backend agrees with the HF backend either way."""
+    be = SGLangBackend([sglang_server.url], tokenizer=tok)
     prompt = _prompt(tok)
     full = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=80), []))
     n = len(full.token_ids)
-    eos_last = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=n), []))
+    sp = SamplingParams(temperature=0.0, max_new_tokens=n)
+    raw = request_sync("POST", sglang_server.url + "/generate", {
+        "input_ids": prompt, "return_logprob": True, "sampling_params": sampling_payload(sp, [])})
+    assert raw["meta_info"]["finish_reason"] == {"type": "stop", "matched": tok.eos_token_id}
+    eos_last = _run(be.generate(prompt, sp, []))
     assert eos_last.token_ids == full.token_ids
     assert eos_last.finish_reason == "eos"
     code = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=80),
                             ["</code>"]))
     assert code.finish_reason == "stop"
     k = len(code.token_ids)
-    stop_last = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=k),
-                                 ["</code>"]))
+    sp = SamplingParams(temperature=0.0, max_new_tokens=k)
+    raw = request_sync("POST", sglang_server.url + "/generate", {
+        "input_ids": prompt, "return_logprob": True,
+        "sampling_params": sampling_payload(sp, ["</code>"])})
+    assert raw["meta_info"]["finish_reason"] == {"type": "stop", "matched": "</code>"}
+    stop_last = _run(be.generate(prompt, sp, ["</code>"]))
     assert stop_last.token_ids == code.token_ids
     assert (stop_last.finish_reason, stop_last.stop_text) == ("stop", "</code>")
 
@@ -236,7 +251,8 @@ def test_weight_sync_changes_what_the_server_computes(sglang_server, local, scor
     assert torch.allclose(_scores(url, score_ids), want_old, atol=1e-3), "base not restored"
     # generation (not only prefill scoring) runs on the restored weights: greedy ids agree
     prompt = score_ids[: len(_prompt(local.tokenizer))]
-    assert _run(SGLangBackend([url]).generate(prompt, GREEDY, [])).token_ids == \
+    restored = SGLangBackend([url], tokenizer=local.tokenizer)
+    assert _run(restored.generate(prompt, GREEDY, [])).token_ids == \
         _run(local.generate(prompt, GREEDY, [])).token_ids
 
 
@@ -323,3 +339,66 @@ def test_a_stale_open_session_does_not_block_the_next_push(sglang_server, score_
             pass
         raise
     assert torch.allclose(_scores(url, score_ids), want, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ the 2-rank RL run
+
+RL_STEPS = 2
+# GRPO without dynamic sampling, so every step updates even when the tiny base's rewards tie
+# (each step then syncs exactly once); budgets that keep a step at seconds on a 2-core CPU.
+RL_ARGS = [
+    "model.path=tiny", "sft.enabled=false", "algo.name=grpo", "trainer.backend=sglang",
+    "data.arithmetic_train_size=64", "data.arithmetic_eval_size=2", "trainer.eval_n=1",
+    "trainer.prompts_per_step=2", "rollout.n_per_prompt=2", "rollout.max_total_tokens=48",
+    "rollout.max_new_tokens_per_turn=24", "trainer.eval_every=0", f"trainer.save_every={RL_STEPS}",
+    f"trainer.steps={RL_STEPS}", "learner.zero_stage=2", "rollout.sglang.dist_backend=gloo",
+]
+PUSH_ROUTE = {"disk": "/update_weights_from_disk", "tensor": "/update_weights_from_tensor",
+              "distributed": "/update_weights_from_distributed"}
+
+
+@pytest.mark.parametrize("mode", ["disk", "tensor", "distributed"])
+def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids, tmp_path, mode):
+    """`torchrun --nproc_per_node 2 scripts/train_tir.py trainer.backend=sglang` as a user runs
+    it: every step updates the model, no rollout is lost, and each sync reaches the server once
+    (rank 0 pushes; before the fix each rank pushed, and distributed sync hung)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    url = sglang_server.url
+    before = {route: sglang_server.count_requests(route) for route in
+              (*PUSH_ROUTE.values(), "/begin_weight_update", "/init_weights_update_group")}
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           str(ROOT / "scripts" / "train_tir.py"), f"trainer.run_dir={run_dir}", *RL_ARGS,
+           f"rollout.sglang.urls={json.dumps([url])}", f"rollout.sglang.weight_sync={mode}",
+           f"rollout.sglang.sync_dir={tmp_path / 'sync'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=ROOT, env=env)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in rows if "reward/mean" in r]
+        assert [r["step"] for r in steps] == list(range(1, RL_STEPS + 1))
+        for r in steps:  # every step trained on real rollouts, none lost to an error
+            assert r.get("update/skipped_empty", 0.0) == 0.0 and "update/loss" in r, r
+            assert r["dropped/rollout_error"] == 0 and r["finish/error"] == 0.0, r
+            assert r["rollout/response_len"] > 0
+        syncs = 1 + RL_STEPS  # the initial push (learner weights to the server) + one per step
+        pushes = sglang_server.count_requests(PUSH_ROUTE[mode]) - before[PUSH_ROUTE[mode]]
+        assert pushes == syncs, f"{pushes} {PUSH_ROUTE[mode]} for {syncs} syncs"
+        sessions = sglang_server.count_requests("/begin_weight_update") - \
+            before["/begin_weight_update"]
+        assert sessions == (0 if mode == "disk" else syncs)
+        if mode == "distributed":
+            inits = sglang_server.count_requests("/init_weights_update_group") - \
+                before["/init_weights_update_group"]
+            assert inits == 1
+        if mode == "disk":
+            assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["model.safetensors"]
+    finally:  # the next test expects the base weights
+        SGLangBackend([url]).update_weights_from_disk(str(TINY_BASE))
