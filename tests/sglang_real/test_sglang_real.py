@@ -293,7 +293,9 @@ def test_refused_distributed_update_fails_fast(sglang_server, score_ids):
     url = sglang_server.url
     base = _base_state()
     want = _scores(url, score_ids)
-    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo", bucket_mb=1)
+    # its own group name: the group this process abandons after the failure keeps its name
+    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo", bucket_mb=1,
+                       group_name="refused_update_group")
     be = SGLangBackend([url], cfg)
     try:
         exc, _, hung = _push_with_guard(be, base)  # creates the group, pushes (same weights)
@@ -322,7 +324,8 @@ def test_a_stale_open_session_does_not_block_the_next_push(sglang_server, score_
     request_sync("POST", url + "/begin_weight_update", {}, timeout_s=60)
     try:
         for mode in ("tensor", "distributed"):
-            be = SGLangBackend([url], SGLangConfig(weight_sync=mode, dist_backend="gloo"))
+            be = SGLangBackend([url], SGLangConfig(weight_sync=mode, dist_backend="gloo",
+                                                   group_name=f"stale_session_{mode}"))
             try:
                 exc, took, hung = _push_with_guard(be, _base_state())
             finally:
