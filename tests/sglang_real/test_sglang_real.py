@@ -12,6 +12,10 @@ What a CPU cannot show (NCCL, CUDA IPC handles, speed) is listed in the README.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,7 +26,7 @@ from stare_tir.rollout.backends._http import HTTPError, request_sync
 from stare_tir.rollout.backends.base import SamplingParams
 from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig, sampling_payload
 
-from .conftest import TINY_BASE
+from .conftest import ROOT, TINY_BASE
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sglang_real")]
 
@@ -365,13 +369,6 @@ def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids
     """`torchrun --nproc_per_node 2 scripts/train_tir.py trainer.backend=sglang` as a user runs
     it: every step updates the model, no rollout is lost, and each sync reaches the server once
     (rank 0 pushes; before the fix each rank pushed, and distributed sync hung)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from .conftest import ROOT
-
     url = sglang_server.url
     before = {route: sglang_server.count_requests(route) for route in
               (*PUSH_ROUTE.values(), "/begin_weight_update", "/init_weights_update_group")}
