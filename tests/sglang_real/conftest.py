@@ -15,7 +15,6 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -48,7 +47,7 @@ class RealServer:
     """A running `sglang.launch_server` process and its log."""
 
     url: str
-    proc: Optional[subprocess.Popen]  # None: a server this session did not start
+    proc: subprocess.Popen | None  # None: a server this session did not start
     log_path: Path
     model_path: Path
     start_s: float
@@ -66,30 +65,48 @@ class RealServer:
 
 def launch_command(model: Path, port: int) -> list[str]:
     """The CPU launch flags (see README "Real SGLang on CPU" for why each is there)."""
-    return [str(SGLANG_PYTHON), "-m", "sglang.launch_server", "--model-path", str(model),
-            "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-            "--attention-backend", "torch_native", "--disable-overlap-schedule",
-            "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "4096",
-            "--sleep-on-idle", "--log-level", "info"]
+    return [
+        str(SGLANG_PYTHON),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--attention-backend",
+        "torch_native",
+        "--disable-overlap-schedule",
+        "--disable-cuda-graph",
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        "4096",
+        "--sleep-on-idle",
+        "--log-level",
+        "info",
+    ]
 
 
 def start_server(log_path: Path, model: Path = TINY_BASE) -> RealServer:
     if not SGLANG_PYTHON.exists():
         _unavailable(f"{SGLANG_PYTHON.relative_to(ROOT)} does not exist: run `make sglang-cpu`")
     port = _free_port()
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)  # the server runs in its own venv, not this one
     t0 = time.monotonic()
     log = open(log_path, "wb")
-    proc = subprocess.Popen(launch_command(model, port), stdout=log, stderr=subprocess.STDOUT,
-                            env=env, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        launch_command(model, port), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+    )
     log.close()
     server = RealServer(f"http://127.0.0.1:{port}", proc, log_path, model, 0.0)
     while True:
         if proc.poll() is not None:
-            _unavailable(f"the server exited with {proc.returncode} while starting:\n"
-                         f"{server.log_tail()}")
+            _unavailable(f"the server exited with {proc.returncode} while starting:\n{server.log_tail()}")
         if "The server is fired up" in server.log_text():
             break
         if time.monotonic() - t0 > START_TIMEOUT_S:
@@ -121,8 +138,9 @@ def sglang_server(tmp_path_factory) -> RealServer:
     # A server someone already runs (same launch flags, tiny base, `--log-level info`):
     # SGLANG_REAL_URL=http://127.0.0.1:PORT SGLANG_REAL_LOG=path/to/its/log (saves ~20 s a run).
     if os.environ.get("SGLANG_REAL_URL"):
-        yield RealServer(os.environ["SGLANG_REAL_URL"].rstrip("/"), None,
-                         Path(os.environ["SGLANG_REAL_LOG"]), TINY_BASE, 0.0)
+        yield RealServer(
+            os.environ["SGLANG_REAL_URL"].rstrip("/"), None, Path(os.environ["SGLANG_REAL_LOG"]), TINY_BASE, 0.0
+        )
         return
     server = start_server(tmp_path_factory.mktemp("sglang") / "server.log")
     print(f"\nreal SGLang server ready in {server.start_s:.1f} s at {server.url}")

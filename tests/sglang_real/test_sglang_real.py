@@ -49,8 +49,7 @@ def tok(local):
 
 
 def _prompt(tok, text: str = "What is 3 * 4?") -> list[int]:
-    s = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                add_generation_prompt=True)
+    s = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
     return tok(s, add_special_tokens=False)["input_ids"]
 
 
@@ -67,8 +66,7 @@ def _base_state() -> dict[str, torch.Tensor]:
 def _perturbed_state(seed: int = 0) -> dict[str, torch.Tensor]:
     """The base weights plus seeded noise: same names and shapes, visibly different outputs."""
     gen = torch.Generator().manual_seed(seed)
-    return {n: t + 0.05 * torch.randn(t.shape, generator=gen, dtype=t.dtype)
-            for n, t in _base_state().items()}
+    return {n: t + 0.05 * torch.randn(t.shape, generator=gen, dtype=t.dtype) for n, t in _base_state().items()}
 
 
 def _fingerprint(backend, prompt) -> torch.Tensor:
@@ -81,9 +79,17 @@ def _scores(url: str, ids: list[int]) -> torch.Tensor:
 
     A fingerprint of the served weights that does not depend on what greedy decoding happens to
     pick (the tiny model is confident, so greedy logprobs are all near 0)."""
-    out = request_sync("POST", url + "/generate", {
-        "input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": 1}}, timeout_s=120)
+    out = request_sync(
+        "POST",
+        url + "/generate",
+        {
+            "input_ids": ids,
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+        },
+        timeout_s=120,
+    )
     return torch.tensor([p[0] for p in out["meta_info"]["input_token_logprobs"][1:]])
 
 
@@ -108,9 +114,11 @@ def test_greedy_tito_equals_raw_server_and_local_model(sglang_server, local, tok
     prompt = _prompt(tok)
     be = SGLangBackend([sglang_server.url], tokenizer=tok)
     sp = SamplingParams(temperature=0.0, max_new_tokens=48)
-    raw = request_sync("POST", sglang_server.url + "/generate", {
-        "input_ids": prompt, "return_logprob": True,
-        "sampling_params": sampling_payload(sp, ["</code>"])})
+    raw = request_sync(
+        "POST",
+        sglang_server.url + "/generate",
+        {"input_ids": prompt, "return_logprob": True, "sampling_params": sampling_payload(sp, ["</code>"])},
+    )
     g = _run(be.generate(prompt, sp, ["</code>"]))
     pairs = raw["meta_info"]["output_token_logprobs"]
     assert g.token_ids == [p[1] for p in pairs] == raw["output_ids"]
@@ -140,8 +148,7 @@ def test_sampled_concurrent_logprobs_match_a_local_recompute(sglang_server, loca
         assert len(g.token_ids) == len(g.logprobs) > 0
         with torch.no_grad():
             logits = local.model(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1 : -1]
-        want = (logits.float() / 0.7).log_softmax(-1).gather(
-            1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        want = (logits.float() / 0.7).log_softmax(-1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
         assert torch.allclose(want, torch.tensor(g.logprobs), atol=1e-3), (want, g.logprobs)
         if g.finish_reason == "stop":
             assert g.stop_text == "</code>"
@@ -169,20 +176,24 @@ def test_eos_or_stop_on_the_last_budget_token_is_a_stop(sglang_server, tok):
     full = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=80), []))
     n = len(full.token_ids)
     sp = SamplingParams(temperature=0.0, max_new_tokens=n)
-    raw = request_sync("POST", sglang_server.url + "/generate", {
-        "input_ids": prompt, "return_logprob": True, "sampling_params": sampling_payload(sp, [])})
+    raw = request_sync(
+        "POST",
+        sglang_server.url + "/generate",
+        {"input_ids": prompt, "return_logprob": True, "sampling_params": sampling_payload(sp, [])},
+    )
     assert raw["meta_info"]["finish_reason"] == {"type": "stop", "matched": tok.eos_token_id}
     eos_last = _run(be.generate(prompt, sp, []))
     assert eos_last.token_ids == full.token_ids
     assert eos_last.finish_reason == "eos"
-    code = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=80),
-                            ["</code>"]))
+    code = _run(be.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=80), ["</code>"]))
     assert code.finish_reason == "stop"
     k = len(code.token_ids)
     sp = SamplingParams(temperature=0.0, max_new_tokens=k)
-    raw = request_sync("POST", sglang_server.url + "/generate", {
-        "input_ids": prompt, "return_logprob": True,
-        "sampling_params": sampling_payload(sp, ["</code>"])})
+    raw = request_sync(
+        "POST",
+        sglang_server.url + "/generate",
+        {"input_ids": prompt, "return_logprob": True, "sampling_params": sampling_payload(sp, ["</code>"])},
+    )
     assert raw["meta_info"]["finish_reason"] == {"type": "stop", "matched": "</code>"}
     stop_last = _run(be.generate(prompt, sp, ["</code>"]))
     assert stop_last.token_ids == code.token_ids
@@ -226,8 +237,7 @@ def _write_checkpoint(state: dict[str, torch.Tensor], out) -> str:
 
 
 @pytest.mark.parametrize("mode", ["disk_path", "disk", "tensor", "distributed"])
-def test_weight_sync_changes_what_the_server_computes(sglang_server, local, score_ids,
-                                                      perturbed, tmp_path, mode):
+def test_weight_sync_changes_what_the_server_computes(sglang_server, local, score_ids, perturbed, tmp_path, mode):
     """Each sync mode (inside SGLang's begin/end weight-update session where the server demands
     it) makes the real server compute with the pushed weights, and the same path puts the base
     weights back. Scores are compared with HF transformers on the same weights."""
@@ -236,8 +246,12 @@ def test_weight_sync_changes_what_the_server_computes(sglang_server, local, scor
     assert (want_new - want_old).abs().max() > 0.05  # the perturbation is visible at all
     url = sglang_server.url
     assert torch.allclose(_scores(url, score_ids), want_old, atol=1e-3), "server not on base"
-    cfg = SGLangConfig(weight_sync="disk" if mode == "disk_path" else mode,
-                       dist_backend="gloo", sync_dir=str(tmp_path / "sync"), bucket_mb=1)
+    cfg = SGLangConfig(
+        weight_sync="disk" if mode == "disk_path" else mode,
+        dist_backend="gloo",
+        sync_dir=str(tmp_path / "sync"),
+        bucket_mb=1,
+    )
     be = SGLangBackend([url], cfg)
     try:
         if mode == "disk_path":
@@ -256,8 +270,7 @@ def test_weight_sync_changes_what_the_server_computes(sglang_server, local, scor
     # generation (not only prefill scoring) runs on the restored weights: greedy ids agree
     prompt = score_ids[: len(_prompt(local.tokenizer))]
     restored = SGLangBackend([url], tokenizer=local.tokenizer)
-    assert _run(restored.generate(prompt, GREEDY, [])).token_ids == \
-        _run(local.generate(prompt, GREEDY, [])).token_ids
+    assert _run(restored.generate(prompt, GREEDY, [])).token_ids == _run(local.generate(prompt, GREEDY, [])).token_ids
 
 
 def test_server_refuses_tensor_updates_outside_a_session(sglang_server):
@@ -267,9 +280,12 @@ def test_server_refuses_tensor_updates_outside_a_session(sglang_server):
 
     name, t = next(iter(_base_state().items()))
     with pytest.raises(HTTPError) as err:
-        request_sync("POST", sglang_server.url + "/update_weights_from_tensor", {
-            "serialized_named_tensors": [serialize_named_tensors([(name, t)])],
-            "flush_cache": True}, timeout_s=60)
+        request_sync(
+            "POST",
+            sglang_server.url + "/update_weights_from_tensor",
+            {"serialized_named_tensors": [serialize_named_tensors([(name, t)])], "flush_cache": True},
+            timeout_s=60,
+        )
     assert err.value.status == 400 and "begin_weight_update" in str(err.value)
 
 
@@ -298,14 +314,12 @@ def test_refused_distributed_update_fails_fast(sglang_server, score_ids):
     base = _base_state()
     want = _scores(url, score_ids)
     # its own group name: the group this process abandons after the failure keeps its name
-    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo", bucket_mb=1,
-                       group_name="refused_update_group")
+    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo", bucket_mb=1, group_name="refused_update_group")
     be = SGLangBackend([url], cfg)
     try:
         exc, _, hung = _push_with_guard(be, base)  # creates the group, pushes (same weights)
         assert exc is None and not hung, exc
-        request_sync("POST", url + "/destroy_weights_update_group",
-                     {"group_name": cfg.group_name}, timeout_s=60)
+        request_sync("POST", url + "/destroy_weights_update_group", {"group_name": cfg.group_name}, timeout_s=60)
         exc, took, hung = _push_with_guard(be, base)
         assert not hung, "a refused distributed update blocked the trainer (> 90 s)"
         assert isinstance(exc, RuntimeError), exc
@@ -328,8 +342,9 @@ def test_a_stale_open_session_does_not_block_the_next_push(sglang_server, score_
     request_sync("POST", url + "/begin_weight_update", {}, timeout_s=60)
     try:
         for mode in ("tensor", "distributed"):
-            be = SGLangBackend([url], SGLangConfig(weight_sync=mode, dist_backend="gloo",
-                                                   group_name=f"stale_session_{mode}"))
+            be = SGLangBackend(
+                [url], SGLangConfig(weight_sync=mode, dist_backend="gloo", group_name=f"stale_session_{mode}")
+            )
             try:
                 exc, took, hung = _push_with_guard(be, _base_state())
             finally:
@@ -354,14 +369,28 @@ RL_STEPS = 2
 # GRPO without dynamic sampling, so every step updates even when the tiny base's rewards tie
 # (each step then syncs exactly once); budgets that keep a step at seconds on a 2-core CPU.
 RL_ARGS = [
-    "model.path=tiny", "sft.enabled=false", "algo.name=grpo", "trainer.backend=sglang",
-    "data.arithmetic_train_size=64", "data.arithmetic_eval_size=2", "trainer.eval_n=1",
-    "trainer.prompts_per_step=2", "rollout.n_per_prompt=2", "rollout.max_total_tokens=48",
-    "rollout.max_new_tokens_per_turn=24", "trainer.eval_every=0", f"trainer.save_every={RL_STEPS}",
-    f"trainer.steps={RL_STEPS}", "learner.zero_stage=2", "rollout.sglang.dist_backend=gloo",
+    "model.path=tiny",
+    "sft.enabled=false",
+    "algo.name=grpo",
+    "trainer.backend=sglang",
+    "data.arithmetic_train_size=64",
+    "data.arithmetic_eval_size=2",
+    "trainer.eval_n=1",
+    "trainer.prompts_per_step=2",
+    "rollout.n_per_prompt=2",
+    "rollout.max_total_tokens=48",
+    "rollout.max_new_tokens_per_turn=24",
+    "trainer.eval_every=0",
+    f"trainer.save_every={RL_STEPS}",
+    f"trainer.steps={RL_STEPS}",
+    "learner.zero_stage=2",
+    "rollout.sglang.dist_backend=gloo",
 ]
-PUSH_ROUTE = {"disk": "/update_weights_from_disk", "tensor": "/update_weights_from_tensor",
-              "distributed": "/update_weights_from_distributed"}
+PUSH_ROUTE = {
+    "disk": "/update_weights_from_disk",
+    "tensor": "/update_weights_from_tensor",
+    "distributed": "/update_weights_from_distributed",
+}
 
 
 @pytest.mark.parametrize("mode", ["disk", "tensor", "distributed"])
@@ -370,13 +399,24 @@ def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids
     it: every step updates the model, no rollout is lost, and each sync reaches the server once
     (rank 0 pushes; before the fix each rank pushed, and distributed sync hung)."""
     url = sglang_server.url
-    before = {route: sglang_server.count_requests(route) for route in
-              (*PUSH_ROUTE.values(), "/begin_weight_update", "/init_weights_update_group")}
+    before = {
+        route: sglang_server.count_requests(route)
+        for route in (*PUSH_ROUTE.values(), "/begin_weight_update", "/init_weights_update_group")
+    }
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           str(ROOT / "scripts" / "train_tir.py"), f"trainer.run_dir={run_dir}", *RL_ARGS,
-           f"rollout.sglang.urls={json.dumps([url])}", f"rollout.sglang.weight_sync={mode}",
-           f"rollout.sglang.sync_dir={tmp_path / 'sync'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "scripts" / "train_tir.py"),
+        f"trainer.run_dir={run_dir}",
+        *RL_ARGS,
+        f"rollout.sglang.urls={json.dumps([url])}",
+        f"rollout.sglang.weight_sync={mode}",
+        f"rollout.sglang.sync_dir={tmp_path / 'sync'}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=ROOT, env=env)
@@ -391,12 +431,10 @@ def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids
         syncs = 1 + RL_STEPS  # the initial push (learner weights to the server) + one per step
         pushes = sglang_server.count_requests(PUSH_ROUTE[mode]) - before[PUSH_ROUTE[mode]]
         assert pushes == syncs, f"{pushes} {PUSH_ROUTE[mode]} for {syncs} syncs"
-        sessions = sglang_server.count_requests("/begin_weight_update") - \
-            before["/begin_weight_update"]
+        sessions = sglang_server.count_requests("/begin_weight_update") - before["/begin_weight_update"]
         assert sessions == (0 if mode == "disk" else syncs)
         if mode == "distributed":
-            inits = sglang_server.count_requests("/init_weights_update_group") - \
-                before["/init_weights_update_group"]
+            inits = sglang_server.count_requests("/init_weights_update_group") - before["/init_weights_update_group"]
             assert inits == 1
         if mode == "disk":
             assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["model.safetensors"]

@@ -21,15 +21,16 @@ import sys
 import types
 
 # Submodules whose only job is registering kernels of torchvision's compiled (CUDA) library.
-_TORCHVISION_REGISTRATIONS = ("torchvision._meta_registrations",
-                              "torchvision._autograd_registrations")
+_TORCHVISION_REGISTRATIONS = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
 
 
 def install() -> None:
     for name in _TORCHVISION_REGISTRATIONS:
         if name not in sys.modules:
-            module = types.ModuleType(name, "left empty: the CPU SGLang test venv cannot load "
-                                            "torchvision's compiled ops (see sglang_cpu_shims)")
+            module = types.ModuleType(
+                name,
+                "left empty: the CPU SGLang test venv cannot load torchvision's compiled ops (see sglang_cpu_shims)",
+            )
             sys.modules[name] = module
 
 

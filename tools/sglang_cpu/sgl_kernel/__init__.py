@@ -23,7 +23,8 @@ def _missing(name: str) -> Callable[..., Any]:
         raise NotImplementedError(
             f"sgl_kernel.{name} was called, but this sgl_kernel is the CPU test stand-in from "
             "tools/sglang_cpu (no compiled kernels). Run SGLang on a CUDA machine with the real "
-            "sgl-kernel wheel, or keep to the CPU engine flags in the README.")
+            "sgl-kernel wheel, or keep to the CPU engine flags in the README."
+        )
 
     kernel.__name__ = kernel.__qualname__ = name
     return kernel
