@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup train test bench clean
+.PHONY: setup sglang-cpu train test bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,6 +15,28 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# The real SGLang server on a CPU-only machine, for the real-SGLang tests (tests/sglang_real):
+# a separate venv, since sglang pins its own torch/transformers. `--no-deps` with exact pins
+# (sglang's metadata asks for a CUDA torch and CUDA kernels); torch is the local CPU build.
+# The .pth file imports the shims in tools/sglang_cpu at interpreter start (no installed file is
+# edited); the last line proves the server's modules import.
+SGL_VENV := .venv-sglang
+SGL_BIN := $(SGL_VENV)/bin
+
+$(SGL_VENV)/.installed: requirements-sglang-cpu.txt
+	rm -rf $(SGL_VENV)
+	$(PY) -m venv $(SGL_VENV)
+	$(SGL_BIN)/pip install -q --no-cache-dir --no-deps -r requirements-sglang-cpu.txt
+	touch $@
+
+$(SGL_VENV)/.shims: $(SGL_VENV)/.installed tools/sglang_cpu/sglang_cpu_shims.py
+	printf '%s\nimport sglang_cpu_shims\n' "$(CURDIR)/tools/sglang_cpu" > \
+	  "$$($(SGL_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/stare_tir_sglang_cpu.pth"
+	SGLANG_USE_CPU_ENGINE=1 $(SGL_BIN)/python -c 'import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler'
+	touch $@
+
+sglang-cpu: $(SGL_VENV)/.shims
+
 train: setup
 	$(BIN)/python scripts/train_tir.py
 
@@ -23,4 +45,4 @@ test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(SGL_VENV) runs
