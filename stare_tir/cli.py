@@ -23,7 +23,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu.yaml"
 
@@ -54,32 +54,56 @@ class Alias:
     keys: tuple[str, ...]
     help: str
     type: Callable[[str], Any] = str
-    choices: Optional[Sequence[str]] = None
+    choices: Sequence[str] | None = None
     # Turns the flag's values (a list: flags may repeat) into the override's value.
     convert: Callable[[list], Any] = _last
 
 
-def build_parser(prog: str, description: str, schema: type, aliases: Sequence[Alias] = (),
-                 default_config: Optional[str] = None, resume: bool = False) -> argparse.ArgumentParser:
+def build_parser(
+    prog: str,
+    description: str,
+    schema: type,
+    aliases: Sequence[Alias] = (),
+    default_config: str | None = None,
+    resume: bool = False,
+) -> argparse.ArgumentParser:
     epilog = ["Config keys (KEY=VALUE overrides, applied after --config; defaults shown):"]
     epilog += config_keys(schema)
     if aliases:
-        epilog += ["", "The other flags above are aliases, kept for compatibility: each sets the dotted "
-                   "key(s) its help names."]
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog="\n".join(epilog),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=default_config,
-                   help="YAML config file" + (f" (default: {Path(default_config).parent.name}/"
-                                              f"{Path(default_config).name})" if default_config else ""))
+        epilog += [
+            "",
+            "The other flags above are aliases, kept for compatibility: each sets the dotted key(s) its help names.",
+        ]
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog="\n".join(epilog),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        default=default_config,
+        help="YAML config file"
+        + (f" (default: {Path(default_config).parent.name}/{Path(default_config).name})" if default_config else ""),
+    )
     if resume:
-        p.add_argument("--resume", action="store_true",
-                       help="continue from the latest checkpoint in trainer.run_dir (SFT is reused)")
+        p.add_argument(
+            "--resume",
+            action="store_true",
+            help="continue from the latest checkpoint in trainer.run_dir (SFT is reused)",
+        )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     for a in aliases:
-        p.add_argument(a.flag, dest=_dest(a), type=a.type, choices=a.choices, action="append",
-                       metavar=a.flag.lstrip("-").upper().replace("-", "_"),
-                       help=f"alias of {', '.join(a.keys)}: {a.help}")
+        p.add_argument(
+            a.flag,
+            dest=_dest(a),
+            type=a.type,
+            choices=a.choices,
+            action="append",
+            metavar=a.flag.lstrip("-").upper().replace("-", "_"),
+            help=f"alias of {', '.join(a.keys)}: {a.help}",
+        )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     return p
 
@@ -140,13 +164,17 @@ def _print_config(cfg: Any) -> None:
 # stare-train
 
 
-def train_main(argv: Optional[list[str]] = None) -> int:
+def train_main(argv: list[str] | None = None) -> int:
     from stare_tir.train_config import TrainConfig
 
     parser = build_parser(
-        "stare-train", "Train a tool-integrated reasoning agent: cold-start SFT -> RL (GRPO / GRPO-ds / "
+        "stare-train",
+        "Train a tool-integrated reasoning agent: cold-start SFT -> RL (GRPO / GRPO-ds / "
         "STARE) -> evaluation. With no arguments: the CPU default (configs/tiny_cpu.yaml).",
-        TrainConfig, default_config=str(DEFAULT_TRAIN_CONFIG), resume=True)
+        TrainConfig,
+        default_config=str(DEFAULT_TRAIN_CONFIG),
+        resume=True,
+    )
     args = parser.parse_args(argv)
 
     def main(args: argparse.Namespace) -> int:
@@ -172,14 +200,18 @@ SFT_ALIASES = (
 )
 
 
-def sft_main(argv: Optional[list[str]] = None) -> int:
+def sft_main(argv: list[str] | None = None) -> int:
     from stare_tir.train_config import TrainConfig
 
     parser = build_parser(
-        "stare-sft", "Supervised cold start: fine-tune a causal LM on Retool-style tool-use traces (loss on "
+        "stare-sft",
+        "Supervised cold start: fine-tune a causal LM on Retool-style tool-use traces (loss on "
         "model-written tokens only; interpreter output masked exactly as in RL). Reads a training config "
         "and runs its sft stage: sft.traces, sft.output, sft.train.* (epochs, batch_size, learner.*).",
-        TrainConfig, aliases=SFT_ALIASES, default_config=str(DEFAULT_TRAIN_CONFIG))
+        TrainConfig,
+        aliases=SFT_ALIASES,
+        default_config=str(DEFAULT_TRAIN_CONFIG),
+    )
     args = parser.parse_args(argv)
 
     def main(args: argparse.Namespace) -> int:
@@ -201,8 +233,10 @@ def sft_main(argv: Optional[list[str]] = None) -> int:
         setup_run_logging(run_dir)
         _, summary = sft_stage(cfg, resolve_model_path(cfg.model), Path(cfg.trainer.run_dir))
         if summary.get("rank", 0) == 0 and not summary.get("reused"):
-            print(f"RESULT steps={summary['steps']} first_loss={summary['first_loss']:.4f} "
-                  f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={out}")
+            print(
+                f"RESULT steps={summary['steps']} first_loss={summary['first_loss']:.4f} "
+                f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={out}"
+            )
         elif summary.get("reused"):
             print(f"RESULT reused={out}")
         return 0
@@ -220,8 +254,12 @@ def _urls(values: list[str]) -> list[str]:
 
 EVAL_ALIASES = (
     Alias("--model", ("model.path",), "HF model directory or hub id; 'tiny' is the shipped tiny base"),
-    Alias("--datasets", ("eval.datasets",), "comma-separated benchmarks: aime24, aime25, amc23, math500, "
-          "minerva, olympiadbench, or JSONL paths", convert=lambda v: [d for d in v[-1].split(",") if d]),
+    Alias(
+        "--datasets",
+        ("eval.datasets",),
+        "comma-separated benchmarks: aime24, aime25, amc23, math500, minerva, olympiadbench, or JSONL paths",
+        convert=lambda v: [d for d in v[-1].split(",") if d],
+    ),
     Alias("--n", ("eval.n",), "samples per problem", int),
     Alias("--limit", ("eval.limit",), "first K problems of each dataset", int),
     Alias("--temperature", ("eval.temperature",), "sampling temperature", float),
@@ -231,12 +269,17 @@ EVAL_ALIASES = (
     Alias("--max-tokens-per-turn", ("eval.max_tokens_per_turn",), "new tokens per model turn", int),
     Alias("--seed", ("eval.seed",), "base sampling seed", int),
     Alias("--backend", ("backend",), "rollout backend", choices=("hf", "sglang")),
-    Alias("--sglang-url", ("rollout.sglang.urls",), "SGLang server/router URL (repeat or comma-separate)",
-          convert=_urls),
+    Alias(
+        "--sglang-url", ("rollout.sglang.urls",), "SGLang server/router URL (repeat or comma-separate)", convert=_urls
+    ),
     Alias("--sandbox", ("sandbox.backend",), "where the model's code runs", choices=("local", "docker", "e2b")),
     # The env's per-call timeout and the sandbox's hard limit: the shorter one wins, so set both.
-    Alias("--sandbox-timeout", ("env.code_timeout_s", "sandbox.limits.wall_time_s"),
-          "wall-clock seconds per code execution", float),
+    Alias(
+        "--sandbox-timeout",
+        ("env.code_timeout_s", "sandbox.limits.wall_time_s"),
+        "wall-clock seconds per code execution",
+        float,
+    ),
     Alias("--sandbox-memory-mb", ("sandbox.limits.memory_mb",), "memory per code execution, MiB", int),
     Alias("--sandbox-workers", ("sandbox.workers",), "code executions at once", int),
     Alias("--out", ("out_dir",), "output directory; rerunning into it resumes"),
@@ -247,19 +290,25 @@ def eval_parser() -> argparse.ArgumentParser:
     from stare_tir.evaluate import EvalRunConfig
 
     return build_parser(
-        "stare-eval", "Evaluate a tool-integrated reasoning model on AIME and other math benchmarks, with "
+        "stare-eval",
+        "Evaluate a tool-integrated reasoning model on AIME and other math benchmarks, with "
         "tool calls. Writes <out_dir>/<dataset>.jsonl, summary.json and config.yaml; rerunning resumes.",
-        EvalRunConfig, aliases=EVAL_ALIASES)
+        EvalRunConfig,
+        aliases=EVAL_ALIASES,
+    )
 
 
-def eval_main(argv: Optional[list[str]] = None) -> int:
+def eval_main(argv: list[str] | None = None) -> int:
     from stare_tir.evaluate import EvalRunConfig
 
     args = eval_parser().parse_args(argv)
     given = alias_overrides(args, EVAL_ALIASES) + list(args.overrides)
     if not (args.config or any(o.startswith("model.path=") for o in given)):
-        print("error: name the model to evaluate: model.path=PATH_OR_HF_ID (alias --model; 'tiny' for the "
-              "shipped tiny base)", file=sys.stderr)
+        print(
+            "error: name the model to evaluate: model.path=PATH_OR_HF_ID (alias --model; 'tiny' for the "
+            "shipped tiny base)",
+            file=sys.stderr,
+        )
         return 2
 
     def main(args: argparse.Namespace) -> int:

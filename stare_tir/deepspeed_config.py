@@ -26,10 +26,10 @@ OWNED: dict[str, str] = {
     "train_batch_size": "the trainer sets batch sizes (trainer.prompts_per_step, rollout.n_per_prompt)",
     "train_micro_batch_size_per_gpu": "micro-batches are packed by tokens: set learner.micro_batch_tokens",
     "gradient_accumulation_steps": "the learner marks accumulation boundaries itself (micro-batch count "
-                                   "varies with sequence lengths)",
+    "varies with sequence lengths)",
     "gradient_clipping": "set learner.grad_clip",
     "optimizer": "the learner passes its own torch AdamW: set learner.lr, learner.betas, learner.eps, "
-                 "learner.weight_decay",
+    "learner.weight_decay",
     "scheduler": "set learner.lr_scheduler, learner.warmup_steps, learner.total_steps",
     "bf16": "set learner.dtype",
     "fp16": "fp16 is not supported: set learner.dtype=bf16 or fp32",

@@ -35,18 +35,25 @@ def check_model(model: ModelConfig, key: str = "model.path") -> None:
     path = Path(model.path).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise StartupError(f"{key}={model.path!r} exists but holds no config.json: point it at a Hugging "
-                               "Face model directory (save_pretrained output) or a hub id")
+            raise StartupError(
+                f"{key}={model.path!r} exists but holds no config.json: point it at a Hugging "
+                "Face model directory (save_pretrained output) or a hub id"
+            )
     elif _looks_like_a_path(model.path):
-        raise StartupError(f"{key}={model.path!r}: no such directory; point it at a Hugging Face model "
-                           "directory (e.g. a run's final/ or sft/model/), a hub id, or 'tiny'")
+        raise StartupError(
+            f"{key}={model.path!r}: no such directory; point it at a Hugging Face model "
+            "directory (e.g. a run's final/ or sft/model/), a hub id, or 'tiny'"
+        )
     if model.tokenizer and _looks_like_a_path(model.tokenizer) and not Path(model.tokenizer).expanduser().exists():
-        raise StartupError(f"model.tokenizer={model.tokenizer!r}: no such directory; leave it empty to use "
-                           "the model's own tokenizer")
+        raise StartupError(
+            f"model.tokenizer={model.tokenizer!r}: no such directory; leave it empty to use the model's own tokenizer"
+        )
     template = model.chat_template
     if template and "{" not in template and not Path(template).is_file():
-        raise StartupError(f"model.chat_template={template!r} is neither a Jinja template nor an existing "
-                           "file; pass the template text or a path to a .jinja file")
+        raise StartupError(
+            f"model.chat_template={template!r} is neither a Jinja template nor an existing "
+            "file; pass the template text or a path to a .jinja file"
+        )
 
 
 def check_data(data: DataConfig) -> dict[str, int]:
@@ -58,8 +65,11 @@ def check_data(data: DataConfig) -> dict[str, int]:
         except FileNotFoundError as e:
             raise StartupError(f"data.{split}={getattr(data, split)!r}: {e}") from None
         except DataError as e:
-            raise StartupError(f"data.{split}: {e} (fix the row, or set data.on_bad_row=skip to count "
-                               "and skip bad rows)") from None
+            if ": row " in str(e):  # the source opened, one of its rows is bad
+                raise StartupError(
+                    f"data.{split}: {e} (fix the row, or set data.on_bad_row=skip to count and skip bad rows)"
+                ) from None
+            raise StartupError(f"data.{split}={getattr(data, split)!r}: {e}") from None
         except ValueError as e:
             raise StartupError(f"data.{split}={getattr(data, split)!r}: {e}") from None
     return counts
@@ -67,9 +77,9 @@ def check_data(data: DataConfig) -> dict[str, int]:
 
 _SANDBOX_FIXES = {
     "local": "run as root or enable unprivileged user namespaces (see sandbox/README.md), or set "
-             "sandbox.backend=docker",
+    "sandbox.backend=docker",
     "docker": "start the Docker engine (e.g. `sudo systemctl start docker` or `dockerd &`) and build the "
-              "image with `python -m sandbox.docker.build`, or set sandbox.backend=local",
+    "image with `python -m sandbox.docker.build`, or set sandbox.backend=local",
     "e2b": "set E2B_API_KEY (or sandbox.e2b.api_key) and check the network, or set sandbox.backend=local",
 }
 
@@ -84,8 +94,9 @@ def check_sandbox(cfg: SandboxConfig) -> dict:
     try:
         return asyncio.run(start_stop())
     except (SandboxError, OSError, ImportError) as e:
-        raise StartupError(f"sandbox.backend={cfg.backend} cannot start: {e}. Fix: {_SANDBOX_FIXES[cfg.backend]}") \
-            from None
+        raise StartupError(
+            f"sandbox.backend={cfg.backend} cannot start: {e}. Fix: {_SANDBOX_FIXES[cfg.backend]}"
+        ) from None
 
 
 def check_registry_names(advantage: str, policy_loss: str) -> None:
@@ -93,8 +104,10 @@ def check_registry_names(advantage: str, policy_loss: str) -> None:
     from stare_tir.algos.advantage import get_advantage_estimator
     from stare_tir.algos.policy_loss import get_policy_loss
 
-    for key, lookup, name in (("algo.advantage", get_advantage_estimator, advantage),
-                              ("algo.policy_loss", get_policy_loss, policy_loss)):
+    for key, lookup, name in (
+        ("algo.advantage", get_advantage_estimator, advantage),
+        ("algo.policy_loss", get_policy_loss, policy_loss),
+    ):
         try:
             lookup(name)
         except ValueError as e:
@@ -103,5 +116,7 @@ def check_registry_names(advantage: str, policy_loss: str) -> None:
 
 def check_backend(kind: Literal["hf", "sglang"], urls: list[str]) -> None:
     if kind == "sglang" and not urls:
-        raise StartupError("trainer.backend=sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
-                           "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])")
+        raise StartupError(
+            "trainer.backend=sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
+            "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
+        )

@@ -12,12 +12,23 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "advantage": ("ADVANTAGE_ESTIMATORS", "broadcast_to_tokens", "compute_group_advantages",
-                  "get_advantage_estimator", "register_advantage_estimator"),
+    "advantage": (
+        "ADVANTAGE_ESTIMATORS",
+        "broadcast_to_tokens",
+        "compute_group_advantages",
+        "get_advantage_estimator",
+        "register_advantage_estimator",
+    ),
     "logprobs": ("logprobs_and_entropy", "logprobs_and_entropy_from_logits"),
     # (The function `policy_loss` shares its module's name: import it from stare_tir.algos.policy_loss.)
-    "policy_loss": ("AGG_MODES", "POLICY_LOSSES", "aggregate", "get_policy_loss", "register_policy_loss",
-                    "truncated_is_weights"),
+    "policy_loss": (
+        "AGG_MODES",
+        "POLICY_LOSSES",
+        "aggregate",
+        "get_policy_loss",
+        "register_policy_loss",
+        "truncated_is_weights",
+    ),
     "stare": ("StareController", "num_selected", "stare_token_weights", "stare_token_weights_scoped"),
     "stare_config": ("StareConfig",),
 }

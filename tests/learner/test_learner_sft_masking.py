@@ -25,8 +25,7 @@ def tokenizer():
 
 
 def _record(assistant: str) -> dict:
-    return {"messages": [{"role": "user", "content": "What is 6 * 7?"},
-                         {"role": "assistant", "content": assistant}]}
+    return {"messages": [{"role": "user", "content": "What is 6 * 7?"}, {"role": "assistant", "content": assistant}]}
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -41,11 +40,14 @@ def test_interpreter_output_is_masked_in_every_layout(tokenizer, layout):
     assert BEFORE in trained and AFTER in trained
 
 
-@pytest.mark.parametrize("assistant", [
-    BEFORE + "\n<interpreter>\n4242\n" + AFTER,  # never closed
-    "I will write <interpreter>4242</interpreter> myself. " + AFTER,  # not after a code block
-    BEFORE + LAYOUTS["env"] + "stray </interpreter> " + AFTER,
-])
+@pytest.mark.parametrize(
+    "assistant",
+    [
+        BEFORE + "\n<interpreter>\n4242\n" + AFTER,  # never closed
+        "I will write <interpreter>4242</interpreter> myself. " + AFTER,  # not after a code block
+        BEFORE + LAYOUTS["env"] + "stray </interpreter> " + AFTER,
+    ],
+)
 def test_interpreter_text_that_would_be_trained_is_an_error(tokenizer, assistant):
     from stare_tir.sft import encode_record
 
