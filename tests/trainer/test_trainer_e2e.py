@@ -42,10 +42,14 @@ def rows_by_step(run_dir: Path) -> dict[int, dict]:
 @pytest.mark.slow
 def test_short_rl_run_completes_with_finite_metrics_and_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_script(run_dir, "trainer.steps=2")
+    proc = run_script(run_dir, "trainer.steps=2", "trainer.save_hf_every=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = rows_by_step(run_dir)
     assert sorted(steps) == [1, 2]
+    # An intermediate HF export at step 1 (the last step's export is final/).
+    assert sorted(p.name for p in (run_dir / "hf").iterdir()) == ["step_000001"]
+    assert (run_dir / "hf" / "step_000001" / "config.json").is_file()
+    assert "| rank0 |" in (run_dir / "train.log").read_text()
     for row in steps.values():
         for key in ("entropy/batch", "update/loss", "update/grad_norm", "reward/mean"):
             assert math.isfinite(row[key]), (key, row[key])
