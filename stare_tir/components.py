@@ -89,12 +89,21 @@ def load_tokenizer(model: ModelConfig, model_path: str) -> Any:
     return tokenizer
 
 
-def make_backend(kind: Literal["hf", "sglang"], model_path: str, tokenizer: Any, rollout: RolloutConfig) -> Any:
+def make_backend(
+    kind: Literal["hf", "sglang"],
+    model_path: str,
+    tokenizer: Any,
+    rollout: RolloutConfig,
+    trust_remote_code: bool = False,
+) -> Any:
     """The rollout backend: hf (in-process transformers) or sglang (servers at rollout.sglang.urls)."""
     if kind == "hf":
         from stare_tir.rollout.backends.hf import HFBackend
 
-        return HFBackend(model_path, tokenizer, rollout.hf)
+        model: Any = model_path
+        if trust_remote_code:  # HFBackend loads a path without it: hand it the built module instead
+            model = _load_remote_code_model(model_path, rollout)
+        return HFBackend(model, tokenizer, rollout.hf)
     if kind != "sglang":
         raise ValueError(f"backend={kind!r}: must be 'hf' or 'sglang'")
     if not rollout.sglang.urls:
@@ -116,6 +125,18 @@ def _eos_ids(model_path: str) -> list[int]:
     except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS is used
         return []
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def _load_remote_code_model(model_path: str, rollout: RolloutConfig) -> Any:
+    """The policy with its repository's own code, on HFBackend's device and dtype (the same rule as
+    `HFBackend.__init__`: "auto" is CUDA when available, fp32 on CPU and bf16 on GPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = rollout.hf
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if hf.device == "auto" else hf.device
+    dtype = (torch.float32 if device == "cpu" else torch.bfloat16) if hf.dtype == "auto" else getattr(torch, hf.dtype)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=True).to(device)
 
 
 @dataclass
@@ -152,7 +173,7 @@ def build_components(
     """
     path = model_path if model_path is not None else resolve_model_path(model)
     tok = tokenizer if tokenizer is not None else load_tokenizer(model, path)
-    back = make_backend(backend, path, tok, rollout)
+    back = make_backend(backend, path, tok, rollout, trust_remote_code=model.trust_remote_code)
     try:
         box = make_sandbox(sandbox)
         engine = RolloutEngine(back, tok, make_retool_env_factory(box, env), rollout, sandbox=box)

@@ -162,7 +162,7 @@ class Learner:
     """
 
     def __init__(self, model_path: str | os.PathLike, cfg: LearnerConfig,
-                 tokenizer: "PreTrainedTokenizerBase | None" = None) -> None:
+                 tokenizer: "PreTrainedTokenizerBase | None" = None, trust_remote_code: bool = False) -> None:
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -216,7 +216,8 @@ class Learner:
         # adopted: for a 155M-parameter model on 2 CPU ranks its peak RSS per rank was 1918 MB
         # against 1551 MB here, since each rank still reads the whole checkpoint to fill its shard.
         lm = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype,
-                                                  attn_implementation=cfg.attn_implementation)
+                                                  attn_implementation=cfg.attn_implementation,
+                                                  trust_remote_code=trust_remote_code)  # model.trust_remote_code
         if cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._module = token_logprob_model(lm, cfg.temperature, cfg.logprob_chunk_size)

@@ -86,7 +86,8 @@ def sft_stage(cfg: TrainConfig, base_model: str, run_dir: Path) -> tuple[str, di
     else:
         data = Path(cfg.sft.traces)
     # The policy's tokenizer (model.tokenizer, model.chat_template) is saved with the checkpoint.
-    summary = run_sft(cfg.sft.train, base_model, data, out, tokenizer=load_tokenizer(cfg.model, base_model))
+    summary = run_sft(cfg.sft.train, base_model, data, out, tokenizer=load_tokenizer(cfg.model, base_model),
+                      trust_remote_code=cfg.model.trust_remote_code)
     return str(out), summary
 
 

@@ -198,6 +198,7 @@ def run_sft(
     data: str | Path | Sequence[dict],
     output_dir: str | Path,
     tokenizer: "PreTrainedTokenizerBase | None" = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune `model_path` on `data` (JSONL path or rows) and write an HF checkpoint to output_dir.
 
@@ -242,7 +243,7 @@ def run_sft(
     lcfg = cfg.learner
     if lcfg.lr_scheduler != "constant" and lcfg.total_steps == 0:
         lcfg = dataclasses.replace(lcfg, total_steps=max(total, lcfg.warmup_steps + 1))
-    learner = Learner(model_path, lcfg, tok)
+    learner = Learner(model_path, lcfg, tok, trust_remote_code=trust_remote_code)
     main = learner.rank == 0
     if main:
         logger.info(f"SFT: {len(examples)} examples ({dropped} dropped as too long, {len(val)} held out), "

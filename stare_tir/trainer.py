@@ -497,7 +497,7 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
             raise ValueError("rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the "
                              "trainer writes and every SGLang server reads (shared storage across nodes)")
         prepare_trainer_env(cfg.rollout.sglang)  # NCCL settings must precede the learner's NCCL
-    learner = Learner(model_path, learner_cfg, tokenizer)
+    learner = Learner(model_path, learner_cfg, tokenizer, trust_remote_code=cfg.model.trust_remote_code)
     parts = build_components(cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox,
                              model_path=model_path, tokenizer=tokenizer)
     logger.info("sandbox isolation: {}", getattr(parts.engine.sandbox, "info", {}))  # not_enforced: what is weaker

@@ -346,3 +346,49 @@ def test_configs_load_without_torch():
         cwd=Path(__file__).resolve().parents[2],
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def _remote_code_model(tmp_path: Path) -> Path:
+    """The tiny base as a repository that ships its own modeling code (config.json auto_map)."""
+    import json
+    import shutil
+
+    from stare_tir.tiny import pretrained_tiny_base
+
+    repo = tmp_path / "custom-model"
+    shutil.copytree(pretrained_tiny_base(), repo)
+    (repo / "modeling_custom.py").write_text(
+        "from transformers import Qwen2ForCausalLM\n\n\n"
+        "class CustomQwen2ForCausalLM(Qwen2ForCausalLM):\n"
+        "    pass\n"
+    )
+    config = json.loads((repo / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomQwen2ForCausalLM"}
+    (repo / "config.json").write_text(json.dumps(config))
+    return repo
+
+
+def test_trust_remote_code_reaches_the_rollout_model(tmp_path):
+    from stare_tir.components import ModelConfig, load_tokenizer, make_backend
+
+    repo = str(_remote_code_model(tmp_path))
+    rollout = RolloutConfig(progress=False)
+    for trust, cls in ((False, "Qwen2ForCausalLM"), (True, "CustomQwen2ForCausalLM")):
+        model = ModelConfig(path=repo, trust_remote_code=trust)
+        backend = make_backend("hf", repo, load_tokenizer(model, repo), rollout, trust_remote_code=trust)
+        try:
+            assert type(backend.model).__name__ == cls
+        finally:
+            backend.close()
+
+
+def test_chat_template_override_is_what_the_engine_applies(tmp_path):
+    from stare_tir.components import ModelConfig, load_tokenizer
+    from stare_tir.tiny import pretrained_tiny_base
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    tok = load_tokenizer(ModelConfig(chat_template=str(template)), str(pretrained_tiny_base()))
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text == "[user] hi\n[assistant] "
