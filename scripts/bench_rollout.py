@@ -103,7 +103,8 @@ def hf_generate_reference(backend, prompt_ids: list[list[int]], new_tokens: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="HF checkpoint dir, or 'tiny' (built once)")
+    ap.add_argument("--model", default="tiny-random",
+                    help="model.path: HF checkpoint dir, 'tiny' (the shipped base) or 'tiny-random' (built once)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128, help="part 1 token budget per prompt")
     ap.add_argument("--batch", type=int, default=64, help="HF backend max_batch_size")
@@ -119,14 +120,14 @@ def main() -> None:
 
     import torch
 
+    from stare_tir.components import ModelConfig, resolve_model_path
     from stare_tir.rollout.backends.base import SamplingParams
     from stare_tir.rollout.backends.hf import HFBackend, HFBackendConfig
     from stare_tir.rollout.engine import RolloutConfig, RolloutEngine, _derive_seed
-    from stare_tir.tiny import ensure_tiny_checkpoint
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    path = str(ensure_tiny_checkpoint()) if args.model == "tiny" else args.model
+    path = resolve_model_path(ModelConfig(path=args.model))  # the names mean what they mean in training
     backend = HFBackend(path, cfg=HFBackendConfig(max_batch_size=args.batch))
     tok = backend.tokenizer
     print(f"model={path} device={backend.device} threads={torch.get_num_threads()} "
