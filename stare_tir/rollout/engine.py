@@ -212,7 +212,7 @@ class RolloutEngine:
         """Run `coro` on the engine's event loop, which persists across calls.
 
         Async resources used by envs (a sandbox and its worker tasks) are bound to the loop that
-        started them: start them here (`engine.run_coroutine(sandbox.__aenter__())`) so they stay
+        started them: pass the sandbox to the constructor (or start it here) so they stay
         valid for every `run()`.
         """
         if self._loop is None or self._loop.is_closed():

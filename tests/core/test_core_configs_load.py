@@ -55,11 +55,11 @@ def test_bad_override_of_train_config_names_the_key():
 
 
 def test_train_script_help_is_light_and_explains_flags():
+    script = str(ROOT / "scripts" / "train_tir.py")
     code = ("import sys, runpy; sys.argv=['train_tir.py','--help'];\n"
-            "try:\n    runpy.run_path(sys.argv[0] if False else %r, run_name='__main__')\n"
+            f"try:\n    runpy.run_path({script!r}, run_name='__main__')\n"
             "except SystemExit: pass\n"
-            "print('HEAVY' if {'torch','transformers','deepspeed'} & set(sys.modules) else 'LIGHT')"
-            % str(ROOT / "scripts" / "train_tir.py"))
+            "print('HEAVY' if {'torch','transformers','deepspeed'} & set(sys.modules) else 'LIGHT')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "--resume" in out and "KEY=VALUE" in out and "--print-config" in out
     assert out.strip().endswith("LIGHT")
