@@ -55,7 +55,7 @@ def test_code_runs_and_answer_is_graded(run_retool, qwen_tok):
         assert obs.startswith("\n<interpreter>\n42\n") and obs.endswith("</interpreter>\n")
         assert all(i < 151643 for i in t.response_ids[e0:s1])  # printed control strings stay text
         assert t.loss_mask[e0:s1] == [0] * (s1 - e0)
-    assert stats["tool_calls"] == 2 and stats["finish/answer"] == 1.0
+    assert stats["engine/tool_calls"] == 2 and stats["finish/answer"] == 1.0
 
 
 def test_timeout_and_wrong_answer(run_retool):
