@@ -208,7 +208,6 @@ class Learner:
         if cfg.zero_stage == 3:
             ds_config["zero_optimization"]["stage3_param_persistence_threshold"] = cfg.zero3_persistence_threshold
         ds_config = merge_deepspeed_config(ds_config, cfg.deepspeed)  # learner.deepspeed pass-through
-        self.ds_config = ds_config
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         # Every rank loads the full model on CPU; under ZeRO-3 deepspeed.initialize then partitions
         # it (host memory: one model copy per rank, transiently). Loading straight into partitions
