@@ -131,6 +131,7 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         "entropy_last_step": train_rows[-1]["entropy/batch"] if train_rows else None,
         "gate_on_fraction": (sum(r.get("stare/gate_on", 0.0) for r in train_rows) / len(train_rows))
         if train_rows else None,
+        **run_milestones(rows),
         "steps": rl["steps"],
         "dropped": rl["dropped"],
         "sft": sft_summary,
@@ -144,6 +145,18 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     return summary
 
 
+def run_milestones(rows: list[dict]) -> dict[str, Any]:
+    """When the STARE gate first opened, and the best held-out accuracy with its (first) step.
+
+    Rows are metrics.jsonl rows; evaluation rows (step 0 before RL, periodic, final) hold eval/acc.
+    """
+    from stare_tir.tracking import first_gate_step
+
+    evals = [(r["step"], r["eval/acc"]) for r in rows if isinstance(r.get("eval/acc"), (int, float))]
+    best = max(evals, key=lambda e: (e[1], -e[0])) if evals else (None, None)
+    return {"gate_first_step": first_gate_step(rows), "best_acc": best[1], "best_acc_step": best[0]}
+
+
 def format_summary(s: dict) -> str:
     def f(x: Any, fmt: str = "{:.3f}") -> str:
         return "-" if x is None else fmt.format(x)
@@ -154,7 +167,9 @@ def format_summary(s: dict) -> str:
         f"held-out accuracy     {f(s['acc_before_rl']):>9}   {f(s['acc_after_rl']):>9}",
         f"tool calls / answer   {f(s['tool_calls_before_rl'], '{:.2f}'):>9}   {f(s['tool_calls_after_rl'], '{:.2f}'):>9}",
         f"policy entropy        {f(s['entropy_first_step']):>9}   {f(s['entropy_last_step']):>9}",
-        f"STARE gate on: {f(s['gate_on_fraction'], '{:.0%}')} of {s['steps']} steps;  "
+        f"best held-out accuracy {f(s.get('best_acc'))} at step {f(s.get('best_acc_step'), '{}')}",
+        f"STARE gate on: {f(s['gate_on_fraction'], '{:.0%}')} of {s['steps']} steps, "
+        f"first open at step {f(s.get('gate_first_step'), '{}')};  "
         f"seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in s["seconds"].items()),
         f"plots: {s['plot']}",
         f"final model: {s['final_model']}",

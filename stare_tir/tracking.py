@@ -129,6 +129,11 @@ PLOT_PANELS = [
 ]
 
 
+def first_gate_step(rows: list[dict]) -> int | None:
+    """First RL step whose STARE gate was on (None: never, or not a STARE run)."""
+    return next((r["step"] for r in rows if "entropy/batch" in r and r.get("stare/gate_on")), None)
+
+
 def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float = 0.05) -> Path:
     """Overlay the standard curves of one or more runs into one PNG."""
     import matplotlib
@@ -138,7 +143,14 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
 
     runs = [(Path(d).name, read_metrics(d)) for d in run_dirs]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    gate_opens = [(name, first_gate_step(rows)) for name, rows in runs]
     for ax, (keys, title) in zip(axes.flat, PLOT_PANELS):
+        # The closed loop's switch: a dotted line where each run's gate first opened, in every panel
+        # so that entropy, reward and accuracy can be read against it.
+        for i, (name, step) in enumerate(gate_opens):
+            if step is not None:
+                ax.axvline(step, ls=":", lw=1.2, color="black" if len(runs) == 1 else f"C{i}",
+                           label=f"{name}: gate opens (step {step})")
         for name, rows in runs:
             for key in keys:
                 pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
