@@ -289,8 +289,8 @@ def main(argv=None) -> None:
                    help="RL seeds (trainer.seed); every arm runs each seed (default: 0 1)")
     p.add_argument("--steps", type=int, default=30, help="RL steps per arm and seed (default: 30)")
     p.add_argument("--lr", type=float, default=2e-4,
-                   help="RL learning rate (learner.lr); the tiny_cpu default 1e-3 collapses entropy "
-                        "in one step, so the study uses a lower one (default: 2e-4)")
+                   help="RL learning rate (learner.lr); 1e-3 (the former tiny_cpu default) collapses "
+                        "entropy in one step, so the study uses a lower one (default: 2e-4)")
     p.add_argument("--target", type=float, default=0.3,
                    help="target entropy H* for STARE-O1/C2 and the open-loop arms (default: 0.3)")
     p.add_argument("--targets", type=float, nargs="*", default=[0.2, 0.3, 0.4],
