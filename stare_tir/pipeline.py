@@ -30,7 +30,7 @@ from stare_tir.components import load_tokenizer, resolve_model_path
 from stare_tir.config import save_config
 from stare_tir.preflight import StartupError, check_backend, check_data, check_model, check_registry_names, check_sandbox
 from stare_tir.sft import run_sft
-from stare_tir.tracking import plot_runs, read_metrics, setup_run_logging
+from stare_tir.tracking import first_gate_step, plot_runs, read_metrics, setup_run_logging
 from stare_tir.train_config import TrainConfig
 from stare_tir.trainer import train_rl
 
@@ -150,8 +150,6 @@ def run_milestones(rows: list[dict]) -> dict[str, Any]:
 
     Rows are metrics.jsonl rows; evaluation rows (step 0 before RL, periodic, final) hold eval/acc.
     """
-    from stare_tir.tracking import first_gate_step
-
     evals = [(r["step"], r["eval/acc"]) for r in rows if isinstance(r.get("eval/acc"), (int, float))]
     best = max(evals, key=lambda e: (e[1], -e[0])) if evals else (None, None)
     return {"gate_first_step": first_gate_step(rows), "best_acc": best[1], "best_acc_step": best[0]}
