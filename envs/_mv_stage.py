@@ -34,7 +34,7 @@ from envs.numbers import numbers_equal, parse_number
 
 logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every parse failure
 
-from math_verify import parse, verify  # imported after its logger is silenced
+from math_verify import parse, verify  # noqa: E402 (imported after its logger is silenced)
 
 _BOXED = "\\boxed{{{}}}"
 

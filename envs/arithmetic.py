@@ -30,7 +30,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from envs.retool import RetoolConfig, RetoolEnv
 
@@ -137,7 +137,7 @@ def _split_of(text: str) -> str:
 
 
 def make_problems(n: int, seed: int, split: Literal["train", "test"], *,
-                  kinds: Optional[list[str]] = None, kind_weights: Optional[list[float]] = None,
+                  kinds: list[str] | None = None, kind_weights: list[float] | None = None,
                   max_digits: int = 3) -> list[dict]:
     """n distinct problems {"id", "problem", "answer", "kind", "expr"} of one split (seeded)."""
     if split not in ("train", "test"):

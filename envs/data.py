@@ -24,7 +24,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal
 
 from loguru import logger
 

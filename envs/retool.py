@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from loguru import logger
 
@@ -66,7 +66,7 @@ class RetoolConfig:
     # prompt, for the tiny CPU model whose context is a few hundred tokens).
     prompt: Literal["retool", "short"] = "retool"
     # Replaces the preset's system prompt when set.
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     # The user message; "{problem}" is replaced by the problem text (no other braces are touched).
     user_template: str = "{problem}"
     # Code executions allowed per trajectory; a turn asking for one more ends the trajectory.

@@ -86,7 +86,7 @@ class WorkerClient:
             self._lost(f"{self.name}: {e}")
             raise SandboxError(f"{self.name} unreachable: {e}") from None
 
-    async def spawn(self, timeout: float) -> "Proc":
+    async def spawn(self, timeout: float) -> Proc:
         if self.dead:
             raise SandboxError(f"{self.name} is gone: {self.dead}")
         sid, self.next_sid = self.next_sid, self.next_sid + 1

@@ -249,7 +249,7 @@ class Cgroups:
         self.cpu = cpu  # a CPU controller is there: each session gets a quota
 
     @classmethod
-    def create(cls, name: str) -> "Cgroups":
+    def create(cls, name: str) -> Cgroups:
         """Make `name` below our own cgroup(s); OSError saying why when cgroups cannot be used here."""
         mounts = {}  # controller -> mount point ("" key: cgroup2)
         with open("/proc/self/mountinfo") as f:
@@ -291,7 +291,7 @@ class Cgroups:
         raise OSError(errno.ENOENT, "no cgroup v1 memory+pids hierarchies and no cgroup v2 mounted")
 
     @classmethod
-    def _make(cls, dirs: list[str], name: str, v2: bool, cpu: bool) -> "Cgroups":
+    def _make(cls, dirs: list[str], name: str, v2: bool, cpu: bool) -> Cgroups:
         for d in dirs:  # groups left by workers that were killed: empty, so rmdir is safe
             for old in os.listdir(d):
                 pid = old.rpartition("-")[2]

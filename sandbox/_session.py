@@ -132,7 +132,7 @@ class ProcSession:
             if self.on_close is not None:
                 await self.on_close()
 
-    async def __aenter__(self) -> "ProcSession":
+    async def __aenter__(self) -> ProcSession:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

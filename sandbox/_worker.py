@@ -28,7 +28,6 @@ from _cells import serve_cells  # noqa: E402
 from _proto import recv, send  # noqa: E402
 from _uids import UidPool  # noqa: E402
 
-
 NOFILE = 1024  # open files per session process
 
 

@@ -31,9 +31,9 @@ from dataclasses import asdict
 
 from ._client import Proc, WorkerClient, new_stats
 from ._session import ProcSession, Slots
+from ._uids import UidPool
 from .base import ExecResult, SandboxError
 from .config import SandboxConfig
-from ._uids import UidPool
 from .docker.build import code_hash
 
 WORKER_OVERHEAD_MB = 128  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
@@ -48,7 +48,7 @@ class _Container:
 class _Lease:
     """The container one session holds from its first cell until it closes."""
 
-    def __init__(self, sandbox: "DockerSandbox"):
+    def __init__(self, sandbox: DockerSandbox):
         self.sandbox, self.container, self.last = sandbox, None, None
 
     async def spawn(self) -> Proc:
@@ -279,7 +279,7 @@ class DockerSandbox:
             self.uids.close()
             self.uids = None
 
-    async def __aenter__(self) -> "DockerSandbox":
+    async def __aenter__(self) -> DockerSandbox:
         await self.start()
         return self
 

@@ -33,7 +33,7 @@ class _OutputCap(Exception):
 
 
 class E2BSession:
-    def __init__(self, owner: "E2BSandbox", stateless: bool):
+    def __init__(self, owner: E2BSandbox, stateless: bool):
         self.owner, self.cfg, self.stateless = owner, owner.cfg, stateless
         self.sbx = None
         self.lock = asyncio.Lock()
@@ -136,7 +136,7 @@ class E2BSession:
             self.owner.sessions.discard(self)
             await self._drop()
 
-    async def __aenter__(self) -> "E2BSession":
+    async def __aenter__(self) -> E2BSession:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -196,7 +196,7 @@ class E2BSandbox:
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self.sessions)), return_exceptions=True)
 
-    async def __aenter__(self) -> "E2BSandbox":
+    async def __aenter__(self) -> E2BSandbox:
         await self.start()
         return self
 

@@ -201,7 +201,7 @@ class LocalSandbox:
         self._drop_worker()
         await asyncio.get_running_loop().run_in_executor(None, self._reap_worker)
 
-    async def __aenter__(self) -> "LocalSandbox":
+    async def __aenter__(self) -> LocalSandbox:
         await self.start()
         return self
 

@@ -9,7 +9,7 @@ from .base import ExecResult
 
 
 class SyncSession:
-    def __init__(self, owner: "SyncSandbox", session: Any):
+    def __init__(self, owner: SyncSandbox, session: Any):
         self.owner, self.session = owner, session
 
     def run(self, code: str, timeout: float | None = None) -> ExecResult:
@@ -18,7 +18,7 @@ class SyncSession:
     def close(self) -> None:
         self.owner._call(self.session.close())
 
-    def __enter__(self) -> "SyncSession":
+    def __enter__(self) -> SyncSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -63,7 +63,7 @@ class SyncSandbox:
         self.thread.join()
         self.loop.close()
 
-    def __enter__(self) -> "SyncSandbox":
+    def __enter__(self) -> SyncSandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,6 @@ import argparse
 from pathlib import Path
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", help="run directories holding metrics.jsonl")

@@ -118,7 +118,7 @@ def main() -> None:
     eos = tok.eos_token_id
     t0 = time.time()
     bar = tqdm(range(args.steps), desc="pretrain", unit="step")
-    for step in bar:
+    for _ in bar:
         docs = [tok(document(rng, tok, args.chat_fraction), add_special_tokens=False)["input_ids"] + [eos]
                 for _ in range(args.batch_size)]
         length = max(len(d) for d in docs)

@@ -91,7 +91,7 @@ def ensure_sft(args) -> str:
 
 
 def load_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = {}
     for r in rows:
         if "entropy/batch" in r:
@@ -177,7 +177,7 @@ def fmt(v, p="{:.3f}", sd=None):
 
 
 def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
-    lines = [f"# Entropy study table\n", f"Settings: `{json.dumps(meta)}`\n",
+    lines = ["# Entropy study table\n", f"Settings: `{json.dumps(meta)}`\n",
              "Means over seeds (± sample s.d. when >1 seed). Final entropy = last RL step's batch "
              "entropy; H 2nd half = mean batch entropy over the second half of the steps, and its "
              "difference to GRPO-ds of the same seed (same prompts and sampling seeds); "

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("L+", "T+ rest", "L-", "T- rest")
 
 
-def flat_grad(loss, params) -> "torch.Tensor":
+def flat_grad(loss, params) -> torch.Tensor:
     import torch
 
     grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
@@ -68,7 +68,7 @@ def group_masks(logp, adv, top_p: float) -> dict:
     return {"L+": lp, "T+ rest": (adv > 0) & ~lp, "L-": lm, "T- rest": (adv < 0) & ~lm}
 
 
-def objective(logp, adv, weights) -> "torch.Tensor":
+def objective(logp, adv, weights) -> torch.Tensor:
     """J = token-mean(omega * A * log pi): the clipped surrogate's value and gradient at rho = 1."""
     return (weights * adv * logp).sum() / logp.numel()
 

@@ -132,7 +132,7 @@ def to_dict(cfg: Any) -> Any:
         return [to_dict(v) for v in cfg]
     if isinstance(cfg, dict):
         return {k: to_dict(v) for k, v in cfg.items()}
-    if hasattr(cfg, "value") and isinstance(getattr(cfg, "value"), (str, int)):  # Enum
+    if hasattr(cfg, "value") and isinstance(cfg.value, (str, int)):  # Enum
         return cfg.value
     return cfg
 

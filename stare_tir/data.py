@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 from loguru import logger
 
@@ -20,7 +20,7 @@ class DataConfig:
     arithmetic_train_size: int = 4000
     arithmetic_eval_size: int = 100
     # Keep only the first N eval problems (None: all).
-    eval_limit: Optional[int] = None
+    eval_limit: int | None = None
     # Our field -> the source's field (a dotted path), e.g. {problem: question, answer: solution}.
     fields: dict[str, str] = field(default_factory=dict)
     # Malformed rows: fail naming file and row ("error"), or count, log and skip them ("skip").

@@ -6,7 +6,7 @@ No I/O, no models: `stare_tir.evaluate` feeds them the JSONL rows of finished sa
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 # The six benchmarks of the STARE paper's table, by the loader's short names.
 SIX_BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
@@ -38,7 +38,7 @@ def avg_at_n(correct: Sequence[Sequence[bool]]) -> float:
 
 
 def majority_vote(
-    preds: Sequence[Optional[str]],
+    preds: Sequence[str | None],
     verdicts: Sequence[bool],
     equivalent: Callable[[str, str], bool],
 ) -> bool:
@@ -137,7 +137,7 @@ def dataset_metrics(
     return out
 
 
-def benchmark_average(per_dataset: dict[str, dict]) -> Optional[dict[str, float]]:
+def benchmark_average(per_dataset: dict[str, dict]) -> dict[str, float] | None:
     """Unweighted mean over the six paper benchmarks of avg@N and maj@N, if all six ran."""
     if not all(name in per_dataset for name in SIX_BENCHMARKS):
         return None

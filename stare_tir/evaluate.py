@@ -28,7 +28,7 @@ import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 from loguru import logger
 
@@ -59,26 +59,26 @@ class EvalConfig:
     # Benchmarks, as short names or paths that `envs.data.load_problems` accepts.
     datasets: list[str] = field(default_factory=lambda: ["aime24", "aime25"])
     # Samples per problem. None: 32 for AIME24/AIME25/AMC23, 4 for the rest (as in the literature).
-    n: Optional[int] = None
+    n: int | None = None
     # Evaluate only the first `limit` problems of each dataset (quick checks, CPU smoke runs).
-    limit: Optional[int] = None
+    limit: int | None = None
     # pass@k is reported for these k (those larger than n are skipped).
     pass_ks: list[int] = field(default_factory=lambda: list(DEFAULT_PASS_KS))
     # Sampling temperature and nucleus top-p. DAPO/ReTool report avg@32 at T=1.0, top-p=0.7.
     temperature: float = 1.0
     top_p: float = 0.7
     # Model turns (code calls + final answer) per sample; None keeps the rollout config's value.
-    max_turns: Optional[int] = None
+    max_turns: int | None = None
     # Total response tokens (model + interpreter) per sample; None keeps the rollout config's value.
-    max_tokens: Optional[int] = None
+    max_tokens: int | None = None
     # Tokens per model turn; None keeps the rollout config's value.
-    max_tokens_per_turn: Optional[int] = None
+    max_tokens_per_turn: int | None = None
     # Samples handed to the engine per call; rows are flushed to disk after each chunk, so this
     # bounds the work a crash can lose, while staying large enough to keep the backend busy.
     chunk_size: int = 512
     # Base sampling seed, for reproducible runs where the backend honours per-request seeds
     # (each chunk of samples derives its own). None: the backend's own random stream.
-    seed: Optional[int] = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -273,8 +273,8 @@ def evaluate(
     cfg: EvalConfig,
     out_dir: str | Path | None = None,
     *,
-    datasets: Optional[dict[str, list[dict]]] = None,
-    meta: Optional[dict[str, Any]] = None,
+    datasets: dict[str, list[dict]] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate on every dataset of `cfg` (or the given in-memory `datasets`); return the summary.
 
@@ -341,8 +341,10 @@ def format_table(summary: dict) -> str:
         lines.append(["six-avg", "", "", f"{100 * six['avg@n']:.1f}"] + [""] * (len(head) - 4))
     widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h)
               for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
 
 

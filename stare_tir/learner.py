@@ -36,7 +36,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Sequence
 
 from stare_tir.deepspeed_config import check_deepspeed_overrides, merge_deepspeed_config
 from stare_tir.distributed import init_process_group, rng_state, set_rng_state, skip_shm_comm_build
@@ -98,7 +98,7 @@ class LearnerConfig:
     micro_batch_tokens: int = 16384
     # Token budget of the no-grad recompute pass (None: 2 x micro_batch_tokens; no activations
     # are kept for backward there, so it can be larger).
-    forward_micro_batch_tokens: Optional[int] = None
+    forward_micro_batch_tokens: int | None = None
     # Rows of [rows, vocab] float32 logits materialized at once when computing log-probs.
     logprob_chunk_size: int = 1024
     # Sampling temperature of the rollouts: log-probs and entropy are those of softmax(z / T),
@@ -162,7 +162,7 @@ class Learner:
     """
 
     def __init__(self, model_path: str | os.PathLike, cfg: LearnerConfig,
-                 tokenizer: "PreTrainedTokenizerBase | None" = None, trust_remote_code: bool = False) -> None:
+                 tokenizer: PreTrainedTokenizerBase | None = None, trust_remote_code: bool = False) -> None:
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -244,7 +244,7 @@ class Learner:
 
     # ------------------------------------------------------------------ distributed helpers
 
-    def all_reduce_sum(self, x: "Tensor") -> "Tensor":
+    def all_reduce_sum(self, x: Tensor) -> Tensor:
         """Sum a tensor over ranks (returns a new CPU tensor; identity with one process)."""
         import torch.distributed as dist
 
@@ -253,7 +253,7 @@ class Learner:
             dist.all_reduce(y, op=dist.ReduceOp.SUM)
         return y.cpu()
 
-    def all_reduce_max(self, x: "Tensor") -> "Tensor":
+    def all_reduce_max(self, x: Tensor) -> Tensor:
         import torch.distributed as dist
 
         y = x.detach().to(self.device, copy=True)
@@ -261,7 +261,7 @@ class Learner:
             dist.all_reduce(y, op=dist.ReduceOp.MAX)
         return y.cpu()
 
-    def all_gather_flat(self, x: "Tensor") -> tuple["Tensor", slice]:
+    def all_gather_flat(self, x: Tensor) -> tuple[Tensor, slice]:
         """Concatenate every rank's 1-D tensor (lengths may differ), in rank order.
 
         Returns (global vector on CPU, the slice of it that is this rank's `x`). Used for STARE's
@@ -309,14 +309,14 @@ class Learner:
         mbs += [empty_micro_batch(self.pad_id) for _ in range(n_max - len(mbs))]
         return mbs
 
-    def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple["Tensor", Optional["Tensor"]]:
+    def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         d = mb.to(self.device)
         return self.engine(d.input_ids, d.attention_mask, d.position_ids, d.sel_rows, d.sel_pos,
                            d.targets, with_entropy=with_entropy)
 
     # ------------------------------------------------------------------ recompute pass
 
-    def compute_logprobs_entropy(self, trajs: Sequence[Any]) -> tuple[list["Tensor"], list["Tensor"]]:
+    def compute_logprobs_entropy(self, trajs: Sequence[Any]) -> tuple[list[Tensor], list[Tensor]]:
         """Log-probs and entropies of every trajectory's response tokens under the current policy.
 
         Returns two lists (one float32 CPU tensor per trajectory, length len(response_ids)), with
@@ -347,16 +347,16 @@ class Learner:
     def train_step(
         self,
         trajs: Sequence[Any],
-        advantages: Sequence["float | Tensor"],
-        token_weights: Optional[Sequence["Tensor"]] = None,
-        old_logprobs: Optional[Sequence["Tensor"]] = None,
+        advantages: Sequence[float | Tensor],
+        token_weights: Sequence[Tensor] | None = None,
+        old_logprobs: Sequence[Tensor] | None = None,
         *,
         clip_low: float = 0.2,
         clip_high: float = 0.2,
-        dual_clip_c: Optional[float] = 3.0,
+        dual_clip_c: float | None = 3.0,
         loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean",
-        tis_cap: Optional[float] = None,
-        loss_fn: Optional[Callable[..., tuple["Tensor", dict]]] = None,
+        tis_cap: float | None = None,
+        loss_fn: Callable[..., tuple[Tensor, dict]] | None = None,
     ) -> dict[str, float]:
         """One optimizer step of the clipped policy loss over this rank's `trajs`.
 
@@ -405,7 +405,7 @@ class Learner:
 
         return self._optimizer_step(trajs, loss_fn)
 
-    def _optimizer_step(self, trajs: Sequence[Any], loss_fn: Callable[..., tuple["Tensor", dict]]) -> dict[str, float]:
+    def _optimizer_step(self, trajs: Sequence[Any], loss_fn: Callable[..., tuple[Tensor, dict]]) -> dict[str, float]:
         """Accumulate gradients over all micro-batches, then one optimizer step (or a skip)."""
         import torch
 
@@ -484,7 +484,7 @@ class Learner:
             out["pg/ratio_max"] = float(self.all_reduce_max(torch.tensor([ratio_max])).item())
         return out
 
-    def _step(self) -> Optional[float]:
+    def _step(self) -> float | None:
         """Optimizer step of a step judged finite. Returns the global grad norm (pre-clip), or
         None if DeepSpeed skipped the step after all (its own overflow check).
 
@@ -509,11 +509,11 @@ class Learner:
     # ------------------------------------------------------------------ weights and checkpoints
 
     @property
-    def model(self) -> "nn.Module":
+    def model(self) -> nn.Module:
         """The HF model (parameters are partitioned placeholders under ZeRO-3)."""
         return self._module.lm
 
-    def export_weights(self) -> Iterator[tuple[str, "Tensor"]]:
+    def export_weights(self) -> Iterator[tuple[str, Tensor]]:
         """Yield (HF parameter name, full tensor) for every parameter, e.g. for the rollout backend.
 
         Collective under ZeRO-3 (every rank must iterate it to the end): each parameter is gathered,
@@ -530,7 +530,7 @@ class Learner:
             else:
                 yield name, p.detach()
 
-    def save_checkpoint(self, directory: str | os.PathLike, client_state: Optional[dict] = None) -> None:
+    def save_checkpoint(self, directory: str | os.PathLike, client_state: dict | None = None) -> None:
         """Save everything to resume exactly: model, optimizer, LR scheduler (DeepSpeed), the caller's
         client_state (controller, data position, ...), step counters, and each rank's RNG states.
 

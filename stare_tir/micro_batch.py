@@ -59,7 +59,7 @@ class MicroBatch:
     indices: list[int]  # positions of these rows in the caller's list
     num_tokens: int  # loss tokens N
 
-    def to(self, device: Any) -> "MicroBatch":
+    def to(self, device: Any) -> MicroBatch:
         moved = {k: (v if isinstance(v, (list, int)) else v.to(device)) for k, v in self.__dict__.items()}
         return MicroBatch(**moved)
 

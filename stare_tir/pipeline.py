@@ -20,7 +20,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from loguru import logger
 
@@ -28,7 +28,14 @@ from envs.arithmetic import amake_sft_traces, make_problems
 from sandbox import make_sandbox
 from stare_tir.components import load_tokenizer, resolve_model_path
 from stare_tir.config import save_config
-from stare_tir.preflight import StartupError, check_backend, check_data, check_model, check_registry_names, check_sandbox
+from stare_tir.preflight import (
+    StartupError,
+    check_backend,
+    check_data,
+    check_model,
+    check_registry_names,
+    check_sandbox,
+)
 from stare_tir.sft import run_sft
 from stare_tir.tracking import first_gate_step, plot_runs, read_metrics, setup_run_logging
 from stare_tir.train_config import TrainConfig
@@ -104,7 +111,7 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     model_path = resolve_model_path(cfg.model)
     times["build_model"] = time.perf_counter() - t0
 
-    sft_summary: Optional[dict] = None
+    sft_summary: dict | None = None
     if cfg.sft.enabled:
         t0 = time.perf_counter()
         model_path, sft_summary = sft_stage(cfg, model_path, run_dir)

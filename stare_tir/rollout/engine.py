@@ -32,7 +32,7 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 from stare_tir.rollout.backends.base import Backend, Generation, SamplingParams
 from stare_tir.rollout.backends.hf import HFBackendConfig
@@ -61,7 +61,7 @@ class RolloutConfig:
     top_k: int = -1
     # Base seed: each turn gets a seed derived from (seed, group, sample, turn) where the backend
     # honours per-request seeds. None: the backend's own RNG stream.
-    seed: Optional[int] = None
+    seed: int | None = None
     # Trajectories in flight at once (bounds open sandbox sessions and memory; the HF backend
     # batches up to its own max_batch_size of them).
     max_concurrency: int = 256
@@ -81,7 +81,7 @@ class RolloutConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         self.sampling(1)  # validates temperature / top_p / top_k
 
-    def sampling(self, max_new_tokens: int, seed: Optional[int] = None) -> SamplingParams:
+    def sampling(self, max_new_tokens: int, seed: int | None = None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_new_tokens=max_new_tokens, seed=seed)
 
@@ -95,7 +95,7 @@ def encode_plain(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
-def _derive_seed(base: Optional[int], group: int, sample: int, turn: int) -> Optional[int]:
+def _derive_seed(base: int | None, group: int, sample: int, turn: int) -> int | None:
     if base is None:
         return None
     x = (base * 0x9E3779B1 + group * 0x85EBCA77 + sample * 0xC2B2AE3D + turn * 0x27D4EB2F)
@@ -130,12 +130,12 @@ class RolloutEngine:
     """
 
     def __init__(self, backend: Backend, tokenizer: Any, env_factory: Callable[[dict], Any],
-                 cfg: Optional[RolloutConfig] = None, *, sandbox: Any = None) -> None:
+                 cfg: RolloutConfig | None = None, *, sandbox: Any = None) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.env_factory = env_factory
         self.cfg = cfg or RolloutConfig()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.last_stats: dict = {}
         self.sandbox = None
         if sandbox is not None:
@@ -144,7 +144,7 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ public API
 
-    async def generate(self, problems: list[dict], n: Optional[int] = None) -> list[Trajectory]:
+    async def generate(self, problems: list[dict], n: int | None = None) -> list[Trajectory]:
         """`n` trajectories per problem (default cfg.n_per_prompt), ordered problem-major.
 
         group_id is the index of the problem in `problems`; rewards are filled by env.reward.
@@ -188,7 +188,7 @@ class RolloutEngine:
         return list(trajs)
 
     @contextlib.contextmanager
-    def configured(self, cfg: Optional[RolloutConfig] = None, **changes: Any) -> Iterator[RolloutConfig]:
+    def configured(self, cfg: RolloutConfig | None = None, **changes: Any) -> Iterator[RolloutConfig]:
         """Run with another RolloutConfig (`cfg`, and/or field `changes` over the current one) for
         the duration of the block, then restore the engine's own.
 
@@ -203,7 +203,7 @@ class RolloutEngine:
         finally:
             self.cfg = saved
 
-    def run(self, problems: list[dict], n: Optional[int] = None) -> tuple[list[Trajectory], dict]:
+    def run(self, problems: list[dict], n: int | None = None) -> tuple[list[Trajectory], dict]:
         """Synchronous wrapper: (trajectories, per-batch stats)."""
         trajs = self.run_coroutine(self.generate(problems, n))
         return trajs, self.last_stats
@@ -332,7 +332,7 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="rollout", unit="traj", leave=False, dynamic_ncols=True)
 
 
-def rollout_stats(trajs: list[Trajectory], wall_s: Optional[float] = None) -> dict[str, float]:
+def rollout_stats(trajs: list[Trajectory], wall_s: float | None = None) -> dict[str, float]:
     """Per-batch statistics, the one definition the engine, the trainer and evaluation share.
 
     Every value is a mean over trajectories (or a rate), so the trainer can average it over ranks

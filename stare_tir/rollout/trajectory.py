@@ -19,7 +19,7 @@ No torch here: the learner turns the lists into tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 TrajFinish = Literal["answer", "eos", "max_turns", "max_tokens", "error"]
 SpanKind = Literal["model", "obs"]
@@ -39,7 +39,7 @@ class Trajectory:
     reward: float = 0.0
     # Why the trajectory ended: answer (env done), eos (model ended without the env finishing),
     # max_turns, max_tokens (total budget or a turn cut by its budget), error (env or backend raised).
-    finish_reason: Optional[TrajFinish] = None
+    finish_reason: TrajFinish | None = None
     # (start, end, kind) over response_ids, in order, tiling it.
     turns: list[tuple[int, int, SpanKind]] = field(default_factory=list)
     num_turns: int = 0  # model turns
@@ -52,7 +52,7 @@ class Trajectory:
     group_id: int = 0  # index of the problem in the batch handed to the engine
     info: dict = field(default_factory=dict)
 
-    def append(self, ids: list[int], logprobs: Optional[list[float]], kind: SpanKind) -> None:
+    def append(self, ids: list[int], logprobs: list[float] | None, kind: SpanKind) -> None:
         """Append one segment: model tokens with their logprobs, or observation tokens (None)."""
         if kind == "model":
             if logprobs is None or len(logprobs) != len(ids):

@@ -79,8 +79,10 @@ def test_logits_path_equals_naive_with_gradients(temperature):
 
 def test_gradcheck_float64():
     hidden, weight, bias, targets = _inputs(n=5, h=3, v=7, dtype=torch.float64)
-    f = lambda h, w, b: logprobs_and_entropy(h, w, targets, temperature=0.8, chunk_size=2,
-                                             lm_head_bias=b)[0]
+
+    def f(h, w, b):
+        return logprobs_and_entropy(h, w, targets, temperature=0.8, chunk_size=2, lm_head_bias=b)[0]
+
     assert torch.autograd.gradcheck(f, (hidden, weight, bias))
     logits = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     t = torch.tensor([0, 5, 2, 2])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 
@@ -24,7 +24,7 @@ class Inner:
 class Outer:
     steps: int = 10
     name: str = "run"
-    path: Optional[str] = None
+    path: str | None = None
     tags: list[str] = field(default_factory=list)
     inner: Inner = field(default_factory=Inner)
 

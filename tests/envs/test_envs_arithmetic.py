@@ -8,8 +8,15 @@ from collections import Counter
 
 import pytest
 
-from envs.arithmetic import (ArithmeticConfig, direct_answer, evaluate, make_problems,
-                             make_sft_traces, split_assistant_segments, tool_turn)
+from envs.arithmetic import (
+    ArithmeticConfig,
+    direct_answer,
+    evaluate,
+    make_problems,
+    make_sft_traces,
+    split_assistant_segments,
+    tool_turn,
+)
 from envs.retool import SHORT_SYSTEM_PROMPT
 from sandbox.base import ExecResult, ExecStatus
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.grading import (Grader, answers_equivalent, extract_answer, grade_answer,
-                          normalize_answer, parse_number)
+from envs.grading import Grader, answers_equivalent, extract_answer, grade_answer, normalize_answer, parse_number
 
 _spec = importlib.util.spec_from_file_location("grading_cases", Path(__file__).with_name("grading_cases.py"))
 _cases = importlib.util.module_from_spec(_spec)

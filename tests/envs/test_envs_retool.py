@@ -7,9 +7,17 @@ import asyncio
 import pytest
 
 from envs.base import Env, StepResult
-from envs.retool import (RETOOL_SYSTEM_PROMPT, SHORT_SYSTEM_PROMPT, RetoolConfig, RetoolEnv,
-                         extract_code, make_retool_env_factory, neutralize, strip_interpreter,
-                         truncate_middle)
+from envs.retool import (
+    RETOOL_SYSTEM_PROMPT,
+    SHORT_SYSTEM_PROMPT,
+    RetoolConfig,
+    RetoolEnv,
+    extract_code,
+    make_retool_env_factory,
+    neutralize,
+    strip_interpreter,
+    truncate_middle,
+)
 from sandbox.base import ExecResult, ExecStatus
 
 PROBLEM = {"id": "p1", "problem": "What is 6*7? Use {braces}.", "answer": "42"}

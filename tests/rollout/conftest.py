@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 import pytest
 
@@ -25,7 +24,7 @@ class FakeEnv:
     """Retool-like env: evaluates `print(<arithmetic>)` and sleeps `latency` per tool call."""
 
     def __init__(self, problem: dict, latency: float = 0.0, fail_on_step: bool = False,
-                 sandbox_error_on_call: Optional[int] = None, obs_suffix: str = "") -> None:
+                 sandbox_error_on_call: int | None = None, obs_suffix: str = "") -> None:
         self.problem = problem
         self.stop_strings = ["</code>"]
         self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0,
@@ -96,7 +95,7 @@ class ScriptedBackend:
     tokenizer: object
     turns: list
     latency: float = 0.0
-    eos_id: Optional[int] = None
+    eos_id: int | None = None
     calls: list = field(default_factory=list)
     _progress: dict = field(default_factory=dict)
 

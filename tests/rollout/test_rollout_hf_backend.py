@@ -160,7 +160,7 @@ def test_update_weights_in_process(backend, tiny_path):
     original = {k: v.clone() for k, v in state.items()}
     gen = torch.Generator().manual_seed(0)
     by_storage: dict[int, torch.Tensor] = {}  # tied weights (embedding = lm_head) get one tensor
-    for k, v in state.items():
+    for v in state.values():
         by_storage.setdefault(v.data_ptr(), v + 0.5 * torch.randn(v.shape, generator=gen))
     noisy = [("module." + k, by_storage[v.data_ptr()]) for k, v in state.items()]
     backend.update_weights(noisy)

@@ -125,10 +125,11 @@ def test_output_is_capped_while_streaming(box):
 def test_no_network_not_even_the_hosts_loopback(box):
     srv = socket.create_server(("127.0.0.1", 0))
     try:
-        code = ("import socket\nfor fam, addr in [(socket.AF_INET, ('127.0.0.1', %d)), "
-                "(socket.AF_INET, ('1.1.1.1', 53)), (socket.AF_INET6, ('::1', %d))]:\n"
+        port = srv.getsockname()[1]
+        code = (f"import socket\nfor fam, addr in [(socket.AF_INET, ('127.0.0.1', {port})), "
+                f"(socket.AF_INET, ('1.1.1.1', 53)), (socket.AF_INET6, ('::1', {port}))]:\n"
                 "    try:\n        s = socket.socket(fam); s.settimeout(1); s.connect(addr); print('CONNECTED', addr)\n"
-                "    except OSError: print('blocked')\n") % ((srv.getsockname()[1],) * 2)
+                "    except OSError: print('blocked')\n")
         assert box.run(code).stdout == "blocked\n" * 3
     finally:
         srv.close()

@@ -38,10 +38,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Literal
 
-from stare_tir.rollout.backends.base import (Generation, SamplingParams, StopChecker, fast_decoder,
-                                            finish_after_token)
+from stare_tir.rollout.backends.base import Generation, SamplingParams, StopChecker, fast_decoder, finish_after_token
 
 if TYPE_CHECKING:
     import torch
@@ -88,8 +87,8 @@ class _Request:
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.max_new: int = max_new
-        self.finish: Optional[str] = None
-        self.stop_text: Optional[str] = None
+        self.finish: str | None = None
+        self.stop_text: str | None = None
 
 
 class _Batch:
@@ -98,12 +97,12 @@ class _Batch:
     def __init__(self, reqs, cache, mask, next_pos, logits):
         self.reqs: list[_Request] = reqs
         self.cache = cache  # DynamicCache, per layer keys/values [B, H, T, D]
-        self.mask: "torch.Tensor" = mask  # [B, T] long, 0 = left padding
-        self.next_pos: "torch.Tensor" = next_pos  # [B, 1] long, position of the next token
-        self.logits: "torch.Tensor" = logits  # [B, V] float32, next-token logits
+        self.mask: torch.Tensor = mask  # [B, T] long, 0 = left padding
+        self.next_pos: torch.Tensor = next_pos  # [B, 1] long, position of the next token
+        self.logits: torch.Tensor = logits  # [B, V] float32, next-token logits
 
 
-def _cache_layers(cache) -> list[tuple["torch.Tensor", "torch.Tensor"]]:
+def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(keys, values) per layer of a DynamicCache, across transformers versions."""
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
@@ -128,9 +127,9 @@ class HFBackend:
 
     def __init__(
         self,
-        model: Union[str, Path, Any],
+        model: str | Path | Any,
         tokenizer: Any = None,
-        cfg: Optional[HFBackendConfig] = None,
+        cfg: HFBackendConfig | None = None,
     ) -> None:
         import torch
 
@@ -175,11 +174,11 @@ class HFBackend:
         # One worker thread runs all model work; the lock keeps weight updates out of a step.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-backend")
         self._lock = threading.Lock()
-        self._batch: Optional[_Batch] = None
+        self._batch: _Batch | None = None
         self._pending: collections.deque[_Request] = collections.deque()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._wakeup: Optional[asyncio.Event] = None
-        self._runner: Optional[asyncio.Task] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._runner: asyncio.Task | None = None
         self._closed = False
         self.weight_version = 0
         # Counters for benchmarks and stats.
@@ -210,7 +209,7 @@ class HFBackend:
         """Generate for many prompts at once (all join the same batch)."""
         return list(await asyncio.gather(*(self.generate(p, sampling, stop) for p in prompts)))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (name, tensor) pairs into the model in place; unknown names raise KeyError."""
         import torch
 
@@ -338,7 +337,7 @@ class HFBackend:
                 return []
             return self._decode_step()
 
-    def _forward(self, ids, mask, pos, cache, keep_last: bool) -> "torch.Tensor":
+    def _forward(self, ids, mask, pos, cache, keep_last: bool) -> torch.Tensor:
         """Run the model on `ids` [B, t] after `cache`; returns last-position logits [B, V]."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if keep_last and self._keep_logits:
@@ -440,7 +439,7 @@ class HFBackend:
         self._batch = b
         return finished
 
-    def _sample(self, logits: "torch.Tensor", reqs: list[_Request]) -> tuple[list[int], list[float]]:
+    def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> tuple[list[int], list[float]]:
         seeds = [r.sampling.seed for r in reqs]
         return sample_tokens(
             logits,
@@ -460,12 +459,12 @@ _MIX2 = 0x94D049BB133111EB - (1 << 64)
 _STEP = 0xD1B54A32D192ED03 - (1 << 64)
 
 
-def _shr(x: "torch.Tensor", n: int) -> "torch.Tensor":
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
     """Logical right shift of int64 (torch's >> is arithmetic)."""
     return (x >> n) & ((1 << (64 - n)) - 1)
 
 
-def seeded_uniform(seeds: "torch.Tensor", counters: "torch.Tensor", vocab: int) -> "torch.Tensor":
+def seeded_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
     """Uniforms in (0, 1), [B, V] float32, a pure function of (seed, counter, vocab index).
 
     A counter-based generator (splitmix64 of a 64-bit key): row b of token k of a request depends
@@ -483,13 +482,13 @@ def seeded_uniform(seeds: "torch.Tensor", counters: "torch.Tensor", vocab: int) 
 
 
 def sample_tokens(
-    logits: "torch.Tensor",
+    logits: torch.Tensor,
     temperatures: list[float],
     top_ks: list[int],
     top_ps: list[float],
-    seeds: Optional[list[Optional[int]]] = None,
-    counters: Optional[list[int]] = None,
-    rng: Optional["torch.Generator"] = None,
+    seeds: list[int | None] | None = None,
+    counters: list[int] | None = None,
+    rng: torch.Generator | None = None,
 ) -> tuple[list[int], list[float]]:
     """One token per row of `logits` [B, V] and its logprob under the sampling distribution.
 
@@ -535,7 +534,7 @@ def sample_tokens(
     return sampled.tolist(), lp.tolist()
 
 
-def iter_checkpoint_tensors(path: str) -> Iterable[tuple[str, "torch.Tensor"]]:
+def iter_checkpoint_tensors(path: str) -> Iterable[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of an HF checkpoint directory (safetensors preferred, else .bin)."""
     import torch
 
