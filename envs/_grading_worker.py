@@ -46,6 +46,7 @@ def main() -> None:
     """Serve JSON lines (a request of `envs.grading._SymbolicWorker.call`) -> {"equal", "stage"}."""
     try:
         import resource  # a pathological answer must not take the machine's memory with it
+
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     except Exception:
         pass
@@ -53,6 +54,7 @@ def main() -> None:
     out, sys.stdout = sys.stdout, sys.stderr  # stray prints (warnings) must not corrupt the protocol
     try:
         from envs import _mv_stage as mv  # (math-verify loads here, in the worker only)
+
         mv.warm()
     except ImportError:
         mv = None  # the builtin grader still works (our stages only); math_verify mode reports it

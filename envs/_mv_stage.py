@@ -175,8 +175,11 @@ def confirm(g, p) -> bool:
     if isinstance(g, sympy.Interval) or isinstance(p, sympy.Interval):
         if not (isinstance(g, sympy.Interval) and isinstance(p, sympy.Interval)):
             return False
-        return (g.left_open, g.right_open) == (p.left_open, p.right_open) and \
-            confirm(g.start, p.start) and confirm(g.end, p.end)
+        return (
+            (g.left_open, g.right_open) == (p.left_open, p.right_open)
+            and confirm(g.start, p.start)
+            and confirm(g.end, p.end)
+        )
     if isinstance(g, sympy.Union) or isinstance(p, sympy.Union):
         if not (isinstance(g, sympy.Union) and isinstance(p, sympy.Union)):
             return False

@@ -43,16 +43,85 @@ from envs.equivalence import (
 )
 from envs.numbers import Num, decimal_matches_exact, parse_number
 
-_FUNCS = {"sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
-          "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",
-          "tanh": "tanh", "ln": "log", "log": "log", "exp": "exp", "sqrt": "sqrt"}
-_GREEK = ["alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta",
-          "vartheta", "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon",
-          "phi", "varphi", "chi", "psi", "omega", "Gamma", "Delta", "Theta", "Lambda", "Xi",
-          "Sigma", "Upsilon", "Phi", "Psi", "Omega"]
+_FUNCS = {
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "cot": "cot",
+    "sec": "sec",
+    "csc": "csc",
+    "arcsin": "asin",
+    "arccos": "acos",
+    "arctan": "atan",
+    "sinh": "sinh",
+    "cosh": "cosh",
+    "tanh": "tanh",
+    "ln": "log",
+    "log": "log",
+    "exp": "exp",
+    "sqrt": "sqrt",
+}
+_GREEK = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "varepsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "vartheta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "varphi",
+    "chi",
+    "psi",
+    "omega",
+    "Gamma",
+    "Delta",
+    "Theta",
+    "Lambda",
+    "Xi",
+    "Sigma",
+    "Upsilon",
+    "Phi",
+    "Psi",
+    "Omega",
+]
 _GREEK_IDENT = {g: f"g_{g}" for g in _GREEK}  # "lambda" is a Python keyword: never emit it raw
-_EXTRA_OK = {"sqrt", "root", "Abs", "binomial", "factorial", "pi", "oo", "asin", "acos", "atan",
-             "sin", "cos", "tan", "cot", "sec", "csc", "sinh", "cosh", "tanh", "log", "exp"}
+_EXTRA_OK = {
+    "sqrt",
+    "root",
+    "Abs",
+    "binomial",
+    "factorial",
+    "pi",
+    "oo",
+    "asin",
+    "acos",
+    "atan",
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "sinh",
+    "cosh",
+    "tanh",
+    "log",
+    "exp",
+}
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SAFE_IDENT_RE = re.compile(r"^(?:[A-Za-z](?:_[A-Za-z0-9]+)?|g_[A-Za-z]+)$")
 
@@ -69,8 +138,6 @@ class _Unsupported(Exception):
     pass
 
 
-
-
 def _arg(s: str, i: int) -> tuple[str, int]:
     """One macro argument at s[i:]: a {group}, a \\command, or a single character."""
     while i < len(s) and s[i] == " ":
@@ -81,7 +148,7 @@ def _arg(s: str, i: int) -> tuple[str, int]:
         k = _match_brace(s, i)
         if k < 0:
             raise _Unsupported("unbalanced")
-        return s[i + 1:k], k + 1
+        return s[i + 1 : k], k + 1
     if s[i] == "\\":
         m = re.match(r"\\[a-zA-Z]+", s[i:])
         if m:
@@ -99,7 +166,7 @@ def _func_arg(s: str, i: int) -> tuple[str, int]:
             depth += s[j] == "("
             depth -= s[j] == ")"
             if depth == 0:
-                return s[i + 1:j], j + 1
+                return s[i + 1 : j], j + 1
         raise _Unsupported("unbalanced")
     if i < len(s) and s[i] == "{":
         return _arg(s, i)
@@ -131,7 +198,7 @@ def _to_py(s: str) -> str:
         if c == "\\":
             m = re.match(r"\\([a-zA-Z]+)", s[i:])
             if not m:
-                raise _Unsupported(s[i:i + 2])
+                raise _Unsupported(s[i : i + 2])
             name = m.group(1)
             i += m.end()
             if name == "frac":
@@ -141,7 +208,7 @@ def _to_py(s: str) -> str:
             elif name == "sqrt":
                 if i < n and s[i] == "[":
                     k = s.index("]", i)
-                    idx, i = s[i + 1:k], k + 1
+                    idx, i = s[i + 1 : k], k + 1
                     a, i = _arg(s, i)
                     out.append(f"root({_to_py(a)},{_to_py(idx)})")
                 else:
@@ -153,9 +220,9 @@ def _to_py(s: str) -> str:
                 out.append(f"binomial({_to_py(a)},{_to_py(b)})")
             elif name in _FUNCS:
                 base = power = None
-                if name == "log" and s[i:i + 1] == "_":
+                if name == "log" and s[i : i + 1] == "_":
                     base, i = _arg(s, i + 1)
-                if s[i:i + 1] == "^":
+                if s[i : i + 1] == "^":
                     power, i = _arg(s, i + 1)
                 arg, i = _func_arg(s, i)
                 expr = f"{_FUNCS[name]}({_to_py(arg)})"
@@ -180,7 +247,7 @@ def _to_py(s: str) -> str:
             k = _match_brace(s, i)
             if k < 0:
                 raise _Unsupported("unbalanced")
-            out.append(f"({_to_py(s[i + 1:k])})")
+            out.append(f"({_to_py(s[i + 1 : k])})")
             i = k + 1
         elif c == "^":
             a, i = _arg(s, i + 1)
@@ -199,7 +266,7 @@ def _to_py(s: str) -> str:
             m = re.match(r"[A-Za-z]+", s[i:])
             run = m.group(0)
             i += len(run)
-            if run in _FUNCS and s[i:i + 1] == "(":
+            if run in _FUNCS and s[i : i + 1] == "(":
                 out.append(f" {_FUNCS[run]}")
             elif run == "pi":
                 out.append(" pi ")
@@ -217,8 +284,11 @@ def _to_py(s: str) -> str:
                 raise _Unsupported("lone dot")
             if "." in lit:
                 whole, frac = lit.split(".")
-                out.append(f"({int(whole or '0') * 10 ** len(frac) + int(frac or '0')}/1{'0' * len(frac)})"
-                           if frac else str(int(whole)))
+                out.append(
+                    f"({int(whole or '0') * 10 ** len(frac) + int(frac or '0')}/1{'0' * len(frac)})"
+                    if frac
+                    else str(int(whole))
+                )
             else:
                 out.append(lit)
         elif c in "+-*/(), !":
@@ -246,12 +316,14 @@ def latex_to_sympy(s: str):
         py = _to_py(s.strip())
         if not py.strip():
             return None
-        raw = parse_expr(py, local_dict=dict(_LOCALS), global_dict=_GLOBALS,
-                         transformations=_TRANSFORMS, evaluate=False)
+        raw = parse_expr(
+            py, local_dict=dict(_LOCALS), global_dict=_GLOBALS, transformations=_TRANSFORMS, evaluate=False
+        )
         if not isinstance(raw, sympy.Basic) or _too_big(raw):
             return None
-        return parse_expr(py, local_dict=dict(_LOCALS), global_dict=_GLOBALS,
-                          transformations=_TRANSFORMS, evaluate=True)
+        return parse_expr(
+            py, local_dict=dict(_LOCALS), global_dict=_GLOBALS, transformations=_TRANSFORMS, evaluate=True
+        )
     except Exception:
         return None
 
@@ -294,8 +366,10 @@ def _points(syms, k: int = 8):
     (sqrt(x^2) = x, |x| = x, log(x^2) = 2 log x) must fail here, not pass."""
     rng = random.Random(1234)  # deterministic: the same pair always gets the same verdict
     for j in range(k):
-        yield {s: (-1 if (j + n) % 2 else 1) * sympy.Rational(rng.randint(11, 97), rng.randint(7, 31))
-               for n, s in enumerate(syms)}
+        yield {
+            s: (-1 if (j + n) % 2 else 1) * sympy.Rational(rng.randint(11, 97), rng.randint(7, 31))
+            for n, s in enumerate(syms)
+        }
 
 
 def exprs_equal(a, b) -> bool:

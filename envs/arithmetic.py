@@ -71,8 +71,11 @@ class ArithmeticConfig:
         bad = [k for k in self.kinds if k not in KINDS]
         if bad or not self.kinds:
             raise ValueError(f"kinds={self.kinds!r}: must be a non-empty subset of {list(KINDS)}")
-        if len(self.kind_weights) != len(self.kinds) or any(w < 0 for w in self.kind_weights) \
-                or sum(self.kind_weights) <= 0:
+        if (
+            len(self.kind_weights) != len(self.kinds)
+            or any(w < 0 for w in self.kind_weights)
+            or sum(self.kind_weights) <= 0
+        ):
             raise ValueError(f"kind_weights={self.kind_weights!r}: one weight >= 0 per kind, not all 0")
         if not 2 <= self.max_digits <= 6:
             raise ValueError(f"max_digits={self.max_digits!r}: must be in [2, 6]")
@@ -85,9 +88,10 @@ class ArithmeticConfig:
 
 # ----------------------------------------------------------------------------- problems
 
+
 def _num(rng: random.Random, lo_digits: int, hi_digits: int) -> int:
     d = rng.randint(lo_digits, hi_digits)
-    return rng.randint(10 ** (d - 1), 10 ** d - 1)
+    return rng.randint(10 ** (d - 1), 10**d - 1)
 
 
 def _draw(rng: random.Random, kind: str, max_digits: int) -> tuple[str, str]:
@@ -136,9 +140,15 @@ def _split_of(text: str) -> str:
     return "test" if h % _TEST_BUCKETS == 0 else "train"
 
 
-def make_problems(n: int, seed: int, split: Literal["train", "test"], *,
-                  kinds: list[str] | None = None, kind_weights: list[float] | None = None,
-                  max_digits: int = 3) -> list[dict]:
+def make_problems(
+    n: int,
+    seed: int,
+    split: Literal["train", "test"],
+    *,
+    kinds: list[str] | None = None,
+    kind_weights: list[float] | None = None,
+    max_digits: int = 3,
+) -> list[dict]:
     """n distinct problems {"id", "problem", "answer", "kind", "expr"} of one split (seeded)."""
     if split not in ("train", "test"):
         raise ValueError(f"split={split!r}: must be 'train' or 'test'")
@@ -159,12 +169,14 @@ def make_problems(n: int, seed: int, split: Literal["train", "test"], *,
             continue
         seen.add(text)
         answer = str(evaluate(expr))
-        out.append({"id": f"arith-{split}-{seed}-{len(out)}", "problem": text, "answer": answer,
-                    "kind": kind, "expr": expr})
+        out.append(
+            {"id": f"arith-{split}-{seed}-{len(out)}", "problem": text, "answer": answer, "kind": kind, "expr": expr}
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- SFT traces
+
 
 def tool_turn(problem: dict) -> str:
     """The model turn that calls the tool (ends with the stop string, as in RL rollouts)."""
@@ -184,9 +196,15 @@ def sft_env_config() -> RetoolConfig:
     return RetoolConfig(prompt="short", max_tool_calls=2, obs_max_chars=128)
 
 
-async def amake_sft_traces(problems: list[dict], sandbox: Any, *, tool_fraction: float = 0.5,
-                           seed: int = 0, cfg: RetoolConfig | None = None,
-                           max_concurrency: int = 8) -> list[dict]:
+async def amake_sft_traces(
+    problems: list[dict],
+    sandbox: Any,
+    *,
+    tool_fraction: float = 0.5,
+    seed: int = 0,
+    cfg: RetoolConfig | None = None,
+    max_concurrency: int = 8,
+) -> list[dict]:
     """Async version of make_sft_traces (use it inside a running event loop)."""
     if not 0.0 <= tool_fraction <= 1.0:
         raise ValueError(f"tool_fraction={tool_fraction!r}: must be in [0, 1]")
@@ -221,14 +239,14 @@ async def amake_sft_traces(problems: list[dict], sandbox: Any, *, tool_fraction:
         finally:
             await env.close()
         messages = env.initial_messages() + [{"role": "assistant", "content": text}]
-        return {"id": problem["id"], "messages": messages, "uses_tool": use_tool,
-                "answer": problem["answer"]}
+        return {"id": problem["id"], "messages": messages, "uses_tool": use_tool, "answer": problem["answer"]}
 
     return list(await asyncio.gather(*(one(p, t) for p, t in zip(problems, plan))))
 
 
-def make_sft_traces(problems: list[dict], sandbox: Any, *, tool_fraction: float = 0.5,
-                    seed: int = 0, cfg: RetoolConfig | None = None) -> list[dict]:
+def make_sft_traces(
+    problems: list[dict], sandbox: Any, *, tool_fraction: float = 0.5, seed: int = 0, cfg: RetoolConfig | None = None
+) -> list[dict]:
     """Cold-start SFT traces {"id", "messages": [system, user, assistant], "uses_tool", "answer"}.
 
     `sandbox` is an async Sandbox (sandbox.make_sandbox(...)); tool traces run their code in it.
@@ -237,8 +255,7 @@ def make_sft_traces(problems: list[dict], sandbox: Any, *, tool_fraction: float 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(amake_sft_traces(problems, sandbox, tool_fraction=tool_fraction,
-                                            seed=seed, cfg=cfg))
+        return asyncio.run(amake_sft_traces(problems, sandbox, tool_fraction=tool_fraction, seed=seed, cfg=cfg))
     raise RuntimeError("make_sft_traces called inside an event loop: await amake_sft_traces instead")
 
 
@@ -263,7 +280,7 @@ def split_assistant_segments(text: str) -> list[tuple[str, bool]]:
         if not text[: m.start()].endswith("</code>"):
             continue  # RL appends observations only after a code block: this one the model wrote
         if m.start() > pos:
-            out.append((text[pos:m.start()], True))
+            out.append((text[pos : m.start()], True))
         out.append((m.group(0), False))
         pos = m.end()
     if pos < len(text):

@@ -43,26 +43,42 @@ SHIPPED: dict[str, str] = {
 EVAL_SETS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
 OVERLAP_FILE = "dapo_eval_overlap.json"
 # Keys of the overlap file (named after the upstream eval files).
-_OVERLAP_KEYS = {"aime24": "aime24.jsonl", "aime25": "aime25.jsonl", "amc23": "amc23.jsonl",
-                 "math500": "math500.jsonl", "minerva": "minerva_math.jsonl",
-                 "olympiadbench": "olympiadbench.jsonl"}
+_OVERLAP_KEYS = {
+    "aime24": "aime24.jsonl",
+    "aime25": "aime25.jsonl",
+    "amc23": "amc23.jsonl",
+    "math500": "math500.jsonl",
+    "minerva": "minerva_math.jsonl",
+    "olympiadbench": "olympiadbench.jsonl",
+}
 
 
 class DataError(ValueError):
     """A bad row (or source), with the file and row in the message."""
 
 
-def load_problems(source: str, *, fields: dict | None = None,
-                  on_bad_row: Literal["error", "skip"] = "error", limit: int | None = None,
-                  exclude_overlap: bool = False) -> list[dict]:
+def load_problems(
+    source: str,
+    *,
+    fields: dict | None = None,
+    on_bad_row: Literal["error", "skip"] = "error",
+    limit: int | None = None,
+    exclude_overlap: bool = False,
+) -> list[dict]:
     """Validated problems from `source` (see module docstring)."""
-    return load_problems_report(source, fields=fields, on_bad_row=on_bad_row, limit=limit,
-                                exclude_overlap=exclude_overlap)[0]
+    return load_problems_report(
+        source, fields=fields, on_bad_row=on_bad_row, limit=limit, exclude_overlap=exclude_overlap
+    )[0]
 
 
-def load_problems_report(source: str, *, fields: dict | None = None,
-                         on_bad_row: Literal["error", "skip"] = "error", limit: int | None = None,
-                         exclude_overlap: bool = False) -> tuple[list[dict], dict]:
+def load_problems_report(
+    source: str,
+    *,
+    fields: dict | None = None,
+    on_bad_row: Literal["error", "skip"] = "error",
+    limit: int | None = None,
+    exclude_overlap: bool = False,
+) -> tuple[list[dict], dict]:
     """Like load_problems, plus a report: rows read, loaded, skipped (by reason), excluded."""
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row={on_bad_row!r}: must be 'error' or 'skip'")
@@ -105,12 +121,22 @@ def load_problems_report(source: str, *, fields: dict | None = None,
         problems.append(prob)
         if limit is not None and len(problems) >= limit:
             break
-    report = {"source": name, "rows_read": n_rows, "loaded": len(problems),
-              "skipped": sum(skipped.values()), "skipped_by_reason": dict(skipped),
-              "excluded_overlap": n_excluded}
+    report = {
+        "source": name,
+        "rows_read": n_rows,
+        "loaded": len(problems),
+        "skipped": sum(skipped.values()),
+        "skipped_by_reason": dict(skipped),
+        "excluded_overlap": n_excluded,
+    }
     if skipped:
-        logger.warning("{}: skipped {} bad rows of {} read ({})", name, report["skipped"], n_rows,
-                       ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())))
+        logger.warning(
+            "{}: skipped {} bad rows of {} read ({})",
+            name,
+            report["skipped"],
+            n_rows,
+            ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())),
+        )
     if exclude_overlap and source in SHIPPED:
         logger.info("{}: excluded {} problems overlapping DAPO-17k/eval sets", name, n_excluded)
     elif exclude_overlap:
@@ -118,12 +144,16 @@ def load_problems_report(source: str, *, fields: dict | None = None,
         logger.warning(
             "{}: not a shipped set, so the curated overlap list (near-duplicates found by hand) does not "
             "apply; checked exact problem text (whitespace and case folded) against the {} shipped eval "
-            "sets instead and excluded {}; reworded duplicates are not detected", name, len(EVAL_SETS),
-            n_excluded)
+            "sets instead and excluded {}; reworded duplicates are not detected",
+            name,
+            len(EVAL_SETS),
+            n_excluded,
+        )
     return problems, report
 
 
 # ----------------------------------------------------------------------------- validation
+
 
 class _BadRow(Exception):
     def __init__(self, kind: str, message: str) -> None:
@@ -192,6 +222,7 @@ def _validate(row: Any, row_no: int, mapping: dict, stem: str) -> dict:
 
 # ----------------------------------------------------------------------------- sources
 
+
 def _open_source(source: str) -> tuple[str, Iterator[tuple[int, Any]]]:
     """(name for messages, iterator of (1-based row number, row))."""
     if source in SHIPPED:
@@ -221,6 +252,7 @@ def _read_file(path: Path) -> Iterator[tuple[int, Any]]:
         return iter(enumerate(data, start=1))
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq  # only parquet sources pay for pyarrow
+
         return iter(enumerate(pq.read_table(path).to_pylist(), start=1))
     raise DataError(f"{path}: unsupported file type (use .jsonl, .jsonl.gz, .json or .parquet)")
 

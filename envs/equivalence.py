@@ -33,12 +33,33 @@ def _match_brace(s: str, i: int) -> int:
     return -1
 
 
-
 # ----------------------------------------------------------------------------- normalization
 
-_TEXT_CMDS = ("text", "textbf", "textit", "textrm", "textnormal", "textsf", "texttt", "mathrm",
-              "mathbf", "mathit", "mathsf", "mathtt", "mathnormal", "mbox", "hbox", "operatorname",
-              "boldsymbol", "bm", "boxed", "fbox", "displaystyle", "mathbb", "mathcal")
+_TEXT_CMDS = (
+    "text",
+    "textbf",
+    "textit",
+    "textrm",
+    "textnormal",
+    "textsf",
+    "texttt",
+    "mathrm",
+    "mathbf",
+    "mathit",
+    "mathsf",
+    "mathtt",
+    "mathnormal",
+    "mbox",
+    "hbox",
+    "operatorname",
+    "boldsymbol",
+    "bm",
+    "boxed",
+    "fbox",
+    "displaystyle",
+    "mathbb",
+    "mathcal",
+)
 
 
 def _unwrap_commands(s: str, names: tuple[str, ...]) -> str:
@@ -52,11 +73,11 @@ def _unwrap_commands(s: str, names: tuple[str, ...]) -> str:
         if j < len(s) and s[j] == "{":
             k = _match_brace(s, j)
             if k < 0:
-                s = s[:m.start()] + s[j + 1:]
+                s = s[: m.start()] + s[j + 1 :]
             else:
-                s = s[:m.start()] + s[j + 1:k] + s[k + 1:]
+                s = s[: m.start()] + s[j + 1 : k] + s[k + 1 :]
         else:
-            s = s[:m.start()] + s[j:]
+            s = s[: m.start()] + s[j:]
     return s
 
 
@@ -69,8 +90,8 @@ _UNIT_WORDS = (
 )
 _UNIT_EXP = r"(?:\^\{?[23]\}?|²|³)?"
 _UNIT_TAIL_RE = re.compile(
-    r"^(.*?)(\s*)(" + _UNIT_WORDS + _UNIT_EXP + r"(?:\s+" + _UNIT_WORDS + _UNIT_EXP + r")*)\.?$",
-    re.IGNORECASE)
+    r"^(.*?)(\s*)(" + _UNIT_WORDS + _UNIT_EXP + r"(?:\s+" + _UNIT_WORDS + _UNIT_EXP + r")*)\.?$", re.IGNORECASE
+)
 
 
 _TEXT_TAIL_RE = re.compile(r"\s*\\(?:text|textrm|mbox|textnormal)\{\s*[a-zA-Z][a-zA-Z .,'!?-]*\}\.?$")
@@ -83,8 +104,8 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
     # "17\text{ any text}": words in \text after a value are a comment, not part of it.
     tail = _TEXT_TAIL_RE.search(s)
-    if tail and re.search(r"\d", s[:tail.start()]) and not re.search(r"[a-zA-Z]", s[:tail.start()]):
-        s = s[:tail.start()]
+    if tail and re.search(r"\d", s[: tail.start()]) and not re.search(r"[a-zA-Z]", s[: tail.start()]):
+        s = s[: tail.start()]
     s = re.sub(r"(?<!\\)\\[\[\]()]", " ", s)  # \( \) \[ \]
     s = s.replace("\\$", "").replace("$", "")
     s = re.sub(r"\\(?:euro|pounds|yen)(?![a-zA-Z])|[€£¥₹]|\b(?:USD|EUR|GBP|JPY|CNY|RMB)\b", "", s)
@@ -126,7 +147,7 @@ def normalize_answer(s: str) -> str:
 
 
 def _is_unit_tail(head: str, sep: str, unit: str) -> bool:
-    """"15 cm", "15cm", "36\\pi m": a number then units. Not "6m" or "2n": one glued letter is a
+    """ "15 cm", "15cm", "36\\pi m": a number then units. Not "6m" or "2n": one glued letter is a
     variable, not a unit."""
     if not re.search(r"\d", head) or re.search(r"[a-zA-Z]", re.sub(r"\\(?:frac|sqrt|pi|times|cdot)", "", head)):
         return False
@@ -140,6 +161,7 @@ def _squash(s: str) -> str:
 
 
 # ----------------------------------------------------------------------------- structure
+
 
 class NeedSymbolic(Exception):
     """A scalar (or relation) comparison that plain numbers and strings cannot decide."""
@@ -189,8 +211,7 @@ def _wrapped(s: str) -> bool:
 
 _LIST_SEP = re.compile(r"\s*(?:,|;|\band\b|\bor\b)\s*")
 _COMMA = re.compile(r"\s*,\s*")
-_MATRIX_RE = re.compile(
-    r"^\\begin\{([pbvBV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
+_MATRIX_RE = re.compile(r"^\\begin\{([pbvBV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
 # A label on the left of "=": a name (x, x_1, AB, \\alpha, f(x)), a ratio of names (V_1:V_2), a
 # quotient of names (\\frac{NO}{BO}), |AB|, \\angle ABC, or a tuple of names ((p,q,r)). Never
 # an expression with operators or digits outside subscripts ("a+3z = 0", "7 = 11a+c").
@@ -198,7 +219,8 @@ _NAME = r"(?:[a-zA-Z]+|\\(?!frac|sqrt|binom)[a-zA-Z]+)(?:_\{?[a-zA-Z0-9,]+\}?)?'
 _NAMES = rf"{_NAME}(?:\s*{_NAME})*"
 _VAR_LHS_RE = re.compile(
     rf"^(?:{_NAMES}|\\angle\s*{_NAMES}|{_NAME}\([a-zA-Z0-9, ]*\)|\\frac\{{{_NAMES}\}}\{{{_NAMES}\}}|"
-    rf"{_NAMES}\s*:\s*{_NAMES}|\|{_NAMES}\||\([a-zA-Z](?:\s*,\s*[a-zA-Z])*\))$")
+    rf"{_NAMES}\s*:\s*{_NAMES}|\|{_NAMES}\||\([a-zA-Z](?:\s*,\s*[a-zA-Z])*\))$"
+)
 
 
 def parse_structure(s: str):
@@ -300,13 +322,19 @@ def _as_interval(node):
 
 
 def _is_assignment(node) -> bool:
-    """"x = 3", "AB = 4", a chain "x = 5+5+1 = 11", or "\\sqrt{4} = 2" (a constant then its value)."""
+    """ "x = 3", "AB = 4", a chain "x = 5+5+1 = 11", or "\\sqrt{4} = 2" (a constant then its value)."""
     if node[0] != "rel" or any(o != "=" for o in node[2]):
         return False
     lhs = node[1][0]
-    return len(node[1]) >= 3 or bool(_VAR_LHS_RE.match(lhs)) or (
-        len(node[1]) == 2 and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs))
-        and parse_number(node[1][1]) is not None)
+    return (
+        len(node[1]) >= 3
+        or bool(_VAR_LHS_RE.match(lhs))
+        or (
+            len(node[1]) == 2
+            and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs))
+            and parse_number(node[1][1]) is not None
+        )
+    )
 
 
 def _labelled(items: list) -> list[str] | None:
@@ -327,14 +355,15 @@ def _compare_labelled(p, g, scalar_eq, relation_eq) -> bool | None:
         return None
     if len(p[1]) != len(g[1]):
         return False
+
     def value(it):
         return parse_structure(normalize_answer(it[1][1]))
+
     if lp is not None and lg is not None:
         if sorted(lp) != sorted(lg):
             return False
         by_label = dict(zip(lg, g[1]))
-        return all(compare_structures(value(a), value(by_label[k]), scalar_eq, relation_eq)
-                   for k, a in zip(lp, p[1]))
+        return all(compare_structures(value(a), value(by_label[k]), scalar_eq, relation_eq) for k, a in zip(lp, p[1]))
     if any(it[0] == "rel" for it in (g[1] if lp is not None else p[1])):
         return None
     pv = [value(it) for it in p[1]] if lp is not None else p[1]
@@ -352,9 +381,12 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kp == "rel" or kg == "rel":
         if kp == "rel" and kg == "rel":
             if _is_assignment(p) and _is_assignment(g) and _squash(p[1][0]) == _squash(g[1][0]):
-                return compare_structures(parse_structure(normalize_answer(p[1][-1])),
-                                          parse_structure(normalize_answer(g[1][-1])),
-                                          scalar_eq, relation_eq)
+                return compare_structures(
+                    parse_structure(normalize_answer(p[1][-1])),
+                    parse_structure(normalize_answer(g[1][-1])),
+                    scalar_eq,
+                    relation_eq,
+                )
             if _is_assignment(p) and _is_assignment(g) and len(p[1]) >= 3:
                 return compare_structures(parse_structure(p[1][-1]), g, scalar_eq, relation_eq)
             if len(p[1]) == 2 and len(g[1]) == 2:
@@ -363,12 +395,18 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
         rel, other, rel_is_pred = (p, g, True) if kp == "rel" else (g, p, False)
         if _is_assignment(rel):
             value = parse_structure(normalize_answer(rel[1][-1]))
-            return compare_structures(value, other, scalar_eq, relation_eq) if rel_is_pred else \
-                compare_structures(other, value, scalar_eq, relation_eq)
+            return (
+                compare_structures(value, other, scalar_eq, relation_eq)
+                if rel_is_pred
+                else compare_structures(other, value, scalar_eq, relation_eq)
+            )
         iv = _as_interval(rel)
         if iv is not None and other[0] in ("seq", "union"):
-            return compare_structures(iv, other, scalar_eq, relation_eq) if rel_is_pred else \
-                compare_structures(other, iv, scalar_eq, relation_eq)
+            return (
+                compare_structures(iv, other, scalar_eq, relation_eq)
+                if rel_is_pred
+                else compare_structures(other, iv, scalar_eq, relation_eq)
+            )
         return False
     if kp == "scalar" and kg == "scalar":
         return scalar_eq(p[1], g[1])
@@ -426,6 +464,7 @@ def _compare_matrix(p, g, scalar_eq: ScalarEq) -> bool:
         if n[0] == "seq" and (n[1], n[2]) == ("(", ")") and all(i[0] == "scalar" for i in n[3]):
             return [[i[1]] for i in n[3]]  # a tuple compares with a column vector
         return None
+
     rp, rg = rows(p), rows(g)
     if rp is None or rg is None:
         raise Undecided("a matrix against something else")
@@ -448,6 +487,8 @@ def _compare_choice(pred: str, gold: str) -> bool | None:
         if b and f:
             return b.group(1).upper() == f.group(1)
     return None
+
+
 _PLAIN_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z\s'\-]*$")
 
 
@@ -515,8 +556,12 @@ def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: R
         undecided = e
     # Decimal comma ("1000,99" for 1000.99) when the other side is a decimal number.
     a, b = _squash(pred), _squash(gold)
-    if re.fullmatch(r"-?\d+,\d+", a) and re.fullmatch(r"-?\d*\.\d+", b) or \
-            re.fullmatch(r"-?\d+,\d+", b) and re.fullmatch(r"-?\d*\.\d+", a):
+    if (
+        re.fullmatch(r"-?\d+,\d+", a)
+        and re.fullmatch(r"-?\d*\.\d+", b)
+        or re.fullmatch(r"-?\d+,\d+", b)
+        and re.fullmatch(r"-?\d*\.\d+", a)
+    ):
         na, nb = parse_number(a.replace(",", ".")), parse_number(b.replace(",", "."))
         if na is not None and nb is not None:
             return numbers_equal(na, nb)

@@ -59,9 +59,9 @@ def _find_boxed(text: str) -> list[tuple[int, int, str]]:
             k = pairs.get(j, -1)
             if k < 0:
                 continue
-            found.append((m.start(), k + 1, text[j + 1:k]))
+            found.append((m.start(), k + 1, text[j + 1 : k]))
         else:  # "\\boxed 5" form: the next token
-            t = re.match(r"[^\s$.,;]+", text[j:j + 200])
+            t = re.match(r"[^\s$.,;]+", text[j : j + 200])
             if t:
                 found.append((m.start(), j + t.end(), t.group(0)))
     return found
@@ -70,7 +70,8 @@ def _find_boxed(text: str) -> list[tuple[int, int, str]]:
 # What may stand between two boxes of one multi-part answer.
 _BOX_JOIN_RE = re.compile(
     r"(?:\s|\$|,|;|\.|&|\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:text|textrm|mbox)\{\s*(?:and|or|,)?\s*\}"
-    r"|\band\b|\bor\b|\\\[|\\\])*")
+    r"|\band\b|\bor\b|\\\[|\\\])*"
+)
 
 
 def _last_boxed(text: str) -> str | None:
@@ -79,7 +80,7 @@ def _last_boxed(text: str) -> str | None:
         return None
     parts = [boxes[-1]]
     for b in reversed(boxes[:-1]):
-        if _BOX_JOIN_RE.fullmatch(text[b[1]:parts[0][0]]):
+        if _BOX_JOIN_RE.fullmatch(text[b[1] : parts[0][0]]):
             parts.insert(0, b)
         else:
             break
@@ -89,11 +90,28 @@ def _last_boxed(text: str) -> str | None:
 _FINAL_RE = re.compile(
     r"(?:(?:final\s+answer|the\s+answer)\s*(?:is\s*:?|:|=)|final\s+answer\s*\*\*\s*:?\s*(?=\n)|"
     r"(?:^|\n)\s*\**answer\b\**\s*:?)[ \t]*\n?[ \t]*(.+)",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
-_MATH_WORDS = {"pi", "sqrt", "frac", "sin", "cos", "tan", "log", "ln", "exp", "and", "or",
-               "infty", "cup", "cap", "in", "to"}
+_MATH_WORDS = {
+    "pi",
+    "sqrt",
+    "frac",
+    "sin",
+    "cos",
+    "tan",
+    "log",
+    "ln",
+    "exp",
+    "and",
+    "or",
+    "infty",
+    "cup",
+    "cap",
+    "in",
+    "to",
+}
 _DISPLAY_RE = re.compile(r"\s*(\\\[|\$\$)(.*?)(\\\]|\$\$)", re.DOTALL)
 
 
@@ -108,7 +126,7 @@ def _from_final_line(text: str) -> str | None:
     matches = list(_FINAL_RE.finditer(text))
     if not matches:
         return None
-    tail = text[matches[-1].start(1):]
+    tail = text[matches[-1].start(1) :]
     display = _DISPLAY_RE.match(tail)
     if display and display.group(2).strip():  # "\[\n9\n\]": display math over several lines
         return display.group(2).strip()
@@ -121,11 +139,11 @@ def _from_final_line(text: str) -> str | None:
     # Cut at the end of the sentence ("42. I hope it is correct."), not inside decimals or $...$.
     masked = re.sub(r"\$[^$]*\$", lambda m: "x" * len(m.group()), rest)
     cut = re.search(r"(?<!\d)\.(?:\s|$)|\.\s", masked)
-    sentence = rest[:cut.start()] if cut else rest
+    sentence = rest[: cut.start()] if cut else rest
     # "The volume of $ABC$ is 120": the value follows the last " is ".
-    is_m = list(re.finditer(r"\bis\b", masked[:len(sentence)]))
+    is_m = list(re.finditer(r"\bis\b", masked[: len(sentence)]))
     if is_m:
-        sentence = sentence[is_m[-1].end():]
+        sentence = sentence[is_m[-1].end() :]
     if re.match(r"\s*(?:\([A-E]\)|[A-E][.:])(?:\s|$)", sentence):  # "(C) $42$": the option is the answer
         return sentence.strip().rstrip(".")
     math = _first_math_span(sentence)
@@ -154,8 +172,8 @@ def _strip_template(response: str) -> str:
     for m in _SPECIAL_RE.finditer(response):
         if any(a <= m.start() < b for a, b in code):
             continue
-        if response[:m.start()].strip():
-            return response[:m.start()]
+        if response[: m.start()].strip():
+            return response[: m.start()]
     return response
 
 
@@ -190,7 +208,7 @@ def extract_answer(response: str, *, boxed_only: bool = False) -> str | None:
     text = _strip_template(response)
     close = text.rfind("</think>")
     if close >= 0:
-        after = _extract_in(text[close + len("</think>"):], boxed_only)
+        after = _extract_in(text[close + len("</think>") :], boxed_only)
         if after is not None:
             return after
         text = text[:close]

@@ -117,8 +117,14 @@ class _SymbolicWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_PARENT + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "envs._grading_worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, env=env, close_fds=True)
+            [sys.executable, "-u", "-m", "envs._grading_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            env=env,
+            close_fds=True,
+        )
         self.ready, self.buf = False, b""
 
     def _readline(self, deadline: float) -> bytes | None:
@@ -202,17 +208,25 @@ class Grader:
     stats: calls, symbolic_calls (worker calls), timeouts (worker calls that ran out of time), seconds (grading time).
     """
 
-    def __init__(self, mode: str = "builtin", timeout_s: float = 3.0, symbolic: bool = True,
-                 cache_size: int = 8192, startup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        mode: str = "builtin",
+        timeout_s: float = 3.0,
+        symbolic: bool = True,
+        cache_size: int = 8192,
+        startup_timeout_s: float = 60.0,
+    ) -> None:
         if mode not in GRADERS:
             raise ValueError(f"grader={mode!r}: must be one of {list(GRADERS)}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be > 0")
         if mode == "math_verify":
             import importlib.util
+
             if importlib.util.find_spec("math_verify") is None:
-                raise ImportError("grader='math_verify' needs the math-verify package: "
-                                  "pip install 'math-verify>=0.9,<0.10'")
+                raise ImportError(
+                    "grader='math_verify' needs the math-verify package: pip install 'math-verify>=0.9,<0.10'"
+                )
         self.mode = mode
         self.timeout_s = timeout_s
         self.symbolic = symbolic
@@ -228,8 +242,9 @@ class Grader:
         t0 = time.perf_counter()
         pred = extract_answer(response, boxed_only=self.mode == "boxed")
         if self.mode == "math_verify":
-            verdict, stage = self._ask_worker({"mode": "math_verify", "response": response,
-                                               "gold_raw": gold}, timeout_s)
+            verdict, stage = self._ask_worker(
+                {"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s
+            )
         elif pred is None:
             verdict, stage = False, "none"
         else:
@@ -261,8 +276,12 @@ class Grader:
                 self.stats["timeouts"] += 1
         if res is None or res[1] == "timeout":
             from loguru import logger  # rare path: keep the import off module load
-            logger.warning("grading timed out after {} s (counted as not equal): {!r}", bound,
-                           str(request.get("pred", request.get("response", "")))[-80:])
+
+            logger.warning(
+                "grading timed out after {} s (counted as not equal): {!r}",
+                bound,
+                str(request.get("pred", request.get("response", "")))[-80:],
+            )
             return False, "timeout"
         return res
 
@@ -289,11 +308,11 @@ class Grader:
             verdict, escalate = False, True
         except Exception as e:  # a grader bug must never crash training: count it as "not equal"
             from loguru import logger
+
             logger.warning("grading failed ({!r}); counted as not equal: {!r} vs {!r}", e, p[:80], g[:80])
             verdict, escalate = False, False
         if escalate and self.symbolic and len(pred) + len(gold) <= MAX_WORKER_CHARS:
-            verdict, stage = self._ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold},
-                                              timeout_s)
+            verdict, stage = self._ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold}, timeout_s)
         if stage != "timeout":  # a timeout may pass next time (a cold machine): not remembered
             with self._lock:
                 if self.cache_size > 0:

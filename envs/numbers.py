@@ -76,8 +76,7 @@ def parse_number(s: str) -> Num | None:
         m = _SCI_RE.match(t)
         if m:
             exp = int(m.group(2))
-            return Num(_dec(m.group(1)) * Fraction(10) ** exp, True, None,
-                       *_written_precision(m.group(1), exp))
+            return Num(_dec(m.group(1)) * Fraction(10) ** exp, True, None, *_written_precision(m.group(1), exp))
         m = _POW10_RE.match(t)
         if m:
             v = Fraction(10) ** int(m.group(2))

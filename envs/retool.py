@@ -45,8 +45,7 @@ RETOOL_SYSTEM_PROMPT = (
     "End your response with the final answer in this format:\n<answer>\n\\boxed{final answer}\n</answer>"
 )
 SHORT_SYSTEM_PROMPT = (
-    "Run Python with <code>\n```python\n...\n```\n</code>; output comes in <interpreter>. "
-    "Answer in \\boxed{}."
+    "Run Python with <code>\n```python\n...\n```\n</code>; output comes in <interpreter>. Answer in \\boxed{}."
 )
 PROMPTS = {"retool": RETOOL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
 
@@ -125,6 +124,7 @@ class RetoolConfig:
 
 # ----------------------------------------------------------------------------- text helpers
 
+
 def extract_code(turn_text: str) -> tuple[str | None, int]:
     """(code, position of its <code> tag) of the last code block of a turn, or (None, -1).
 
@@ -161,7 +161,7 @@ def truncate_middle(text: str, max_chars: int, head_ratio: float = 0.5) -> str:
     keep = max(0, max_chars - len(marker))
     head = int(keep * head_ratio)
     tail = keep - head
-    return text[:head] + marker + (text[len(text) - tail:] if tail else "")
+    return text[:head] + marker + (text[len(text) - tail :] if tail else "")
 
 
 def _last_error_line(stderr: str) -> str:
@@ -176,6 +176,7 @@ def _status(result: Any) -> str:
 
 # ----------------------------------------------------------------------------- env
 
+
 class RetoolEnv:
     """One trajectory of a problem with a Python interpreter (implements envs.base.Env)."""
 
@@ -184,8 +185,7 @@ class RetoolEnv:
         self.problem = problem
         self.sandbox = sandbox
         self.cfg = cfg or RetoolConfig()
-        self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0,
-                      "void_turns": 0}
+        self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0, "void_turns": 0}
         self.sandbox_error = False
         self.turns = 0
         self._stack: contextlib.AsyncExitStack | None = None
@@ -225,7 +225,8 @@ class RetoolEnv:
             if self._session is None:
                 self._stack = contextlib.AsyncExitStack()
                 self._session = await self._stack.enter_async_context(
-                    self.sandbox.session(stateless=not self.cfg.stateful))
+                    self.sandbox.session(stateless=not self.cfg.stateful)
+                )
             return await self._session.run(code, timeout=self.cfg.code_timeout_s)
         except Exception as e:  # infrastructure: the protocol promises results, not exceptions
             logger.warning("sandbox failure on problem {}: {!r}", self.problem.get("id"), e)
@@ -241,8 +242,9 @@ class RetoolEnv:
             self.stats["timeouts"] += 1
             info["timeout"] = True
             ran = float(getattr(result, "duration_s", 0.0) or self.cfg.code_timeout_s)
-            body = (stdout.rstrip("\n") + "\n" if stdout.strip() else "") + \
-                f"TimeoutError: the code was stopped at the time limit ({ran:.1f} s)"
+            body = (
+                stdout.rstrip("\n") + "\n" if stdout.strip() else ""
+            ) + f"TimeoutError: the code was stopped at the time limit ({ran:.1f} s)"
         elif status == "sandbox_error":
             self.stats["sandbox_errors"] += 1
             self.sandbox_error = True
@@ -280,9 +282,15 @@ class RetoolEnv:
         if not format_ok:
             r -= cfg.format_penalty
         # grade_s / grade_timeout: per-step metrics (the trainer's rollout_stats averages them).
-        return r, {"correct": bool(correct), "pred": pred, "format_ok": format_ok,
-                   "has_answer": pred is not None, "grade_s": graded.seconds,
-                   "grade_timeout": graded.timed_out, "grade_stage": graded.stage}
+        return r, {
+            "correct": bool(correct),
+            "pred": pred,
+            "format_ok": format_ok,
+            "has_answer": pred is not None,
+            "grade_s": graded.seconds,
+            "grade_timeout": graded.timed_out,
+            "grade_stage": graded.stage,
+        }
 
     def _format_ok(self, model_text: str) -> bool:
         if model_text.count("<code>") != model_text.count("</code>"):

@@ -7,14 +7,26 @@
 
 Backends are imported lazily, so `import sandbox` stays light (no numpy, docker or e2b).
 """
+
 from __future__ import annotations
 
 from .base import ExecResult, ExecStatus, Limits, Sandbox, SandboxError, Session
 from .config import DockerConfig, E2BConfig, SandboxConfig
 from .sync import SyncSandbox
 
-__all__ = ["make_sandbox", "SandboxConfig", "DockerConfig", "E2BConfig", "Limits", "ExecResult",
-           "ExecStatus", "SandboxError", "SyncSandbox", "Sandbox", "Session"]
+__all__ = [
+    "make_sandbox",
+    "SandboxConfig",
+    "DockerConfig",
+    "E2BConfig",
+    "Limits",
+    "ExecResult",
+    "ExecStatus",
+    "SandboxError",
+    "SyncSandbox",
+    "Sandbox",
+    "Session",
+]
 
 
 def make_sandbox(cfg: SandboxConfig | None = None) -> Sandbox:
@@ -22,11 +34,14 @@ def make_sandbox(cfg: SandboxConfig | None = None) -> Sandbox:
     cfg = cfg or SandboxConfig()
     if cfg.backend == "local":
         from .local import LocalSandbox
+
         return LocalSandbox(cfg)
     if cfg.backend == "docker":
         from .docker_backend import DockerSandbox
+
         return DockerSandbox(cfg)
     if cfg.backend == "e2b":
         from .e2b import E2BSandbox
+
         return E2BSandbox(cfg)
     raise ValueError(f"backend={cfg.backend!r}: must be one of 'local', 'docker', 'e2b'")

@@ -1,4 +1,5 @@
 """The session side of a cell: run code like `python -c`, report how it ended. Stdlib only."""
+
 from __future__ import annotations
 
 import builtins
@@ -45,8 +46,9 @@ def _print_safely(text: str) -> None:
 
 def _reset_stdio() -> None:
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", line_buffering=True)
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
 
 
 def _flush_stdio() -> None:

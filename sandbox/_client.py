@@ -3,6 +3,7 @@
 `WorkerClient` talks to one fork server; `Proc` is one session interpreter it started. Everything
 here is callback-driven on the event loop, so a trivial cell costs two small writes and two wake-ups.
 """
+
 from __future__ import annotations
 
 import array
@@ -341,8 +342,13 @@ class Proc:
             res.error = f"output over {cap} bytes per stream"
         elif not killed:
             res.exit_code = msg["exit_code"]
-            res.status = ExecStatus.OOM if msg.get("exc") == "MemoryError" else \
-                ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
+            res.status = (
+                ExecStatus.OOM
+                if msg.get("exc") == "MemoryError"
+                else ExecStatus.OK
+                if res.exit_code == 0
+                else ExecStatus.ERROR
+            )
         elif msg is not None or self.tampered:  # anything but one well-formed reply: tampering
             self.client.stats["tampered"] += 1
             res.status, res.exit_code = ExecStatus.ERROR, None
@@ -374,16 +380,19 @@ class Proc:
             self.client.stats["leftover_thread_restarts"] += 1
             self.restarted = True
             await self.kill()
-            return note + (f"the cell left {threads} thread(s) running: the session was restarted "
-                           "(its state is lost), so their output cannot reach a later cell")
+            return note + (
+                f"the cell left {threads} thread(s) running: the session was restarted "
+                "(its state is lost), so their output cannot reach a later cell"
+            )
         self.parked = True
         return note.strip()
 
 
 PARK_TIMEOUT_S = 10.0
 SESSION_FRAME_MAX = 4096  # a session's replies are tiny: a bigger frame is tampering, never buffered
-TAMPERED = ("the code wrote into the sandbox's control channel (a forged, malformed or extra frame); "
-            "the session was killed")
+TAMPERED = (
+    "the code wrote into the sandbox's control channel (a forged, malformed or extra frame); the session was killed"
+)
 
 
 def new_stats() -> dict[str, int]:
@@ -396,5 +405,10 @@ def _is_reply(msg: dict | None, cell: int) -> bool:
     if msg is None or set(msg) != {"op", "cell", "exit_code", "exc"} or msg["op"] != "done":
         return False
     code, exc = msg["exit_code"], msg["exc"]
-    return type(msg["cell"]) is int and msg["cell"] == cell and type(code) is int and 0 <= code <= 255 \
+    return (
+        type(msg["cell"]) is int
+        and msg["cell"] == cell
+        and type(code) is int
+        and 0 <= code <= 255
         and (exc is None or (isinstance(exc, str) and len(exc) <= 200))
+    )

@@ -4,6 +4,7 @@ Namespaces (mount, pid, net, ipc, uts), an allow-listed read-only root, per-sess
 (memory + pids, v1 or v2) and an optional seccomp filter through libseccomp. Every function
 raises OSError when the kernel refuses; the worker turns that into an infrastructure failure.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,14 +39,21 @@ def _syscall(name: str, *args) -> int:
     arch = os.uname().machine
     table = SYSCALLS.get(arch)
     if table is None:
-        raise OSError(errno.ENOSYS, f"the local sandbox knows the system call numbers of {sorted(SYSCALLS)} only, "
-                      f"not {arch}: add them to SYSCALLS in sandbox/_isolation.py, or use sandbox.backend=docker")
+        raise OSError(
+            errno.ENOSYS,
+            f"the local sandbox knows the system call numbers of {sorted(SYSCALLS)} only, "
+            f"not {arch}: add them to SYSCALLS in sandbox/_isolation.py, or use sandbox.backend=docker",
+        )
     return _libc.syscall(ctypes.c_long(table[name]), *args)
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 def _check(ret: int, what: str) -> None:
@@ -188,8 +196,12 @@ def build_root(rootless: bool = False) -> None:
     for name in ("null", "zero", "full", "random", "urandom"):
         open(f"{dev}/{name}", "w").close()
         mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{dev}/{name}")
     os.mkdir(f"{dev}/shm")
     mount(None, dev, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
@@ -220,8 +232,11 @@ def collapse_heap() -> int:
             continue  # only private writable anonymous memory (and the brk heap)
         lo, hi = (int(x, 16) for x in fields[0].split("-"))
         lo, hi = (lo + huge - 1) & ~(huge - 1), hi & ~(huge - 1)
-        if hi - lo >= huge and _libc.madvise(lo, hi - lo, MADV_HUGEPAGE) == 0 \
-                and _libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
+        if (
+            hi - lo >= huge
+            and _libc.madvise(lo, hi - lo, MADV_HUGEPAGE) == 0
+            and _libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0
+        ):
             done += hi - lo
     return done
 
@@ -277,8 +292,11 @@ class Cgroups:
                 with open(os.path.join(base, "cgroup.controllers")) as f:
                     have = set(f.read().split())
                 if not {"memory", "pids"} <= have:
-                    raise OSError(errno.EPERM, f"cgroup v2 at {base} does not delegate memory and pids "
-                                  f"(it has: {' '.join(sorted(have)) or 'none'})")
+                    raise OSError(
+                        errno.EPERM,
+                        f"cgroup v2 at {base} does not delegate memory and pids "
+                        f"(it has: {' '.join(sorted(have)) or 'none'})",
+                    )
                 enable = "+memory +pids" + (" +cpu" if "cpu" in have else "")
                 with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
                     f.write(enable)
@@ -314,12 +332,21 @@ class Cgroups:
         """Create the session's groups with their limits; returns directory fds to join."""
         fds = []
         quota = max(1000, int(cpus * CPU_PERIOD_US))
-        limits = {"memory.max": memory_mb << 20, "memory.swap.max": 0, "pids.max": max_processes} if self.v2 else \
-            {"memory.limit_in_bytes": memory_mb << 20, "memory.memsw.limit_in_bytes": memory_mb << 20,
-             "pids.max": max_processes}
+        limits = (
+            {"memory.max": memory_mb << 20, "memory.swap.max": 0, "pids.max": max_processes}
+            if self.v2
+            else {
+                "memory.limit_in_bytes": memory_mb << 20,
+                "memory.memsw.limit_in_bytes": memory_mb << 20,
+                "pids.max": max_processes,
+            }
+        )
         if self.cpu:  # each file exists in one of the groups only (v1); the others skip it below
-            limits.update({"cpu.max": f"{quota} {CPU_PERIOD_US}"} if self.v2 else
-                          {"cpu.cfs_period_us": CPU_PERIOD_US, "cpu.cfs_quota_us": quota})
+            limits.update(
+                {"cpu.max": f"{quota} {CPU_PERIOD_US}"}
+                if self.v2
+                else {"cpu.cfs_period_us": CPU_PERIOD_US, "cpu.cfs_quota_us": quota}
+            )
         for pfd in self.parents:
             os.mkdir(f"s{sid}", dir_fd=pfd)
             fd = os.open(f"s{sid}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=pfd)
@@ -452,8 +479,13 @@ class Seccomp:
         lib = ctypes.CDLL(name, use_errno=True)  # OSError when absent: the caller skips seccomp
         lib.seccomp_init.restype = ctypes.c_void_p
         lib.seccomp_init.argtypes = [ctypes.c_uint32]
-        lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
-                                               ctypes.c_uint, ctypes.POINTER(_ArgCmp)]
+        lib.seccomp_rule_add_array.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_uint32,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.POINTER(_ArgCmp),
+        ]
         self.lib, self.ctx = lib, lib.seccomp_init(self.ALLOW)
         if not self.ctx:
             raise OSError("seccomp_init failed")

@@ -4,6 +4,7 @@ Frames of `!II` (JSON header length, payload length), the JSON header, then the 
 File descriptors (a session's control socket, each cell's stdout/stderr pipes) travel as
 SCM_RIGHTS with the first byte of a frame.
 """
+
 from __future__ import annotations
 
 import array
@@ -48,7 +49,9 @@ def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict | None, bytes, list
     head, fds = b"", []
     while len(head) < HDR.size:
         try:
-            chunk, anc, _flags, _addr = sock.recvmsg(HDR.size - len(head), socket.CMSG_SPACE(4 * maxfds) if maxfds else 0)
+            chunk, anc, _flags, _addr = sock.recvmsg(
+                HDR.size - len(head), socket.CMSG_SPACE(4 * maxfds) if maxfds else 0
+            )
         except ConnectionResetError:  # the peer is gone: same as end of stream
             chunk, anc = b"", []
         for level, kind, data in anc:
@@ -83,11 +86,11 @@ class Frames:
                 break
             end = HDR.size + hlen
             try:  # a tampered peer may send anything: bad UTF-8, NaN, JSON nested past the recursion limit
-                obj = json.loads(self.buf[HDR.size:end])
+                obj = json.loads(self.buf[HDR.size : end])
             except Exception as e:  # noqa: BLE001 - every parse failure is the same verdict: corrupt
                 raise ValueError(f"frame header does not parse: {type(e).__name__}") from None
             if not isinstance(obj, dict):
                 raise ValueError("frame header is not an object")
-            out.append((obj, bytes(self.buf[end:end + plen])))
-            del self.buf[:end + plen]
+            out.append((obj, bytes(self.buf[end : end + plen])))
+            del self.buf[: end + plen]
         return out

@@ -1,4 +1,5 @@
 """The public Session over worker processes, and the bounded queue in front of the workers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,10 @@ class Slots:
     async def slot(self):
         if self.free == 0:
             if self.waiting >= self.queue_size:
-                raise SandboxError(f"sandbox queue full: {self.waiting} calls already wait for "
-                                   f"{self.workers} workers (raise workers or queue_size)")
+                raise SandboxError(
+                    f"sandbox queue full: {self.waiting} calls already wait for "
+                    f"{self.workers} workers (raise workers or queue_size)"
+                )
             fut = asyncio.get_running_loop().create_future()
             self.waiters.append(fut)
             self.waiting += 1
@@ -62,8 +65,14 @@ class ProcSession:
     An interpreter that died (timeout, crash, os._exit) is replaced at the next cell, with fresh
     state; every internal failure becomes a sandbox_error result here, at one boundary."""
 
-    def __init__(self, spawn: Callable[[], Awaitable[Proc]], slots: Slots, limits: Limits,
-                 stateless: bool = False, on_close: Callable[[], Awaitable[None]] | None = None):
+    def __init__(
+        self,
+        spawn: Callable[[], Awaitable[Proc]],
+        slots: Slots,
+        limits: Limits,
+        stateless: bool = False,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ):
         self.spawn, self.slots, self.limits, self.stateless = spawn, slots, limits, stateless
         self.on_close = on_close
         self.proc: Proc | None = None
@@ -81,21 +90,40 @@ class ProcSession:
                     if state == "tampered":  # it wrote into its channel after its last reply
                         self.proc.client.stats["tampered"] += 1
                         await self._drop()
-                        return ExecResult(ExecStatus.ERROR, None, None, "", "", False, False,
-                                          time.monotonic() - t0, TAMPERED + " after its previous cell")
+                        return ExecResult(
+                            ExecStatus.ERROR,
+                            None,
+                            None,
+                            "",
+                            "",
+                            False,
+                            False,
+                            time.monotonic() - t0,
+                            TAMPERED + " after its previous cell",
+                        )
                     if state == "dead" and self.proc is not None and not (self.proc.restarted or self.proc.client.dead):
                         # it ended after its last reply although it was stopped: that cell's doing
                         # (e.g. it closed the control socket). Failed code, never sandbox_error.
                         self.proc.client.stats["died_between_cells"] += 1
                         await self._drop()
-                        return ExecResult(ExecStatus.ERROR, None, None, "", "", False, False, time.monotonic() - t0,
-                                          "the session's interpreter ended after its previous cell returned; "
-                                          "this cell did not run, the next one gets a fresh interpreter")
+                        return ExecResult(
+                            ExecStatus.ERROR,
+                            None,
+                            None,
+                            "",
+                            "",
+                            False,
+                            False,
+                            time.monotonic() - t0,
+                            "the session's interpreter ended after its previous cell returned; "
+                            "this cell did not run, the next one gets a fresh interpreter",
+                        )
                     if state == "dead":  # replaced, with fresh state (like a notebook kernel restart)
                         await self._drop()
                         self.proc = await self.spawn()
-                    res = await self.proc.run_cell(code, self.limits.wall_time(timeout),
-                                                   self.limits.max_output_bytes, park=not self.stateless)
+                    res = await self.proc.run_cell(
+                        code, self.limits.wall_time(timeout), self.limits.max_output_bytes, park=not self.stateless
+                    )
                     if not self.proc.alive:
                         await self._drop()
                     elif self.stateless:  # teardown (~5 ms of kernel work) need not delay the result

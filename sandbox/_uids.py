@@ -6,6 +6,7 @@ worker process, every Docker sandbox) draws from the same directory, so no two l
 share a uid, and with it the per-uid kernel accounting (inotify instances, pending signals, pipe
 buffers, RLIMIT_NPROC).
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -11,6 +11,7 @@ user namespace of its own and no cgroups are used; a session then gets its own n
 namespace and drops every capability instead of switching uid. In docker mode the container is
 the boundary and a reaper that kills every process of the code's uid replaces the pid namespace.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,11 +47,14 @@ class Worker:
         self.cgroup_error = ""  # why root mode runs without cgroups (allow_no_cgroups)
         self.stopped: set[int] = set()
         self.uid_pool: UidPool | None = None  # local, root: a host-wide uid per live session
-        self.uid_locks: dict[int, tuple[int, int]] = {}  # sid -> (uid, lock fd)  # sids stopped (SIGSTOP) between two cells
+        self.uid_locks: dict[
+            int, tuple[int, int]
+        ] = {}  # sid -> (uid, lock fd)  # sids stopped (SIGSTOP) between two cells
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
 
     def setup(self) -> dict:
         import _isolation as iso
+
         self.iso = iso
         for mod in self.cfg["preload"]:
             try:
@@ -58,6 +62,7 @@ class Worker:
             except ImportError:
                 pass
         import gc
+
         gc.collect()
         gc.freeze()  # children's collections skip the preloaded objects: no walk, no copy-on-write
         self.huge_mb = iso.collapse_heap() >> 20
@@ -68,8 +73,10 @@ class Worker:
                 self.seccomp = iso.Seccomp(block_network=not self.limits["network"])
             except OSError as e:
                 if not self.cfg.get("allow_no_seccomp"):
-                    raise OSError(f"no seccomp filter ({e}): install libseccomp2, or set "
-                                  "sandbox.allow_no_seccomp=true to run without it") from None
+                    raise OSError(
+                        f"no seccomp filter ({e}): install libseccomp2, or set "
+                        "sandbox.allow_no_seccomp=true to run without it"
+                    ) from None
                 self.seccomp = None
         if self.local:
             self.rootless = os.geteuid() != 0
@@ -79,10 +86,13 @@ class Worker:
                 try:
                     iso.enter_user_namespace(os.geteuid(), os.getegid())
                 except OSError as e:
-                    raise OSError(e.errno, f"{e.strerror}: without root the local sandbox needs unprivileged "
-                                  "user namespaces (sysctl user.max_user_namespaces > 0, and on Debian/Ubuntu "
-                                  "kernel.unprivileged_userns_clone=1); or run as root, or use "
-                                  "sandbox.backend=docker") from None
+                    raise OSError(
+                        e.errno,
+                        f"{e.strerror}: without root the local sandbox needs unprivileged "
+                        "user namespaces (sysctl user.max_user_namespaces > 0, and on Debian/Ubuntu "
+                        "kernel.unprivileged_userns_clone=1); or run as root, or use "
+                        "sandbox.backend=docker",
+                    ) from None
                 iso.unshare(iso.CLONE_NEWPID)
                 _become_child_of_waiter(iso)
             else:
@@ -90,9 +100,11 @@ class Worker:
                     self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
                 except OSError as e:
                     if not self.cfg.get("allow_no_cgroups"):
-                        raise OSError(f"cannot create per-session cgroups ({e}); fix the cgroup "
-                                      "setup, or set sandbox.allow_no_cgroups=true for per-process rlimits "
-                                      "(weaker: memory not summed over processes, no CPU quota)") from None
+                        raise OSError(
+                            f"cannot create per-session cgroups ({e}); fix the cgroup "
+                            "setup, or set sandbox.allow_no_cgroups=true for per-process rlimits "
+                            "(weaker: memory not summed over processes, no CPU quota)"
+                        ) from None
                     self.cgroup_error = str(e)
                 # the host's /proc, kept open: build_root hides it, the fd still reaches it
                 self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
@@ -111,9 +123,16 @@ class Worker:
                     break
                 except OSError:
                     self.oom_fd = None
-        return {"op": "ready", "cgroups": self.cgroups is not None, "seccomp": self.seccomp is not None,
-                "cpu_quota": self.cgroups is not None and self.cgroups.cpu, "cgroup_error": self.cgroup_error,
-                "rootless": self.local and self.rootless, "huge_mb": self.huge_mb, "pid": os.getpid()}
+        return {
+            "op": "ready",
+            "cgroups": self.cgroups is not None,
+            "seccomp": self.seccomp is not None,
+            "cpu_quota": self.cgroups is not None and self.cgroups.cpu,
+            "cgroup_error": self.cgroup_error,
+            "rootless": self.local and self.rootless,
+            "huge_mb": self.huge_mb,
+            "pid": os.getpid(),
+        }
 
     def oom_kills(self, sid: int | None = None) -> int:
         if self.cgroups is not None and sid is not None:
@@ -173,8 +192,7 @@ class Worker:
             if self.uid_pool is not None:
                 self.uid_locks[sid] = self.uid_pool.take()
             if self.cgroups is not None:
-                cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"],
-                                       self.limits["cpus"])
+                cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"], self.limits["cpus"])
             if self.local:
                 self.iso.unshare(self.iso.CLONE_NEWPID)  # the next child is pid 1 of a new namespace
             pid = os.fork()
@@ -224,8 +242,9 @@ class Worker:
         lim, uid = self.limits, self.uid(sid)
         if self.local:
             iso = self.iso
-            iso.unshare(iso.CLONE_NEWNS | iso.CLONE_NEWIPC | iso.CLONE_NEWUTS
-                        | (0 if lim["network"] else iso.CLONE_NEWNET))
+            iso.unshare(
+                iso.CLONE_NEWNS | iso.CLONE_NEWIPC | iso.CLONE_NEWUTS | (0 if lim["network"] else iso.CLONE_NEWNET)
+            )
             iso.sethostname("sandbox")
             iso.enter_session_mounts(lim["disk_mb"], uid)
             iso.join_cgroups(cg)
@@ -491,9 +510,11 @@ def _wipe_sysv_ipc() -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     ipc_rmid = 0
-    for kind, remove in (("shm", lambda i: libc.shmctl(i, ipc_rmid, None)),
-                         ("msg", lambda i: libc.msgctl(i, ipc_rmid, None)),
-                         ("sem", lambda i: libc.semctl(i, 0, ipc_rmid))):
+    for kind, remove in (
+        ("shm", lambda i: libc.shmctl(i, ipc_rmid, None)),
+        ("msg", lambda i: libc.msgctl(i, ipc_rmid, None)),
+        ("sem", lambda i: libc.semctl(i, 0, ipc_rmid)),
+    ):
         try:
             with open(f"/proc/sysvipc/{kind}") as f:
                 ids = [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]

@@ -1,4 +1,5 @@
 """Types shared by every backend: limits, results, errors and the Sandbox/Session protocols."""
+
 from __future__ import annotations
 
 import signal as _signal

@@ -1,4 +1,5 @@
 """Sandbox configuration: plain typed dataclasses with documented defaults."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

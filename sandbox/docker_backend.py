@@ -17,6 +17,7 @@ Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine
 The Engine API is used through the docker SDK; cells and results travel over a Unix socket in a
 host directory mounted at /ctl (root-only, so the code cannot reach it).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -105,38 +106,69 @@ class DockerSandbox:
             await self._call(self.api.ping)
             labels = (await self._call(self.api.images.get, image)).labels or {}
         except docker.errors.ImageNotFound:
-            raise SandboxError(f"docker image {image} not found: build it with `python -m sandbox.docker.build`") from None
+            raise SandboxError(
+                f"docker image {image} not found: build it with `python -m sandbox.docker.build`"
+            ) from None
         except Exception as e:  # noqa: BLE001 - any engine problem is an infrastructure failure
             raise SandboxError(f"docker engine unavailable: {type(e).__name__}: {e}") from None
         if labels.get("stare-sandbox.code") != code_hash():  # its worker must speak our protocol
-            raise SandboxError(f"docker image {image} holds other sandbox code than this checkout: "
-                               "rebuild it with `python -m sandbox.docker.build`")
+            raise SandboxError(
+                f"docker image {image} holds other sandbox code than this checkout: "
+                "rebuild it with `python -m sandbox.docker.build`"
+            )
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
         self.uids = UidPool()
-        self.info = {"backend": "docker", "cgroups": True, "cpu_quota": True, "rootless": False,
-                     "seccomp": "Docker's default profile + the sandbox's filter", "network": False, "uids": "per-container uid from a "
-                     "host-wide pool", "not_enforced": ["per-session uid inside a container (its sessions run one "
-                                                        "after another, each cleaned up by the reaper)"]}
+        self.info = {
+            "backend": "docker",
+            "cgroups": True,
+            "cpu_quota": True,
+            "rootless": False,
+            "seccomp": "Docker's default profile + the sandbox's filter",
+            "network": False,
+            "uids": "per-container uid from a host-wide pool",
+            "not_enforced": [
+                "per-session uid inside a container (its sessions run one after another, each cleaned up by the reaper)"
+            ],
+        }
         self._fill()
 
     async def _new(self) -> _Container:
         lim = self.limits
         ctl = tempfile.mkdtemp(dir=self.dir)  # 0700, root: the code's uid cannot enter it
         uid, uid_lock = self.uids.take()  # held while the container lives: no other session has this uid
-        args = {"mode": "docker", "listen": "/ctl/worker.sock", "limits": asdict(lim), "preload": list(self.cfg.preload),
-                "seccomp": self.cfg.seccomp, "allow_no_seccomp": self.cfg.allow_no_seccomp, "uid_base": uid}
+        args = {
+            "mode": "docker",
+            "listen": "/ctl/worker.sock",
+            "limits": asdict(lim),
+            "preload": list(self.cfg.preload),
+            "seccomp": self.cfg.seccomp,
+            "allow_no_seccomp": self.cfg.allow_no_seccomp,
+            "uid_base": uid,
+        }
         mem = f"{lim.memory_mb + WORKER_OVERHEAD_MB}m"
         obj = None
         try:
             obj = await self._call(
-                self.api.containers.create, self.cfg.docker.image, [json.dumps(args)],
-                network_mode="none", read_only=True, mem_limit=mem, memswap_limit=mem,
-                pids_limit=lim.max_processes + 8, nano_cpus=int(self.cfg.docker.cpus * 1e9),
+                self.api.containers.create,
+                self.cfg.docker.image,
+                [json.dumps(args)],
+                network_mode="none",
+                read_only=True,
+                mem_limit=mem,
+                memswap_limit=mem,
+                pids_limit=lim.max_processes + 8,
+                nano_cpus=int(self.cfg.docker.cpus * 1e9),
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.disk_mb}m,uid={uid},gid={uid},mode=0700"},
-                shm_size=f"{lim.disk_mb}m", volumes={ctl: {"bind": "/ctl", "mode": "rw"}},
-                cap_drop=["ALL"], cap_add=["SETUID", "SETGID", "KILL"], security_opt=["no-new-privileges"],
-                environment=self.cfg.code_env(dict(os.environ)), hostname="sandbox", user="0:0",
-                labels={"stare-sandbox": self.label})
+                shm_size=f"{lim.disk_mb}m",
+                volumes={ctl: {"bind": "/ctl", "mode": "rw"}},
+                cap_drop=["ALL"],
+                cap_add=["SETUID", "SETGID", "KILL"],
+                security_opt=["no-new-privileges"],
+                environment=self.cfg.code_env(dict(os.environ)),
+                hostname="sandbox",
+                user="0:0",
+                labels={"stare-sandbox": self.label},
+            )
             await self._call(obj.start)
         except Exception as e:  # noqa: BLE001
             if obj is not None:
@@ -207,8 +239,9 @@ class DockerSandbox:
                 self.waiting += 1
                 try:
                     async with self.returned:
-                        await asyncio.wait_for(self.returned.wait_for(lambda: self.idle or not self.pending),
-                                               self.cfg.spawn_timeout_s)
+                        await asyncio.wait_for(
+                            self.returned.wait_for(lambda: self.idle or not self.pending), self.cfg.spawn_timeout_s
+                        )
                 finally:
                     self.waiting -= 1
             else:
@@ -269,7 +302,9 @@ class DockerSandbox:
         await asyncio.gather(*(self._remove(c) for c in list(self.live)), return_exceptions=True)
         if self.api is not None:  # also those a cancelled start left behind
             try:
-                left = await self._call(self.api.containers.list, all=True, filters={"label": f"stare-sandbox={self.label}"})
+                left = await self._call(
+                    self.api.containers.list, all=True, filters={"label": f"stare-sandbox={self.label}"}
+                )
                 await asyncio.gather(*(self._call(c.remove, force=True) for c in left), return_exceptions=True)
             except Exception:  # noqa: BLE001 - the engine went away: nothing left to clean
                 pass

@@ -14,6 +14,7 @@ Transport errors: connection failures (the request never left) are retried `retr
 error after the code may have started is retried only for stateless cells; what remains is
 status=sandbox_error. Code timeouts are never retried.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,16 +43,25 @@ class E2BSession:
     async def _sandbox(self):
         if self.sbx is None:
             e2b = self.owner.sdk
-            opts = {k: v for k, v in {
-                "api_key": self.cfg.e2b.api_key or None, "domain": self.cfg.e2b.domain or None,
-                "sandbox_url": self.cfg.e2b.sandbox_url or None, "debug": self.cfg.e2b.debug or None,
-                "request_timeout": self.cfg.e2b.request_timeout_s}.items() if v is not None}
+            opts = {
+                k: v
+                for k, v in {
+                    "api_key": self.cfg.e2b.api_key or None,
+                    "domain": self.cfg.e2b.domain or None,
+                    "sandbox_url": self.cfg.e2b.sandbox_url or None,
+                    "debug": self.cfg.e2b.debug or None,
+                    "request_timeout": self.cfg.e2b.request_timeout_s,
+                }.items()
+                if v is not None
+            }
             if self.cfg.e2b.template:
                 opts["template"] = self.cfg.e2b.template
             self.sbx = await self.owner.retry(
-                lambda: e2b.AsyncSandbox.create(timeout=self.cfg.e2b.sandbox_timeout_s,
-                                                envs=self.cfg.code_env(dict(os.environ)), **opts),
-                safe=True)
+                lambda: e2b.AsyncSandbox.create(
+                    timeout=self.cfg.e2b.sandbox_timeout_s, envs=self.cfg.code_env(dict(os.environ)), **opts
+                ),
+                safe=True,
+            )
         return self.sbx
 
     async def _drop(self) -> None:
@@ -86,6 +96,7 @@ class E2BSession:
                 if len(data) > room:
                     buf[1] = True
                     raise _OutputCap()
+
             return take
 
         async def attempt():
@@ -93,8 +104,16 @@ class E2BSession:
             ctx = await sbx.create_code_context() if self.stateless else None
             try:
                 return await asyncio.wait_for(
-                    sbx.run_code(code, context=ctx, on_stdout=sink(out), on_stderr=sink(err), timeout=wall,
-                                 request_timeout=self.cfg.e2b.request_timeout_s), wall)
+                    sbx.run_code(
+                        code,
+                        context=ctx,
+                        on_stdout=sink(out),
+                        on_stderr=sink(err),
+                        timeout=wall,
+                        request_timeout=self.cfg.e2b.request_timeout_s,
+                    ),
+                    wall,
+                )
             finally:
                 if ctx is not None and self.sbx is not None:
                     try:
@@ -127,8 +146,17 @@ class E2BSession:
                 status = ExecStatus.OK
         else:
             exit_code = None
-        return ExecResult(status, exit_code, None, stdout[:cap], stderr[:cap], out[1], err[1],
-                          time.monotonic() - t0, "" if execution is not None else f"{status.value}: sandbox replaced")
+        return ExecResult(
+            status,
+            exit_code,
+            None,
+            stdout[:cap],
+            stderr[:cap],
+            out[1],
+            err[1],
+            time.monotonic() - t0,
+            "" if execution is not None else f"{status.value}: sandbox replaced",
+        )
 
     async def close(self) -> None:
         if not self.closed:

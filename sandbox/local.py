@@ -30,6 +30,7 @@ by per-process rlimits (no cgroups) and each session is uid 0 of its own nested 
 with no capabilities (instead of a per-session host uid); `info["not_enforced"]` says so, and
 root mode without cgroups or seccomp refuses to start unless allowed. See sandbox/README.md.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,22 +54,32 @@ WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py
 def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
     """What this sandbox really enforces (from the worker's report), for logs and run summaries."""
     info = {k: hello[k] for k in ("cgroups", "seccomp", "cpu_quota", "rootless", "cgroup_error") if k in hello}
-    info.update(backend="local", network=cfg.limits.network, huge_mb=hello.get("huge_mb", 0),
-                uids="own user namespace per session" if hello.get("rootless") else "per-session uid from a host-wide pool")
+    info.update(
+        backend="local",
+        network=cfg.limits.network,
+        huge_mb=hello.get("huge_mb", 0),
+        uids="own user namespace per session" if hello.get("rootless") else "per-session uid from a host-wide pool",
+    )
     weaker = []
     if not hello.get("cgroups"):
-        weaker += ["memory summed over a session's processes (RLIMIT_AS per process instead; memfd and SysV shm "
-                   "escape it)", "a pids cgroup (RLIMIT_NPROC in the session's own user namespace instead)"]
+        weaker += [
+            "memory summed over a session's processes (RLIMIT_AS per process instead; memfd and SysV shm escape it)",
+            "a pids cgroup (RLIMIT_NPROC in the session's own user namespace instead)",
+        ]
     if not hello.get("cpu_quota"):
         weaker.append("a CPU quota per session (a cell's CPU is bounded by its wall time x max_processes)")
     if not hello.get("seccomp"):
         weaker.append("the seccomp filter (kernel surface: io_uring, bpf, perf, keyctl... are reachable)")
     if hello.get("rootless"):
-        weaker.append("a per-session host uid (all sessions are the starting user on the host: they share its "
-                      "inotify instances and may lower their own oom_score_adj)")
+        weaker.append(
+            "a per-session host uid (all sessions are the starting user on the host: they share its "
+            "inotify instances and may lower their own oom_score_adj)"
+        )
     if cfg.limits.network:
-        weaker.append("network isolation (network=True: the host's network namespace, loopback and abstract "
-                      "Unix sockets included; trusted code only)")
+        weaker.append(
+            "network isolation (network=True: the host's network namespace, loopback and abstract "
+            "Unix sockets included; trusted code only)"
+        )
     info["not_enforced"] = weaker
     return info
 
@@ -104,16 +115,27 @@ class LocalSandbox:
 
     async def _start_worker(self) -> WorkerClient:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        args = {"mode": "local", "fd": theirs.fileno(), "limits": asdict(self.limits),
-                "preload": list(self.cfg.preload), "seccomp": self.cfg.seccomp,
-                "allow_no_seccomp": self.cfg.allow_no_seccomp, "allow_no_cgroups": self.cfg.allow_no_cgroups}
+        args = {
+            "mode": "local",
+            "fd": theirs.fileno(),
+            "limits": asdict(self.limits),
+            "preload": list(self.cfg.preload),
+            "seccomp": self.cfg.seccomp,
+            "allow_no_seccomp": self.cfg.allow_no_seccomp,
+            "allow_no_cgroups": self.cfg.allow_no_cgroups,
+        }
         env = self.cfg.code_env(dict(os.environ))
         env["PATH"] = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
         env.setdefault("USER", "sandbox")
         try:
-            self.popen = subprocess.Popen([sys.executable, "-I", WORKER_PY, json.dumps(args)], env=env,
-                                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, start_new_session=True)
+            self.popen = subprocess.Popen(
+                [sys.executable, "-I", WORKER_PY, json.dumps(args)],
+                env=env,
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as e:
             raise SandboxError(f"cannot start the sandbox worker: {e}") from None
         finally:

@@ -1,4 +1,5 @@
 """Synchronous wrapper for scripts and tests: an event loop in a background thread."""
+
 from __future__ import annotations
 
 import asyncio

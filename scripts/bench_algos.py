@@ -78,13 +78,15 @@ def bench_loss(n_tokens: int, repeats: int) -> dict[str, float]:
             omega, _ = stare_token_weights(-old, adv, top_p=0.1, w=1.1, m=0.9, variant=variant)
             loss, _ = policy_loss(logprobs, old, adv, mask, token_weights=omega)
             loss.backward()
+
         return run
 
     def weights_only() -> None:
         stare_token_weights(-old, adv, top_p=0.1, w=1.1, m=0.9)
 
-    med, ratio = interleaved_medians({"grpo": plain, "stare_o1": stare("O1"), "stare_c2": stare("C2"),
-                                      "weights": weights_only}, repeats)
+    med, ratio = interleaved_medians(
+        {"grpo": plain, "stare_o1": stare("O1"), "stare_c2": stare("C2"), "weights": weights_only}, repeats
+    )
     return {
         "stare_loss_ratio": ratio["stare_o1"],
         "stare_c2_loss_ratio": ratio["stare_c2"],
@@ -99,9 +101,16 @@ def bench_step(repeats: int) -> dict[str, float]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     model = Qwen2ForCausalLM(cfg)
     b, t = 8, 256
     g = torch.Generator().manual_seed(1)
@@ -125,12 +134,17 @@ def bench_step(repeats: int) -> dict[str, float]:
             logp, _ = logprobs_and_entropy(hidden, model.lm_head.weight, ids[:, 1:], with_entropy=False)
             loss, _ = policy_loss(logp, old, adv, mask, token_weights=omega, global_tokens=n_tok)
             loss.backward()
+
         return run
 
     med, ratio = interleaved_medians({"grpo": step(False), "stare": step(True)}, repeats)
     assert ctrl.gate_on
-    return {"stare_step_ratio": ratio["stare"], "grpo_step_ms": med["grpo"] * 1e3,
-            "stare_step_ms": med["stare"] * 1e3, "step_tokens": float(b * (t - 1))}
+    return {
+        "stare_step_ratio": ratio["stare"],
+        "grpo_step_ms": med["grpo"] * 1e3,
+        "stare_step_ms": med["stare"] * 1e3,
+        "step_tokens": float(b * (t - 1)),
+    }
 
 
 def _rss_bytes() -> int:
@@ -163,26 +177,33 @@ def mem_child(path: str, n: int, hdim: int, vocab: int, chunk: int, out: str) ->
     (logp * g_out).sum().backward()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    torch.save({"logp": logp.detach(), "ent": ent, "grad_h": hidden.grad, "grad_w": weight.grad,
-                "peak_delta": peak - before, "seconds": seconds}, out)
+    torch.save(
+        {
+            "logp": logp.detach(),
+            "ent": ent,
+            "grad_h": hidden.grad,
+            "grad_w": weight.grad,
+            "peak_delta": peak - before,
+            "seconds": seconds,
+        },
+        out,
+    )
 
 
 def _float64_reference(n: int, hdim: int, vocab: int, rows: int = 256) -> dict[str, torch.Tensor]:
     """Plain autograd in float64, a block of rows at a time (independent of the code under test)."""
-    hidden, weight, targets, g_out = (x.double() if x.is_floating_point() else x
-                                      for x in _mem_inputs(n, hdim, vocab))
+    hidden, weight, targets, g_out = (x.double() if x.is_floating_point() else x for x in _mem_inputs(n, hdim, vocab))
     weight.requires_grad_()
     logp, ent, grad_h = [], [], []
     for s in range(0, n, rows):
-        h = hidden[s:s + rows].clone().requires_grad_()
+        h = hidden[s : s + rows].clone().requires_grad_()
         logq = torch.log_softmax(h @ weight.t(), dim=-1)  # [rows, V] float64
-        lp = logq.gather(1, targets[s:s + rows, None]).squeeze(1)
+        lp = logq.gather(1, targets[s : s + rows, None]).squeeze(1)
         ent.append(-(logq.exp() * logq).sum(-1).detach())
-        (lp * g_out[s:s + rows]).sum().backward()
+        (lp * g_out[s : s + rows]).sum().backward()
         logp.append(lp.detach())
         grad_h.append(h.grad)
-    return {"logp": torch.cat(logp), "ent": torch.cat(ent), "grad_h": torch.cat(grad_h),
-            "grad_w": weight.grad}
+    return {"logp": torch.cat(logp), "ent": torch.cat(ent), "grad_h": torch.cat(grad_h), "grad_w": weight.grad}
 
 
 def bench_memory(n: int, hdim: int, vocab: int, chunk: int) -> dict[str, float]:
@@ -190,9 +211,25 @@ def bench_memory(n: int, hdim: int, vocab: int, chunk: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         for path in ("chunked", "naive"):
             out = os.path.join(tmp, f"{path}.pt")
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--mem-child", path,
-                            "--n", str(n), "--hdim", str(hdim), "--vocab", str(vocab),
-                            "--chunk", str(chunk), "--out", out], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--mem-child",
+                    path,
+                    "--n",
+                    str(n),
+                    "--hdim",
+                    str(hdim),
+                    "--vocab",
+                    str(vocab),
+                    "--chunk",
+                    str(chunk),
+                    "--out",
+                    out,
+                ],
+                check=True,
+            )
             res[path] = torch.load(out)
     ref = _float64_reference(n, hdim, vocab)
     c, v = res["chunked"], res["naive"]
@@ -231,8 +268,10 @@ def main() -> None:
 
     t0 = time.perf_counter()
     results: dict[str, float] = {}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     results.update(bench_loss(args.loss_tokens, args.loss_repeats))
     # The same on one thread: element-wise loss kernels scale with threads better than the
     # selection does, and one thread is far less sensitive to other processes on the machine.
@@ -242,21 +281,32 @@ def main() -> None:
     torch.set_num_threads(threads)
     results["stare_loss_ratio_1thread"] = one["stare_loss_ratio"]
     results["stare_c2_loss_ratio_1thread"] = one["stare_c2_loss_ratio"]
-    print(f"[1] loss on {int(results['loss_tokens'])} tokens fwd+bwd: GRPO {results['grpo_loss_ms']:.1f} ms, "
-          f"STARE-O1 {results['stare_loss_ms']:.1f} ms (weights alone {results['stare_weights_ms']:.1f} ms) "
-          f"-> ratio {results['stare_loss_ratio']:.3f} (C2 {results['stare_c2_loss_ratio']:.3f}); "
-          f"one thread: {results['stare_loss_ratio_1thread']:.3f} (C2 {results['stare_c2_loss_ratio_1thread']:.3f})",
-          flush=True)
+    print(
+        f"[1] loss on {int(results['loss_tokens'])} tokens fwd+bwd: GRPO {results['grpo_loss_ms']:.1f} ms, "
+        f"STARE-O1 {results['stare_loss_ms']:.1f} ms (weights alone {results['stare_weights_ms']:.1f} ms) "
+        f"-> ratio {results['stare_loss_ratio']:.3f} (C2 {results['stare_c2_loss_ratio']:.3f}); "
+        f"one thread: {results['stare_loss_ratio_1thread']:.3f} (C2 {results['stare_c2_loss_ratio_1thread']:.3f})",
+        flush=True,
+    )
     results.update(bench_step(args.step_repeats))
-    print(f"[2] tiny Qwen2 micro-step ({int(results['step_tokens'])} tokens): GRPO {results['grpo_step_ms']:.1f} ms, "
-          f"STARE {results['stare_step_ms']:.1f} ms -> ratio {results['stare_step_ratio']:.4f}", flush=True)
+    print(
+        f"[2] tiny Qwen2 micro-step ({int(results['step_tokens'])} tokens): GRPO {results['grpo_step_ms']:.1f} ms, "
+        f"STARE {results['stare_step_ms']:.1f} ms -> ratio {results['stare_step_ratio']:.4f}",
+        flush=True,
+    )
     results.update(bench_memory(args.n, args.hdim, args.vocab, args.chunk))
-    print(f"[3] logprobs+entropy N={args.n} V={args.vocab} chunk={args.chunk}: peak chunked "
-          f"{results['chunked_peak_mb']:.0f} MB vs naive {results['naive_peak_mb']:.0f} MB -> ratio "
-          f"{results['logprob_mem_ratio']:.3f}", flush=True)
+    print(
+        f"[3] logprobs+entropy N={args.n} V={args.vocab} chunk={args.chunk}: peak chunked "
+        f"{results['chunked_peak_mb']:.0f} MB vs naive {results['naive_peak_mb']:.0f} MB -> ratio "
+        f"{results['logprob_mem_ratio']:.3f}",
+        flush=True,
+    )
     for name in ("logp", "entropy", "grad_hidden", "grad_weight"):
-        print(f"    {name:12s} max |chunked - naive| {results[name + '_diff']:.1e}; vs float64: chunked "
-              f"{results[name + '_err_chunked']:.1e}, naive {results[name + '_err_naive']:.1e}", flush=True)
+        print(
+            f"    {name:12s} max |chunked - naive| {results[name + '_diff']:.1e}; vs float64: chunked "
+            f"{results[name + '_err_chunked']:.1e}, naive {results[name + '_err_naive']:.1e}",
+            flush=True,
+        )
     results["bench_seconds"] = time.perf_counter() - t0
     # Other processes on the machine inflate every timing; the 1-minute load average at the end
     # says how far the ratios above can be trusted.

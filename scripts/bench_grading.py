@@ -48,8 +48,10 @@ def load_cases() -> list[tuple[str, str, bool, str]]:
 def dapo_mix(n: int = 400, seed: int = 0) -> list[tuple[str, str]]:
     """(gold, response) pairs like an RL step's: integer golds, mostly integer answers."""
     rng = random.Random(seed)
-    filler = ("Let me set up the equation. We compute the sum step by step and check the "
-              "boundary cases with the interpreter. ")
+    filler = (
+        "Let me set up the equation. We compute the sum step by step and check the "
+        "boundary cases with the interpreter. "
+    )
     out = []
     for _ in range(n):
         gold = rng.randint(0, 99999)
@@ -74,10 +76,15 @@ def dapo_mix(n: int = 400, seed: int = 0) -> list[tuple[str, str]]:
 
 
 ADVERSARIAL = [
-    r"\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}", r"\boxed{10^{10^{10^{10}}}}", r"\boxed{9^{9^{9^{9}}}}",
-    r"\boxed{100000000!}", r"\boxed{(10^{100})!}",
-    "\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}", "\\boxed{" + "\\frac{1}{" * 60 + "2" + "}" * 60 + "}",
-    "\\boxed{" + "\\sqrt{" * 80 + "2" + "}" * 80 + "}", "\\boxed{" + "x^{" * 40 + "2" + "}" * 40 + "}",
+    r"\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}",
+    r"\boxed{10^{10^{10^{10}}}}",
+    r"\boxed{9^{9^{9^{9}}}}",
+    r"\boxed{100000000!}",
+    r"\boxed{(10^{100})!}",
+    "\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}",
+    "\\boxed{" + "\\frac{1}{" * 60 + "2" + "}" * 60 + "}",
+    "\\boxed{" + "\\sqrt{" * 80 + "2" + "}" * 80 + "}",
+    "\\boxed{" + "x^{" * 40 + "2" + "}" * 40 + "}",
     r"\boxed{" + "+".join(f"x^{{{i}}}" for i in range(300)) + "}",
 ]
 
@@ -137,8 +144,10 @@ def main() -> None:
     for cat, (cnt, a, b, fa, fb) in sorted(by_cat.items()):
         print(f"{cat:<14} {cnt:>4} {a:>5} {b:>11} {fa:>8} {fb:>6}")
     negatives = sum(1 for c in cases if not c[2])
-    print(f"labelled cases={n} (not equal: {negatives})  calls/s: ours={n / secs['ours']:.0f} "
-          f"math_verify={n / secs['math_verify']:.0f}  worker calls={ours.stats['symbolic_calls']}")
+    print(
+        f"labelled cases={n} (not equal: {negatives})  calls/s: ours={n / secs['ours']:.0f} "
+        f"math_verify={n / secs['math_verify']:.0f}  worker calls={ours.stats['symbolic_calls']}"
+    )
     if args.show_disagreements:
         for i, (gold, resp, label, cat) in enumerate(cases):
             o, m = verdicts["ours"][i], verdicts["math_verify"][i]
@@ -149,8 +158,10 @@ def main() -> None:
     mix_ours, t_ours = timed(graders["ours"], mix, args.repeat)
     mix_mv, t_mv = timed(mv, mix, args.repeat)
     same = sum(a == b for a, b in zip(mix_ours, mix_mv))
-    print(f"integer mix: {len(mix)} responses  calls/s: ours={len(mix) / t_ours:.0f} "
-          f"math_verify={len(mix) / t_mv:.0f}  ratio={t_mv / t_ours:.1f}x  same verdict={same}/{len(mix)}")
+    print(
+        f"integer mix: {len(mix)} responses  calls/s: ours={len(mix) / t_ours:.0f} "
+        f"math_verify={len(mix) / t_mv:.0f}  ratio={t_mv / t_ours:.1f}x  same verdict={same}/{len(mix)}"
+    )
 
     hang_max = 0.0
     for mode in GRADERS:
@@ -160,14 +171,18 @@ def main() -> None:
             t0 = time.perf_counter()
             g.grade(text, "5")
             hang_max = max(hang_max, time.perf_counter() - t0)
-        print(f"hang check [{mode}]: {len(ADVERSARIAL)} adversarial answers, timeouts={g.stats['timeouts']}, "
-              f"max so far {hang_max:.2f} s (bound 2 s + worker restart)")
+        print(
+            f"hang check [{mode}]: {len(ADVERSARIAL)} adversarial answers, timeouts={g.stats['timeouts']}, "
+            f"max so far {hang_max:.2f} s (bound 2 s + worker restart)"
+        )
         g.close()
     ours.close()
-    print(f"RESULT agree_ours={agree['ours']}/{n} agree_math_verify={agree['math_verify']}/{n} "
-          f"false_pos_ours={false_pos['ours']} false_pos_math_verify={false_pos['math_verify']} "
-          f"speed_ratio={secs['math_verify'] / secs['ours']:.2f} int_mix_speed_ratio={t_mv / t_ours:.1f} "
-          f"hang_max_s={hang_max:.2f}")
+    print(
+        f"RESULT agree_ours={agree['ours']}/{n} agree_math_verify={agree['math_verify']}/{n} "
+        f"false_pos_ours={false_pos['ours']} false_pos_math_verify={false_pos['math_verify']} "
+        f"speed_ratio={secs['math_verify'] / secs['ours']:.2f} int_mix_speed_ratio={t_mv / t_ours:.1f} "
+        f"hang_max_s={hang_max:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,9 @@ def hf_generate_reference(backend, prompt_ids: list[list[int]], new_tokens: int)
     tok, model = backend.tokenizer, backend.model
     batch = tok.pad({"input_ids": prompt_ids}, padding=True, padding_side="left", return_tensors="pt")
     batch = {k: v.to(backend.device) for k, v in batch.items()}
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
-                  pad_token_id=backend.pad_token_id)
+    kwargs = dict(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, pad_token_id=backend.pad_token_id
+    )
     with torch.inference_mode():
         model.generate(**batch, **kwargs)  # warm-up
         t = time.perf_counter()
@@ -103,8 +104,11 @@ def hf_generate_reference(backend, prompt_ids: list[list[int]], new_tokens: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny-random",
-                    help="model.path: HF checkpoint dir, 'tiny' (the shipped base) or 'tiny-random' (built once)")
+    ap.add_argument(
+        "--model",
+        default="tiny-random",
+        help="model.path: HF checkpoint dir, 'tiny' (the shipped base) or 'tiny-random' (built once)",
+    )
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128, help="part 1 token budget per prompt")
     ap.add_argument("--batch", type=int, default=64, help="HF backend max_batch_size")
@@ -130,22 +134,31 @@ def main() -> None:
     path = resolve_model_path(ModelConfig(path=args.model))  # the names mean what they mean in training
     backend = HFBackend(path, cfg=HFBackendConfig(max_batch_size=args.batch))
     tok = backend.tokenizer
-    print(f"model={path} device={backend.device} threads={torch.get_num_threads()} "
-          f"batch={args.batch}")
+    print(f"model={path} device={backend.device} threads={torch.get_num_threads()} batch={args.batch}")
 
     # ---------------------------------------------------------------- 1. engine overhead
-    problems = [{"id": f"q{i}", "problem": f"Compute {i} * {i + 7} and explain the steps."}
-                for i in range(args.prompts)]
-    cfg = RolloutConfig(n_per_prompt=1, max_turns=1, max_total_tokens=args.new_tokens,
-                        max_new_tokens_per_turn=args.new_tokens, seed=args.seed, progress=False)
+    problems = [
+        {"id": f"q{i}", "problem": f"Compute {i} * {i + 7} and explain the steps."} for i in range(args.prompts)
+    ]
+    cfg = RolloutConfig(
+        n_per_prompt=1,
+        max_turns=1,
+        max_total_tokens=args.new_tokens,
+        max_new_tokens_per_turn=args.new_tokens,
+        seed=args.seed,
+        progress=False,
+    )
     engine = RolloutEngine(backend, tok, NoToolEnv, cfg)
     prompt_ids = [engine._prompt_ids(NoToolEnv(p)) for p in problems]
     seeds = [_derive_seed(args.seed, g, 0, 0) for g in range(len(problems))]
 
     async def direct():
-        return await asyncio.gather(*(
-            backend.generate(p, SamplingParams(max_new_tokens=args.new_tokens, seed=s), [])
-            for p, s in zip(prompt_ids, seeds)))
+        return await asyncio.gather(
+            *(
+                backend.generate(p, SamplingParams(max_new_tokens=args.new_tokens, seed=s), [])
+                for p, s in zip(prompt_ids, seeds)
+            )
+        )
 
     def time_engine() -> tuple[float, float, int]:
         t, c = time.perf_counter(), time.process_time()
@@ -174,17 +187,23 @@ def main() -> None:
     print(f"    direct batched generate: {d:.3f} s  ({nd / d:,.0f} tok/s)   runs={[round(x, 3) for x in dir_t]}")
     print(f"    engine:                  {e:.3f} s  ({ne / e:,.0f} tok/s)   runs={[round(x, 3) for x in eng_t]}")
     print(f"    reference: transformers generate(), same batch, KV cache: {ref:,.0f} tok/s")
-    print(f"    process CPU time (all threads), fastest run: engine {min(eng_c):.3f} s, "
-          f"direct {min(dir_c):.3f} s, ratio {min(eng_c) / min(dir_c):.3f}")
+    print(
+        f"    process CPU time (all threads), fastest run: engine {min(eng_c):.3f} s, "
+        f"direct {min(dir_c):.3f} s, ratio {min(eng_c) / min(dir_c):.3f}"
+    )
     print(f"    engine_overhead_ratio = {overhead:.3f}")
 
     # ---------------------------------------------------------------- 2. overlap
-    mproblems = [{"id": f"m{i}", "problem": f"Use the tool to compute {i} ** 3."}
-                 for i in range(args.multi_prompts)]
+    mproblems = [{"id": f"m{i}", "problem": f"Use the tool to compute {i} ** 3."} for i in range(args.multi_prompts)]
     budget = (args.tool_calls + 1) * (args.turn_tokens + 16)
-    mcfg = RolloutConfig(n_per_prompt=args.multi_n, max_turns=args.tool_calls + 1,
-                         max_total_tokens=budget, max_new_tokens_per_turn=budget,
-                         seed=args.seed + 1, progress=False)
+    mcfg = RolloutConfig(
+        n_per_prompt=args.multi_n,
+        max_turns=args.tool_calls + 1,
+        max_total_tokens=budget,
+        max_new_tokens_per_turn=budget,
+        seed=args.seed + 1,
+        progress=False,
+    )
     wrapped = TurnsEndInToolCalls(backend, args.turn_tokens)
 
     def rollout(latency: float) -> tuple[float, dict]:
@@ -204,12 +223,14 @@ def main() -> None:
     wall, stats = min(walls, key=lambda w: w[0])
     serial = stats["engine/tool_calls"] * args.tool_latency
     overlap = wall / (gen_only + serial)
-    print(f"[2] multi-turn: {len(mproblems)} x {args.multi_n} trajectories, "
-          f"{stats['engine/tool_calls']:.0f} tool calls of {args.tool_latency} s, "
-          f"{stats['rollout/turns']:.1f} turns, {stats['engine/model_tokens']:.0f} model tokens")
+    print(
+        f"[2] multi-turn: {len(mproblems)} x {args.multi_n} trajectories, "
+        f"{stats['engine/tool_calls']:.0f} tool calls of {args.tool_latency} s, "
+        f"{stats['rollout/turns']:.1f} turns, {stats['engine/model_tokens']:.0f} model tokens"
+    )
     print(f"    generation only (0 s sandbox): {gen_only:.3f} s   runs={[round(x, 3) for x in gen_runs]}")
     print(f"    serial sandbox time:           {serial:.3f} s")
-    finish = {k[len("finish/"):]: round(v, 3) for k, v in stats.items() if k.startswith("finish/") and v}
+    finish = {k[len("finish/") :]: round(v, 3) for k, v in stats.items() if k.startswith("finish/") and v}
     print(f"    wall with sandbox:             {wall:.3f} s   runs={[round(w, 3) for w, _ in walls]}")
     print(f"    finish reasons: {finish}")
     print(f"    overlap_ratio = {overlap:.3f}")

@@ -9,6 +9,7 @@ the sandbox prepare its next interpreter) for both the sandbox and the baseline;
 back to back (gap 0, bound by throughput) are printed too. Throughput: 2*n concurrent calls.
 Last line: RESULT trivial_speedup=.. sympy_speedup=.. trivial_calls_per_s=.. (+ more figures).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -134,9 +135,12 @@ def main() -> None:
     why = docker_ready(dcfg) if args.docker != "off" else "disabled"
     if not why:
         dock = asyncio.run(bench_backend(dcfg, max(20, args.n // 5), gap, "docker"))
-        result.update(docker_trivial_speedup=pct(b_triv, 0.5) / dock["triv"],
-                      docker_sympy_speedup=pct(b_sym, 0.5) / dock["sym"],
-                      docker_calls_per_s=dock["cps"], docker_trivial_p50_ms=dock["triv"] * 1e3)
+        result.update(
+            docker_trivial_speedup=pct(b_triv, 0.5) / dock["triv"],
+            docker_sympy_speedup=pct(b_sym, 0.5) / dock["sym"],
+            docker_calls_per_s=dock["cps"],
+            docker_trivial_p50_ms=dock["triv"] * 1e3,
+        )
     elif args.docker == "on":
         sys.exit(f"docker requested but unavailable: {why}")
     else:

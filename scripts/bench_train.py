@@ -32,8 +32,14 @@ def main() -> None:
 
     run_dir = Path(args.run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, str(ROOT / "scripts" / "train_tir.py"), "--config", args.config,
-           f"trainer.run_dir={run_dir}", *args.overrides]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "train_tir.py"),
+        "--config",
+        args.config,
+        f"trainer.run_dir={run_dir}",
+        *args.overrides,
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
     wall = time.perf_counter() - t0
@@ -42,11 +48,15 @@ def main() -> None:
     secs = s["seconds"]
     print("phases: " + ", ".join(f"{k}={v:.1f}s" for k, v in secs.items()))
     best, best_step, gate = s.get("best_acc"), s.get("best_acc_step"), s.get("gate_first_step")
-    print(f"held-out accuracy: {a:.3f} after SFT -> {b:.3f} after RL ({b / max(a, 1e-9):.2f}x); "
-          f"best {best:.3f} at step {best_step}; STARE gate first open at step {gate}")
-    print(f"RESULT wall_s={wall:.1f} acc_sft={a:.3f} acc_rl={b:.3f} acc_gain={b - a:+.3f} "
-          f"best_acc={best:.3f} best_step={best_step} gate_first_step={'none' if gate is None else gate} "
-          f"sft_s={secs.get('sft', 0.0):.1f} rl_s={secs.get('rl', 0.0):.1f}")
+    print(
+        f"held-out accuracy: {a:.3f} after SFT -> {b:.3f} after RL ({b / max(a, 1e-9):.2f}x); "
+        f"best {best:.3f} at step {best_step}; STARE gate first open at step {gate}"
+    )
+    print(
+        f"RESULT wall_s={wall:.1f} acc_sft={a:.3f} acc_rl={b:.3f} acc_gain={b - a:+.3f} "
+        f"best_acc={best:.3f} best_step={best_step} gate_first_step={'none' if gate is None else gate} "
+        f"sft_s={secs.get('sft', 0.0):.1f} rl_s={secs.get('rl', 0.0):.1f}"
+    )
 
 
 if __name__ == "__main__":

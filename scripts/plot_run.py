@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Plot the training curves of one or more runs (overlaid) into a PNG.
 
-    python scripts/plot_run.py runs/tiny_cpu runs/other --out curves.png
+python scripts/plot_run.py runs/tiny_cpu runs/other --out curves.png
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", help="run directories holding metrics.jsonl")
-    parser.add_argument("--out", default=None,
-                        help="output PNG (default: <first run dir>/plots/curves.png, or curves.png for several)")
+    parser.add_argument(
+        "--out", default=None, help="output PNG (default: <first run dir>/plots/curves.png, or curves.png for several)"
+    )
     parser.add_argument("--band", type=float, default=0.05, help="half-width of the shaded target-entropy band")
     args = parser.parse_args()
 

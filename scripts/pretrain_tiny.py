@@ -55,8 +55,10 @@ def tool_use(rng: random.Random) -> str:
     """Code-interpreter text as found in tool-use corpora: a question, code, its output, a result."""
     e = expression(rng)
     value = str(eval(e))  # e only holds digits and + - *
-    return (f"What is {e}?\n<code>\n```python\nprint({e})\n```\n</code>\n"
-            f"<interpreter>\n{value}\n</interpreter>\n\\boxed{{{value}}}\n")
+    return (
+        f"What is {e}?\n<code>\n```python\nprint({e})\n```\n</code>\n"
+        f"<interpreter>\n{value}\n</interpreter>\n\\boxed{{{value}}}\n"
+    )
 
 
 def chat_tool_use(rng: random.Random, tok) -> str:
@@ -65,10 +67,12 @@ def chat_tool_use(rng: random.Random, tok) -> str:
 
     e = expression(rng)
     value = str(eval(e))  # e only holds digits and + - *
-    reply = (f"<code>\n```python\nprint({e})\n```\n</code>\n<interpreter>\n{value}\n</interpreter>\n"
-             f"\\boxed{{{value}}}")
-    messages = [{"role": "system", "content": SHORT_SYSTEM_PROMPT},
-                {"role": "user", "content": f"What is {e}?"}, {"role": "assistant", "content": reply}]
+    reply = f"<code>\n```python\nprint({e})\n```\n</code>\n<interpreter>\n{value}\n</interpreter>\n\\boxed{{{value}}}"
+    messages = [
+        {"role": "system", "content": SHORT_SYSTEM_PROMPT},
+        {"role": "user", "content": f"What is {e}?"},
+        {"role": "assistant", "content": reply},
+    ]
     return tok.apply_chat_template(messages, tokenize=False)
 
 
@@ -89,11 +93,15 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (linear warmup and decay)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the corpus and the initialisation")
     parser.add_argument("--size", default="tiny", choices=["tiny", "small", "base"], help="model shape")
-    parser.add_argument("--out", default=str(ROOT / "stare_tir" / "assets" / "tiny-base"),
-                        help="output directory (HF model + tokenizer)")
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "stare_tir" / "assets" / "tiny-base"),
+        help="output directory (HF model + tokenizer)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--chat-fraction", type=float, default=0.0,
-                        help="share of documents that are tool-use chat transcripts")
+    parser.add_argument(
+        "--chat-fraction", type=float, default=0.0, help="share of documents that are tool-use chat transcripts"
+    )
     parser.add_argument("--init", default=None, help="continue from this HF model directory instead of a fresh init")
     args = parser.parse_args()
 
@@ -113,14 +121,17 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     warmup = max(1, args.steps // 30)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda k: min(1.0, (k + 1) / warmup) * max(0.05, 1.0 - k / args.steps))
+        opt, lambda k: min(1.0, (k + 1) / warmup) * max(0.05, 1.0 - k / args.steps)
+    )
     rng = random.Random(args.seed)
     eos = tok.eos_token_id
     t0 = time.time()
     bar = tqdm(range(args.steps), desc="pretrain", unit="step")
     for _ in bar:
-        docs = [tok(document(rng, tok, args.chat_fraction), add_special_tokens=False)["input_ids"] + [eos]
-                for _ in range(args.batch_size)]
+        docs = [
+            tok(document(rng, tok, args.chat_fraction), add_special_tokens=False)["input_ids"] + [eos]
+            for _ in range(args.batch_size)
+        ]
         length = max(len(d) for d in docs)
         ids = torch.full((len(docs), length), tok.pad_token_id)  # [B, L]
         labels = torch.full((len(docs), length), -100)  # [B, L], padding not trained

@@ -31,35 +31,58 @@ TRAIN = ROOT / "scripts" / "train_tir.py"
 def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
     """name -> {'overrides': [...], 'target': float, 'label': str}."""
     arms = {
-        "grpo_ds": {"overrides": ["algo.name=grpo_ds", f"algo.stare.target_entropy={target}"],
-                    "label": "GRPO-ds"},
-        "stare_o1": {"overrides": ["algo.name=stare", "algo.stare.variant=O1",
-                                   f"algo.stare.target_entropy={target}"],
-                     "label": f"STARE-O1 (H*={target})"},
-        "stare_c2": {"overrides": ["algo.name=stare", "algo.stare.variant=C2",
-                                   f"algo.stare.target_entropy={target}"],
-                     "label": f"STARE-C2 (H*={target})"},
-        "open_w1.01": {"overrides": ["algo.name=stare", "algo.stare.variant=O1",
-                                     "algo.stare.open_loop=true", "algo.stare.w=1.01",
-                                     f"algo.stare.target_entropy={target}"],
-                       "label": "open-loop W=1.01"},
-        "open_w2.0": {"overrides": ["algo.name=stare", "algo.stare.variant=O1",
-                                    "algo.stare.open_loop=true", "algo.stare.w=2.0",
-                                    f"algo.stare.target_entropy={target}"],
-                      "label": "open-loop W=2.0"},
+        "grpo_ds": {"overrides": ["algo.name=grpo_ds", f"algo.stare.target_entropy={target}"], "label": "GRPO-ds"},
+        "stare_o1": {
+            "overrides": ["algo.name=stare", "algo.stare.variant=O1", f"algo.stare.target_entropy={target}"],
+            "label": f"STARE-O1 (H*={target})",
+        },
+        "stare_c2": {
+            "overrides": ["algo.name=stare", "algo.stare.variant=C2", f"algo.stare.target_entropy={target}"],
+            "label": f"STARE-C2 (H*={target})",
+        },
+        "open_w1.01": {
+            "overrides": [
+                "algo.name=stare",
+                "algo.stare.variant=O1",
+                "algo.stare.open_loop=true",
+                "algo.stare.w=1.01",
+                f"algo.stare.target_entropy={target}",
+            ],
+            "label": "open-loop W=1.01",
+        },
+        "open_w2.0": {
+            "overrides": [
+                "algo.name=stare",
+                "algo.stare.variant=O1",
+                "algo.stare.open_loop=true",
+                "algo.stare.w=2.0",
+                f"algo.stare.target_entropy={target}",
+            ],
+            "label": "open-loop W=2.0",
+        },
     }
     # Not one of the issue's arms: the strongest in-spec setting of C2's M lever (see
     # scripts/study_mechanism.py: on this task M moves the entropy under Adam, W does not).
-    arms["c2_adaptive"] = {"overrides": ["algo.name=stare", "algo.stare.variant=C2",
-                                         "algo.stare.adaptive=true", "algo.stare.adapt_rate=0.05",
-                                         "algo.stare.m_min=0.1", f"algo.stare.target_entropy={target}"],
-                           "label": f"STARE-C2 adaptive, M->0.1 (H*={target})", "optional": True}
+    arms["c2_adaptive"] = {
+        "overrides": [
+            "algo.name=stare",
+            "algo.stare.variant=C2",
+            "algo.stare.adaptive=true",
+            "algo.stare.adapt_rate=0.05",
+            "algo.stare.m_min=0.1",
+            f"algo.stare.target_entropy={target}",
+        ],
+        "label": f"STARE-C2 adaptive, M->0.1 (H*={target})",
+        "optional": True,
+    }
     for t in extra_targets:
         if t == target:
             continue
-        arms[f"stare_o1_t{t}"] = {"overrides": ["algo.name=stare", "algo.stare.variant=O1",
-                                                f"algo.stare.target_entropy={t}"],
-                                  "label": f"STARE-O1 (H*={t})", "target": t}
+        arms[f"stare_o1_t{t}"] = {
+            "overrides": ["algo.name=stare", "algo.stare.variant=O1", f"algo.stare.target_entropy={t}"],
+            "label": f"STARE-O1 (H*={t})",
+            "target": t,
+        }
     for a in arms.values():
         a.setdefault("target", target)
     return arms
@@ -82,8 +105,16 @@ def ensure_sft(args) -> str:
     model = base / "sft" / "model"
     if not (model / "config.json").is_file():
         print(f"[study] building shared SFT checkpoint in {base}", flush=True)
-        cmd = [sys.executable, str(TRAIN), f"trainer.run_dir={base}", "trainer.steps=1",
-               "trainer.eval_every=0", "data.arithmetic_eval_size=8", *args.set, *args.sft_set]
+        cmd = [
+            sys.executable,
+            str(TRAIN),
+            f"trainer.run_dir={base}",
+            "trainer.steps=1",
+            "trainer.eval_every=0",
+            "data.arithmetic_eval_size=8",
+            *args.set,
+            *args.sft_set,
+        ]
         rc = run(cmd, Path(args.out) / "sft_base.log")
         if rc != 0 or not (model / "config.json").is_file():
             raise SystemExit(f"SFT failed (rc={rc}); see {Path(args.out) / 'sft_base.log'}")
@@ -107,8 +138,11 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
     gate_logged = any("stare/gate_on" in r for r in rows)
     gate = [float(r.get("stare/gate_on", 0.0) or 0.0) for r in rows]
     # GRPO-ds has no gate: use the step where H first falls below H* (where the gate would engage).
-    first = (next((i for i, g in enumerate(gate) if g > 0), None) if gate_logged
-             else next((i for i, h in enumerate(H) if h < target), None))
+    first = (
+        next((i for i, g in enumerate(gate) if g > 0), None)
+        if gate_logged
+        else next((i for i, h in enumerate(H) if h < target), None)
+    )
     dev = None if first is None else sum(abs(h - target) for h in H[first:]) / len(H[first:])
     last = rows[-tail:] if rows else []
 
@@ -121,19 +155,29 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         return sum(vals) / len(vals) if vals else None
 
     return {
-        "steps": len(rows), "H_first": H[0] if H else None, "H_final": H[-1] if H else None,
+        "steps": len(rows),
+        "H_first": H[0] if H else None,
+        "H_final": H[-1] if H else None,
         # Where the entropy settles: mean over the second half of the run (less noisy than one step).
-        "H_second_half": sum(H[len(H) // 2:]) / len(H[len(H) // 2:]) if H else None,
-        "H_min": min(H) if H else None, "H_max": max(H) if H else None,
+        "H_second_half": sum(H[len(H) // 2 :]) / len(H[len(H) // 2 :]) if H else None,
+        "H_min": min(H) if H else None,
+        "H_max": max(H) if H else None,
         "first_gate_step": None if first is None else rows[first]["step"],
-        "mean_abs_dev_after_gate": dev, "frac_gated": sum(gate) / len(gate) if gate and gate_logged else None,
-        "acc_before_rl": summary.get("acc_before_rl"), "acc_after_rl": summary.get("acc_after_rl"),
-        "reward_final": mean("reward/mean"), "acc_train_final": mean("acc/train"),
-        "tool_calls": mean("rollout/tool_calls"), "response_len": mean("rollout/response_len"),
+        "mean_abs_dev_after_gate": dev,
+        "frac_gated": sum(gate) / len(gate) if gate and gate_logged else None,
+        "acc_before_rl": summary.get("acc_before_rl"),
+        "acc_after_rl": summary.get("acc_after_rl"),
+        "reward_final": mean("reward/mean"),
+        "acc_train_final": mean("acc/train"),
+        "tool_calls": mean("rollout/tool_calls"),
+        "response_len": mean("rollout/response_len"),
         # Over gated steps only: how strongly STARE reweighted, and how many L+ tokens could raise
         # entropy at all (surprisal above their position's entropy).
-        "mean_weight": gated_mean("stare/mean_weight"), "lplus_s_gt_h": gated_mean("stare/lplus_s_gt_h_frac"),
-        "entropy": H, "gate": gate, "step": [r["step"] for r in rows],
+        "mean_weight": gated_mean("stare/mean_weight"),
+        "lplus_s_gt_h": gated_mean("stare/lplus_s_gt_h_frac"),
+        "entropy": H,
+        "gate": gate,
+        "step": [r["step"] for r in rows],
         "acc_train": [r.get("acc/train") for r in rows],
         "eval": [(r["step"], r["eval/acc"]) for r in evals],
     }
@@ -148,9 +192,24 @@ def mean_sd(vals: list[float]) -> tuple[float | None, float | None]:
 
 
 def aggregate(per_seed: list[dict]) -> dict:
-    keys = ["H_first", "H_final", "H_second_half", "H_min", "H_max", "mean_abs_dev_after_gate", "frac_gated",
-            "acc_before_rl", "acc_after_rl", "reward_final", "acc_train_final", "tool_calls",
-            "response_len", "first_gate_step", "mean_weight", "lplus_s_gt_h"]
+    keys = [
+        "H_first",
+        "H_final",
+        "H_second_half",
+        "H_min",
+        "H_max",
+        "mean_abs_dev_after_gate",
+        "frac_gated",
+        "acc_before_rl",
+        "acc_after_rl",
+        "reward_final",
+        "acc_train_final",
+        "tool_calls",
+        "response_len",
+        "first_gate_step",
+        "mean_weight",
+        "lplus_s_gt_h",
+    ]
     out = {}
     for k in keys:
         out[k], out[k + "_sd"] = mean_sd([m[k] for m in per_seed if m.get(k) is not None])
@@ -163,8 +222,11 @@ def add_paired_diffs(results: dict) -> None:
     seeds, so the difference is paired), as mean and s.d. over seeds in the arm's agg."""
     ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
     for name, r in results.items():
-        diffs = [m["H_second_half"] - ref[m["seed"]]["H_second_half"] for m in r["per_seed"]
-                 if m["seed"] in ref and m["H_second_half"] is not None]
+        diffs = [
+            m["H_second_half"] - ref[m["seed"]]["H_second_half"]
+            for m in r["per_seed"]
+            if m["seed"] in ref and m["H_second_half"] is not None
+        ]
         d, sd = mean_sd(diffs) if name != "grpo_ds" else (None, None)
         r["agg"]["dH_second_half_vs_grpo_ds"], r["agg"]["dH_second_half_vs_grpo_ds_sd"] = d, sd
 
@@ -177,21 +239,24 @@ def fmt(v, p="{:.3f}", sd=None):
 
 
 def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
-    lines = ["# Entropy study table\n", f"Settings: `{json.dumps(meta)}`\n",
-             "Means over seeds (± sample s.d. when >1 seed). Final entropy = last RL step's batch "
-             "entropy; H 2nd half = mean batch entropy over the second half of the steps, and its "
-             "difference to GRPO-ds of the same seed (same prompts and sampling seeds); "
-             f"rates/lengths = mean over the last {meta['tail']} steps; "
-             "|H-H*| = mean over steps from the first gated step on (n/a: gate never engaged; for "
-             "GRPO-ds, which has no gate, from the first step with H < H*); "
-             "held-out acc = eval/acc after RL.\n",
-             "Mean weight and L+ s>H are over gated steps: the mean STARE weight of model tokens, and "
-             "the share of L+ tokens whose surprisal exceeds their position's entropy (only those "
-             "can raise entropy when reinforced).\n",
-             "| arm | H* | seeds | H step1 | H final | H 2nd half | paired diff vs GRPO-ds | H min | mean abs(H-H*) after gate | frac gated "
-             "| held-out acc (before -> after) | train acc (final) | tool calls | response len "
-             "| mean weight | L+ s>H |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Entropy study table\n",
+        f"Settings: `{json.dumps(meta)}`\n",
+        "Means over seeds (± sample s.d. when >1 seed). Final entropy = last RL step's batch "
+        "entropy; H 2nd half = mean batch entropy over the second half of the steps, and its "
+        "difference to GRPO-ds of the same seed (same prompts and sampling seeds); "
+        f"rates/lengths = mean over the last {meta['tail']} steps; "
+        "|H-H*| = mean over steps from the first gated step on (n/a: gate never engaged; for "
+        "GRPO-ds, which has no gate, from the first step with H < H*); "
+        "held-out acc = eval/acc after RL.\n",
+        "Mean weight and L+ s>H are over gated steps: the mean STARE weight of model tokens, and "
+        "the share of L+ tokens whose surprisal exceeds their position's entropy (only those "
+        "can raise entropy when reinforced).\n",
+        "| arm | H* | seeds | H step1 | H final | H 2nd half | paired diff vs GRPO-ds | H min | mean abs(H-H*) after gate | frac gated "
+        "| held-out acc (before -> after) | train acc (final) | tool calls | response len "
+        "| mean weight | L+ s>H |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, spec in arms.items():
         if name not in results:
             continue
@@ -206,10 +271,13 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
             f"{fmt(a['acc_before_rl'], '{:.2f}')} -> {fmt(a['acc_after_rl'], '{:.2f}', a['acc_after_rl_sd'])} | "
             f"{fmt(a['acc_train_final'], '{:.2f}')} | {fmt(a['tool_calls'], '{:.2f}')} | "
             f"{fmt(a['response_len'], '{:.1f}')} | {fmt(a['mean_weight'], '{:.4f}')} | "
-            f"{fmt(a['lplus_s_gt_h'], '{:.3f}')} |")
+            f"{fmt(a['lplus_s_gt_h'], '{:.3f}')} |"
+        )
     (docs / "table.md").write_text("\n".join(lines) + "\n")
-    slim = {n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"],
-                "per_seed": r["per_seed"]} for n, r in results.items()}
+    slim = {
+        n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
+        for n, r in results.items()
+    }
     (docs / "table.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
 
 
@@ -219,7 +287,7 @@ def smooth(y, k: int):
 
     out = np.full(len(y), np.nan)
     for i in range(len(y)):
-        win = y[max(0, i - k + 1): i + 1]
+        win = y[max(0, i - k + 1) : i + 1]
         if np.isfinite(win).any():
             out[i] = np.nanmean(win)
     return out
@@ -227,6 +295,7 @@ def smooth(y, k: int):
 
 def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
@@ -247,7 +316,7 @@ def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5) -> None:
         label = arms[name]["label"]
         H = np.array([m["entropy"][:n] for m in seeds])
         x = np.array(seeds[0]["step"][:n])
-        line, = ax1.plot(x, H.mean(0), label=label, **style)
+        (line,) = ax1.plot(x, H.mean(0), label=label, **style)
         color = line.get_color()
         if len(seeds) > 1:
             ax1.fill_between(x, H.min(0), H.max(0), color=color, alpha=0.12)
@@ -264,17 +333,25 @@ def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5) -> None:
             D = np.array([np.array(m["entropy"][:n]) - np.array(ref[m["seed"]]["entropy"][:n]) for m in paired])
             ax4.plot(x, smooth(D.mean(0), smooth_k), label=label, **style)
             if len(paired) > 1:
-                ax4.fill_between(x, smooth(D.min(0), smooth_k), smooth(D.max(0), smooth_k), color=color,
-                                 alpha=0.12)
-    ax1.set(xlabel="RL step", ylabel="batch entropy (nats/token)", yscale="log",
-            title="Policy entropy (mean, min-max over seeds; grey: H* ±10%)")
-    ax2.set(xlabel="RL step", ylabel="held-out accuracy",
-            title="Held-out accuracy (mean, min-max over seeds)")
-    ax3.set(xlabel="RL step", ylabel="train accuracy",
-            title=f"Train accuracy (mean over seeds, trailing {smooth_k}-step mean)")
+                ax4.fill_between(x, smooth(D.min(0), smooth_k), smooth(D.max(0), smooth_k), color=color, alpha=0.12)
+    ax1.set(
+        xlabel="RL step",
+        ylabel="batch entropy (nats/token)",
+        yscale="log",
+        title="Policy entropy (mean, min-max over seeds; grey: H* ±10%)",
+    )
+    ax2.set(xlabel="RL step", ylabel="held-out accuracy", title="Held-out accuracy (mean, min-max over seeds)")
+    ax3.set(
+        xlabel="RL step",
+        ylabel="train accuracy",
+        title=f"Train accuracy (mean over seeds, trailing {smooth_k}-step mean)",
+    )
     ax4.axhline(0.0, color="black", lw=1.0)
-    ax4.set(xlabel="RL step", ylabel="H(arm) - H(GRPO-ds), same seed",
-            title=f"Entropy difference to GRPO-ds, paired by seed (trailing {smooth_k}-step mean, min-max)")
+    ax4.set(
+        xlabel="RL step",
+        ylabel="H(arm) - H(GRPO-ds), same seed",
+        title=f"Entropy difference to GRPO-ds, paired by seed (trailing {smooth_k}-step mean, min-max)",
+    )
     for ax in (ax1, ax2, ax3, ax4):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
@@ -285,46 +362,94 @@ def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
-                   help="RL seeds (trainer.seed); every arm runs each seed (default: 0 1)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="RL seeds (trainer.seed); every arm runs each seed (default: 0 1)",
+    )
     p.add_argument("--steps", type=int, default=30, help="RL steps per arm and seed (default: 30)")
-    p.add_argument("--lr", type=float, default=2e-4,
-                   help="RL learning rate (learner.lr); 1e-3 (the former tiny_cpu default) collapses "
-                        "entropy in one step, so the study uses a lower one (default: 2e-4)")
-    p.add_argument("--target", type=float, default=0.3,
-                   help="target entropy H* for STARE-O1/C2 and the open-loop arms (default: 0.3)")
-    p.add_argument("--targets", type=float, nargs="*", default=[0.2, 0.3, 0.4],
-                   help="target entropies for the STARE-O1 target sweep (default: 0.2 0.3 0.4; "
-                        "the one equal to --target reuses the stare_o1 arm)")
-    p.add_argument("--arms", nargs="*", default=None,
-                   help="subset of arm names to run (default: the issue's arms): grpo_ds stare_o1 "
-                        "stare_c2 open_w1.01 open_w2.0 stare_o1_t<T> c2_adaptive")
-    p.add_argument("--extra-arms", nargs="*", default=[],
-                   help="optional arms added to the default set: c2_adaptive (C2 with the adaptive "
-                        "schedule, a=0.05, M down to 0.1)")
-    p.add_argument("--out", default="runs/study",
-                   help="directory for run dirs, logs and the shared SFT checkpoint (not committed; "
-                        "default: runs/study)")
-    p.add_argument("--docs", default="docs/study",
-                   help="where entropy.png, table.md and table.json go (default: docs/study)")
-    p.add_argument("--sft", default=None,
-                   help="existing SFT checkpoint (HF dir) to start every arm from; default: build "
-                        "one once under <out>/sft_base with the tiny_cpu SFT settings")
-    p.add_argument("--eval-every", type=int, default=10,
-                   help="trainer.eval_every for each arm (0: only before/after RL; default: 10)")
-    p.add_argument("--tail", type=int, default=5,
-                   help="steps at the end averaged for reward/tool-call/length columns (default: 5)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra config overrides passed to every train_tir.py call (incl. SFT)")
-    p.add_argument("--sft-set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra overrides for the shared SFT run only")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="arm/seed runs launched in parallel (default: 1; 2 on a 2-core machine with "
-                        "--threads 1)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="OMP_NUM_THREADS for each run (default: inherit)")
-    p.add_argument("--report-only", action="store_true",
-                   help="do not launch runs; only build the table and plot from finished runs")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=2e-4,
+        help="RL learning rate (learner.lr); 1e-3 (the former tiny_cpu default) collapses "
+        "entropy in one step, so the study uses a lower one (default: 2e-4)",
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=0.3,
+        help="target entropy H* for STARE-O1/C2 and the open-loop arms (default: 0.3)",
+    )
+    p.add_argument(
+        "--targets",
+        type=float,
+        nargs="*",
+        default=[0.2, 0.3, 0.4],
+        help="target entropies for the STARE-O1 target sweep (default: 0.2 0.3 0.4; "
+        "the one equal to --target reuses the stare_o1 arm)",
+    )
+    p.add_argument(
+        "--arms",
+        nargs="*",
+        default=None,
+        help="subset of arm names to run (default: the issue's arms): grpo_ds stare_o1 "
+        "stare_c2 open_w1.01 open_w2.0 stare_o1_t<T> c2_adaptive",
+    )
+    p.add_argument(
+        "--extra-arms",
+        nargs="*",
+        default=[],
+        help="optional arms added to the default set: c2_adaptive (C2 with the adaptive "
+        "schedule, a=0.05, M down to 0.1)",
+    )
+    p.add_argument(
+        "--out",
+        default="runs/study",
+        help="directory for run dirs, logs and the shared SFT checkpoint (not committed; default: runs/study)",
+    )
+    p.add_argument(
+        "--docs", default="docs/study", help="where entropy.png, table.md and table.json go (default: docs/study)"
+    )
+    p.add_argument(
+        "--sft",
+        default=None,
+        help="existing SFT checkpoint (HF dir) to start every arm from; default: build "
+        "one once under <out>/sft_base with the tiny_cpu SFT settings",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=10,
+        help="trainer.eval_every for each arm (0: only before/after RL; default: 10)",
+    )
+    p.add_argument(
+        "--tail", type=int, default=5, help="steps at the end averaged for reward/tool-call/length columns (default: 5)"
+    )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config overrides passed to every train_tir.py call (incl. SFT)",
+    )
+    p.add_argument(
+        "--sft-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for the shared SFT run only"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="arm/seed runs launched in parallel (default: 1; 2 on a 2-core machine with --threads 1)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for each run (default: inherit)")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="do not launch runs; only build the table and plot from finished runs",
+    )
     args = p.parse_args(argv)
 
     out, docs = Path(args.out), Path(args.docs)
@@ -348,10 +473,20 @@ def main(argv=None) -> None:
                 if (rd / "summary.json").is_file():
                     print(f"[study] skip {rd} (done)", flush=True)
                     continue
-                cmd = [sys.executable, str(TRAIN), f"trainer.run_dir={rd}", f"model.path={sft}",
-                       "sft.enabled=false", f"trainer.seed={seed}", "data.seed=0",
-                       f"trainer.steps={args.steps}", f"learner.lr={args.lr}",
-                       f"trainer.eval_every={args.eval_every}", *args.set, *spec["overrides"]]
+                cmd = [
+                    sys.executable,
+                    str(TRAIN),
+                    f"trainer.run_dir={rd}",
+                    f"model.path={sft}",
+                    "sft.enabled=false",
+                    f"trainer.seed={seed}",
+                    "data.seed=0",
+                    f"trainer.steps={args.steps}",
+                    f"learner.lr={args.lr}",
+                    f"trainer.eval_every={args.eval_every}",
+                    *args.set,
+                    *spec["overrides"],
+                ]
                 if (rd / "checkpoints" / "latest").is_file():
                     cmd.append("--resume")
                 todo.append((name, seed, cmd))
@@ -365,8 +500,7 @@ def main(argv=None) -> None:
         t_all = time.time()
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             list(pool.map(launch, todo))
-        print(f"[study] {len(todo)} runs in {time.time() - t_all:.0f}s with {args.jobs} parallel job(s)",
-              flush=True)
+        print(f"[study] {len(todo)} runs in {time.time() - t_all:.0f}s with {args.jobs} parallel job(s)", flush=True)
 
     results = {}
     for name, spec in arms.items():
@@ -377,9 +511,16 @@ def main(argv=None) -> None:
                 per_seed.append({**arm_metrics(rd, spec["target"], args.tail), "seed": seed})
         if per_seed:
             results[name] = {"per_seed": per_seed, "agg": aggregate(per_seed)}
-    meta = {"seeds": args.seeds, "steps": args.steps, "lr": args.lr, "target": args.target,
-            "targets": args.targets, "eval_every": args.eval_every, "tail": args.tail,
-            "set": args.set}
+    meta = {
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "lr": args.lr,
+        "target": args.target,
+        "targets": args.targets,
+        "eval_every": args.eval_every,
+        "tail": args.tail,
+        "set": args.set,
+    }
     add_paired_diffs(results)
     write_table(arms, results, docs, meta)
     if results:

@@ -168,9 +168,7 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def load_config(
-    schema: type[T], yaml_path: str | Path | None = None, overrides: Sequence[str] = ()
-) -> T:
+def load_config(schema: type[T], yaml_path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
     """Defaults of `schema`, then the YAML file, then each `key=value` override, validated."""
     loaded: dict = {}
     if yaml_path is not None:
@@ -222,9 +220,7 @@ def _check_path(schema: Any, keys: list[str]) -> None:
             raise ConfigError(f"override {dotted!r}: {'.'.join(keys[:i])} is not a section")
         hints = typing.get_type_hints(tp)
         if key not in hints:
-            raise ConfigError(
-                f"unknown key {dotted!r}; valid keys here: {', '.join(sorted(hints))}"
-            )
+            raise ConfigError(f"unknown key {dotted!r}; valid keys here: {', '.join(sorted(hints))}")
         tp = hints[key]
 
 

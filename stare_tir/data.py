@@ -48,8 +48,12 @@ def load_split(cfg: DataConfig, split: Literal["train", "eval"]) -> list[dict]:
     else:
         from envs.data import load_problems
 
-        problems = load_problems(source, fields=cfg.fields or None, on_bad_row=cfg.on_bad_row,
-                                 exclude_overlap=cfg.exclude_overlap and split == "train")
+        problems = load_problems(
+            source,
+            fields=cfg.fields or None,
+            on_bad_row=cfg.on_bad_row,
+            exclude_overlap=cfg.exclude_overlap and split == "train",
+        )
     if split == "eval" and cfg.eval_limit is not None:
         problems = problems[: cfg.eval_limit]
     if not problems:

@@ -20,7 +20,8 @@ def init_process_group(backend: str, timeout: timedelta) -> None:
         current = process_group_timeout()
         if current is not None and current != timeout:
             logging.getLogger(__name__).warning(
-                f"process group exists with timeout {current}; requested {timeout} is not applied")
+                f"process group exists with timeout {current}; requested {timeout} is not applied"
+            )
         return
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # env:// from torchrun / the deepspeed launcher

@@ -181,10 +181,12 @@ def _append_rows(path: Path, rows: list[dict]) -> None:
 
 def eval_rollout_config(cfg: EvalConfig, base: Any) -> Any:
     """The rollout config `base` (a `RolloutConfig`) with the evaluation's sampling settings."""
-    changes: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p,
-                               "seed": cfg.seed}
-    for ours, theirs in (("max_turns", "max_turns"), ("max_tokens", "max_total_tokens"),
-                         ("max_tokens_per_turn", "max_new_tokens_per_turn")):
+    changes: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed}
+    for ours, theirs in (
+        ("max_turns", "max_turns"),
+        ("max_tokens", "max_total_tokens"),
+        ("max_tokens_per_turn", "max_new_tokens_per_turn"),
+    ):
         if getattr(cfg, ours) is not None:
             changes[theirs] = getattr(cfg, ours)
     return replace(base, **changes)
@@ -237,8 +239,7 @@ def evaluate_problems(
     todo = [(p, i) for p in problems for i in range(n) if (str(p["id"]), i) not in done]
     skipped = len(problems) * n - len(todo)
     if skipped:
-        logger.info(f"{dataset}: resuming, {skipped} of {len(problems) * n} samples already done, "
-                    f"{len(todo)} to go")
+        logger.info(f"{dataset}: resuming, {skipped} of {len(problems) * n} samples already done, {len(todo)} to go")
     t0 = time.time()
     new_rows: list[dict] = []
     for start in range(0, len(todo), chunk_size):
@@ -248,19 +249,18 @@ def evaluate_problems(
             trajs, _ = engine.run([p for p, _ in chunk], 1)
         if len(trajs) != len(chunk):
             raise RuntimeError(f"engine returned {len(trajs)} trajectories for {len(chunk)} samples")
-        rows = [trajectory_row(t, chunk[t.group_id][0], chunk[t.group_id][1], dataset)
-                for t in trajs]
+        rows = [trajectory_row(t, chunk[t.group_id][0], chunk[t.group_id][1], dataset) for t in trajs]
         if path is not None:
             _append_rows(path, rows)
         new_rows += rows
-        logger.info(f"{dataset}: {start + len(chunk)}/{len(todo)} samples "
-                    f"({time.time() - t0:.1f}s)")
+        logger.info(f"{dataset}: {start + len(chunk)}/{len(todo)} samples ({time.time() - t0:.1f}s)")
 
     latest.update(_latest_by_key(new_rows))
     wanted = {(pid, i) for pid in ids for i in range(n)}
     order = {pid: j for j, pid in enumerate(ids)}
-    rows = sorted((r for k, r in latest.items() if k in wanted),
-                  key=lambda r: (order[str(r["problem_id"])], r["sample_idx"]))
+    rows = sorted(
+        (r for k, r in latest.items() if k in wanted), key=lambda r: (order[str(r["problem_id"])], r["sample_idx"])
+    )
     metrics = dataset_metrics(rows, n, pass_ks, equivalent)
     metrics["resumed_samples"] = skipped
     metrics["new_samples"] = len(new_rows)
@@ -302,9 +302,13 @@ def evaluate(
             key = dataset_key(name)
             n = cfg.n if cfg.n is not None else default_n(key)
             metrics, _ = evaluate_problems(
-                engine, problems, n, dataset=key,
+                engine,
+                problems,
+                n,
+                dataset=key,
                 out_path=out / f"{key}.jsonl" if out is not None else None,
-                pass_ks=cfg.pass_ks, chunk_size=cfg.chunk_size,
+                pass_ks=cfg.pass_ks,
+                chunk_size=cfg.chunk_size,
             )
             per_dataset[key] = metrics
     summary: dict[str, Any] = {
@@ -326,21 +330,30 @@ def format_table(summary: dict) -> str:
     """A fixed-width console table of the summary (accuracies in percent)."""
     per = summary["datasets"]
     ks = sorted({int(k[5:]) for m in per.values() for k in m if k.startswith("pass@")})
-    head = (["dataset", "probs", "N", "avg@N"] + [f"pass@{k}" for k in ks]
-            + ["maj@N", "tools", "err%", "tmo%", "len", "sbx_err"])
+    head = (
+        ["dataset", "probs", "N", "avg@N"]
+        + [f"pass@{k}" for k in ks]
+        + ["maj@N", "tools", "err%", "tmo%", "len", "sbx_err"]
+    )
     lines = []
     for name, m in per.items():
         n = m["n"]
-        lines.append([name, str(m["problems"]), str(n), f"{100 * m[f'avg@{n}']:.1f}"]
-                     + [f"{100 * m[f'pass@{k}']:.1f}" if f"pass@{k}" in m else "-" for k in ks]
-                     + [f"{100 * m[f'maj@{n}']:.1f}", f"{m['mean_tool_calls']:.2f}",
-                        f"{100 * m['code_error_rate']:.1f}", f"{100 * m['timeout_rate']:.1f}",
-                        f"{m['mean_response_tokens']:.0f}", str(m["sandbox_error_samples"])])
+        lines.append(
+            [name, str(m["problems"]), str(n), f"{100 * m[f'avg@{n}']:.1f}"]
+            + [f"{100 * m[f'pass@{k}']:.1f}" if f"pass@{k}" in m else "-" for k in ks]
+            + [
+                f"{100 * m[f'maj@{n}']:.1f}",
+                f"{m['mean_tool_calls']:.2f}",
+                f"{100 * m['code_error_rate']:.1f}",
+                f"{100 * m['timeout_rate']:.1f}",
+                f"{m['mean_response_tokens']:.0f}",
+                str(m["sandbox_error_samples"]),
+            ]
+        )
     six = summary.get("six_benchmark_avg")
     if six:
         lines.append(["six-avg", "", "", f"{100 * six['avg@n']:.1f}"] + [""] * (len(head) - 4))
-    widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h)
-              for i, h in enumerate(head)]
+    widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(head)]
 
     def fmt(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -374,8 +387,7 @@ class EvalRunConfig:
 
     def __post_init__(self) -> None:
         if self.backend == "sglang" and not self.rollout.sglang.urls:
-            raise ValueError("backend='sglang': set rollout.sglang.urls (--sglang-url) to the "
-                             "servers' URLs")
+            raise ValueError("backend='sglang': set rollout.sglang.urls (--sglang-url) to the servers' URLs")
 
 
 def default_out_dir(model: str) -> Path:
@@ -407,16 +419,25 @@ def run_eval(cfg: EvalRunConfig) -> dict[str, Any]:
 
         changes = _config_changes(yaml.safe_load(saved.read_text()) or {}, to_dict(cfg))
         if changes:
-            logger.warning(f"{out}: settings differ from the run being resumed; rows already "
-                           f"written keep the old ones: " + "; ".join(changes))
+            logger.warning(
+                f"{out}: settings differ from the run being resumed; rows already "
+                f"written keep the old ones: " + "; ".join(changes)
+            )
     save_config(cfg, saved)
 
     parts = build_components(cfg.model, cfg.backend, cfg.rollout, cfg.env, cfg.sandbox)
     try:
-        summary = evaluate(parts.engine, cfg.eval, out,
-                           meta={"model": cfg.model.path, "backend": cfg.backend,
-                                 "sandbox": getattr(parts.engine.sandbox, "info", {}),
-                                 "grader": cfg.env.grader})
+        summary = evaluate(
+            parts.engine,
+            cfg.eval,
+            out,
+            meta={
+                "model": cfg.model.path,
+                "backend": cfg.backend,
+                "sandbox": getattr(parts.engine.sandbox, "info", {}),
+                "grader": cfg.env.grader,
+            },
+        )
     finally:
         parts.close()
     logger.info(f"wrote {out / 'summary.json'} and per-sample rows in {out}")

@@ -133,8 +133,10 @@ class LearnerConfig:
         if self.total_steps < 0:
             raise ValueError(f"total_steps={self.total_steps!r}: must be >= 0")
         if self.lr_scheduler != "constant" and 0 < self.total_steps <= self.warmup_steps:
-            raise ValueError(f"total_steps={self.total_steps!r}: lr_scheduler={self.lr_scheduler!r} "
-                             f"needs total_steps > warmup_steps ({self.warmup_steps})")
+            raise ValueError(
+                f"total_steps={self.total_steps!r}: lr_scheduler={self.lr_scheduler!r} "
+                f"needs total_steps > warmup_steps ({self.warmup_steps})"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
         if self.grad_clip < 0:
@@ -144,8 +146,7 @@ class LearnerConfig:
         if self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens!r}: must be >= 1")
         if self.forward_micro_batch_tokens is not None and self.forward_micro_batch_tokens < 1:
-            raise ValueError(f"forward_micro_batch_tokens={self.forward_micro_batch_tokens!r}: "
-                             "must be >= 1 or None")
+            raise ValueError(f"forward_micro_batch_tokens={self.forward_micro_batch_tokens!r}: must be >= 1 or None")
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size!r}: must be >= 1")
         if not self.temperature > 0:
@@ -161,8 +162,13 @@ class Learner:
     truncated importance sampling, `rollout_logprobs`.
     """
 
-    def __init__(self, model_path: str | os.PathLike, cfg: LearnerConfig,
-                 tokenizer: PreTrainedTokenizerBase | None = None, trust_remote_code: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        cfg: LearnerConfig,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -214,28 +220,35 @@ class Learner:
         # (zero.Init through transformers' HfDeepSpeedConfig + accelerate) was measured and not
         # adopted: for a 155M-parameter model on 2 CPU ranks its peak RSS per rank was 1918 MB
         # against 1551 MB here, since each rank still reads the whole checkpoint to fill its shard.
-        lm = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype,
-                                                  attn_implementation=cfg.attn_implementation,
-                                                  trust_remote_code=trust_remote_code)  # model.trust_remote_code
+        lm = AutoModelForCausalLM.from_pretrained(
+            str(model_path),
+            dtype=dtype,
+            attn_implementation=cfg.attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )  # model.trust_remote_code
         if cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._module = token_logprob_model(lm, cfg.temperature, cfg.logprob_chunk_size)
         if cfg.zero_stage == 3:
             deepspeed.zero.register_external_parameter(self._module, lm.get_output_embeddings().weight)
 
-        optimizer = torch.optim.AdamW(self._module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
-                                      eps=cfg.eps, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW(
+            self._module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         try:
             self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-                model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+                model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+            )
         except NotImplementedError as e:
             # Without ZeRO, bf16 supports one accumulation dtype, and which one depends on the
             # version (engine.py `_do_optimizer_sanity_check`: 0.16 wants fp32, 0.19 bf16).
-            raise ValueError(f"DeepSpeed {deepspeed.__version__} refuses learner.zero_stage={cfg.zero_stage} with "
-                             f"bf16 and learner.grad_accum_dtype={cfg.grad_accum_dtype} ({e}). Use "
-                             "learner.zero_stage=1 (fp32 accumulation, same math) or the other "
-                             "learner.grad_accum_dtype") from e
+            raise ValueError(
+                f"DeepSpeed {deepspeed.__version__} refuses learner.zero_stage={cfg.zero_stage} with "
+                f"bf16 and learner.grad_accum_dtype={cfg.grad_accum_dtype} ({e}). Use "
+                "learner.zero_stage=1 (fp32 accumulation, same math) or the other "
+                "learner.grad_accum_dtype"
+            ) from e
         self.engine.train()
         self._base_optimizer = optimizer  # ours: a skipped step freezes its step() (step_guard)
         self._norm_bound = GradNormBound(self._module.parameters(), self.device)
@@ -311,8 +324,9 @@ class Learner:
 
     def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         d = mb.to(self.device)
-        return self.engine(d.input_ids, d.attention_mask, d.position_ids, d.sel_rows, d.sel_pos,
-                           d.targets, with_entropy=with_entropy)
+        return self.engine(
+            d.input_ids, d.attention_mask, d.position_ids, d.sel_rows, d.sel_pos, d.targets, with_entropy=with_entropy
+        )
 
     # ------------------------------------------------------------------ recompute pass
 
@@ -391,9 +405,20 @@ class Learner:
             tis = None
             if rollout_lp is not None:
                 tis = truncated_is_weights(old, mb.per_token(rollout_lp).to(self.device), mask, tis_cap)
-            return pg_loss(lp, old, adv, mask, clip_low=clip_low, clip_high=clip_high,
-                           dual_clip_c=dual_clip_c, token_weights=tw, tis_weights=tis, agg=loss_agg,
-                           global_tokens=denom_tok, global_seqs=denom_seq)
+            return pg_loss(
+                lp,
+                old,
+                adv,
+                mask,
+                clip_low=clip_low,
+                clip_high=clip_high,
+                dual_clip_c=dual_clip_c,
+                token_weights=tw,
+                tis_weights=tis,
+                agg=loss_agg,
+                global_tokens=denom_tok,
+                global_seqs=denom_seq,
+            )
 
         return self._optimizer_step(trajs, mb_loss)
 
@@ -452,9 +477,15 @@ class Learner:
         # Sums of every rank, in one all-reduce: loss, non-finite-loss flags, gradient-norm bounds
         # (step_guard), metrics. The skip is decided from them, identically on every rank.
         bound = self._norm_bound.total.to(torch.float64).cpu()
-        red = self.all_reduce_sum(torch.cat([torch.tensor([float(loss_sum), nonfinite], dtype=torch.float64),
-                                             bound.reshape(1),
-                                             torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64)]))
+        red = self.all_reduce_sum(
+            torch.cat(
+                [
+                    torch.tensor([float(loss_sum), nonfinite], dtype=torch.float64),
+                    bound.reshape(1),
+                    torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64),
+                ]
+            )
+        )
         nonfinite_loss, norm_bound = float(red[1]), float(red[2]) / self.world_size
         if step_is_finite(nonfinite_loss, norm_bound):
             grad_norm = self._step()
@@ -541,10 +572,12 @@ class Learner:
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {"client_state": client_state or {}, "steps_applied": self.steps_applied,
-                 "steps_skipped": self.steps_skipped}
-        self.engine.save_checkpoint(str(directory), tag="deepspeed", client_state={"learner": state},
-                                    save_latest=False)
+        state = {
+            "client_state": client_state or {},
+            "steps_applied": self.steps_applied,
+            "steps_skipped": self.steps_skipped,
+        }
+        self.engine.save_checkpoint(str(directory), tag="deepspeed", client_state={"learner": state}, save_latest=False)
         torch.save(rng_state(), directory / f"rng_rank{self.rank}.pt")
         dist.barrier()
 
@@ -553,8 +586,9 @@ class Learner:
         import torch
 
         directory = Path(directory)
-        path, ds_client = self.engine.load_checkpoint(str(directory), tag="deepspeed", load_optimizer_states=True,
-                                                      load_lr_scheduler_states=True)
+        path, ds_client = self.engine.load_checkpoint(
+            str(directory), tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True
+        )
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}/deepspeed")
         state = ds_client["learner"]

@@ -113,8 +113,18 @@ def build_micro_batch(trajs: Sequence[Any], indices: list[int], pad_id: int) -> 
     position_ids = torch.arange(lmax, dtype=torch.long).expand(b, lmax).contiguous()  # [B, L]
     cat = lambda xs: torch.cat(xs).long()  # noqa: E731  [N]
     tgt = cat(targets)
-    return MicroBatch(input_ids, attention_mask, position_ids, cat(sel_rows), cat(sel_pos), cat(sel_resp),
-                       tgt, mask, list(indices), int(tgt.numel()))
+    return MicroBatch(
+        input_ids,
+        attention_mask,
+        position_ids,
+        cat(sel_rows),
+        cat(sel_pos),
+        cat(sel_resp),
+        tgt,
+        mask,
+        list(indices),
+        int(tgt.numel()),
+    )
 
 
 def empty_micro_batch(pad_id: int) -> MicroBatch:
@@ -123,7 +133,14 @@ def empty_micro_batch(pad_id: int) -> MicroBatch:
 
     z = torch.zeros(1, dtype=torch.long)
     return MicroBatch(
-        input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
-        position_ids=torch.arange(2).view(1, 2), sel_rows=z, sel_pos=z.clone(), sel_resp=z.clone(),
-        targets=torch.full((1,), pad_id, dtype=torch.long), mask=torch.zeros(1, 1), indices=[], num_tokens=0,
+        input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
+        attention_mask=torch.ones(1, 2, dtype=torch.long),
+        position_ids=torch.arange(2).view(1, 2),
+        sel_rows=z,
+        sel_pos=z.clone(),
+        sel_resp=z.clone(),
+        targets=torch.full((1,), pad_id, dtype=torch.long),
+        mask=torch.zeros(1, 1),
+        indices=[],
+        num_tokens=0,
     )

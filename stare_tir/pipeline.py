@@ -48,14 +48,16 @@ def make_synthetic_traces(cfg: TrainConfig, out_path: Path) -> list[dict]:
 
     async def go() -> list[dict]:
         async with make_sandbox(cfg.sandbox) as sandbox:
-            return await amake_sft_traces(problems, sandbox, tool_fraction=cfg.sft.tool_fraction,
-                                          seed=cfg.data.seed, cfg=cfg.env)
+            return await amake_sft_traces(
+                problems, sandbox, tool_fraction=cfg.sft.tool_fraction, seed=cfg.data.seed, cfg=cfg.env
+            )
 
     traces = asyncio.run(go())
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text("".join(json.dumps(t) + "\n" for t in traces))
-    logger.info(f"sft: wrote {len(traces)} traces ({sum(t['uses_tool'] for t in traces)} with a tool call) "
-                f"to {out_path}")
+    logger.info(
+        f"sft: wrote {len(traces)} traces ({sum(t['uses_tool'] for t in traces)} with a tool call) to {out_path}"
+    )
     return traces
 
 
@@ -66,8 +68,10 @@ def sft_output(cfg: TrainConfig) -> Path:
 
 def check_sft_traces(cfg: TrainConfig) -> None:
     if cfg.sft.enabled and cfg.sft.traces != "arithmetic" and not Path(cfg.sft.traces).is_file():
-        raise StartupError(f"sft.traces={cfg.sft.traces!r}: no such JSONL file (use 'arithmetic' for the "
-                           "synthetic task, or a path to {\"messages\": [...]} rows)")
+        raise StartupError(
+            f"sft.traces={cfg.sft.traces!r}: no such JSONL file (use 'arithmetic' for the "
+            'synthetic task, or a path to {"messages": [...]} rows)'
+        )
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -78,7 +82,9 @@ def preflight(cfg: TrainConfig) -> None:
     check_sft_traces(cfg)
     check_data(cfg.data)
     info = check_sandbox(cfg.sandbox)
-    logger.info(f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok")
+    logger.info(
+        f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
+    )
 
 
 def sft_stage(cfg: TrainConfig, base_model: str, run_dir: Path) -> tuple[str, dict]:
@@ -93,8 +99,14 @@ def sft_stage(cfg: TrainConfig, base_model: str, run_dir: Path) -> tuple[str, di
     else:
         data = Path(cfg.sft.traces)
     # The policy's tokenizer (model.tokenizer, model.chat_template) is saved with the checkpoint.
-    summary = run_sft(cfg.sft.train, base_model, data, out, tokenizer=load_tokenizer(cfg.model, base_model),
-                      trust_remote_code=cfg.model.trust_remote_code)
+    summary = run_sft(
+        cfg.sft.train,
+        base_model,
+        data,
+        out,
+        tokenizer=load_tokenizer(cfg.model, base_model),
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
     return str(out), summary
 
 
@@ -125,8 +137,7 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     train_rows = [r for r in rows if "entropy/batch" in r]
     before = rl["eval_before"] or next((r for r in rows if r.get("step") == 0 and "eval/acc" in r), {})
     after = rl["eval_after"]
-    plot = plot_runs([run_dir], run_dir / "plots" / "curves.png",
-                     band=0.05) if train_rows else None
+    plot = plot_runs([run_dir], run_dir / "plots" / "curves.png", band=0.05) if train_rows else None
     summary = {
         "run_dir": str(run_dir),
         "grader": cfg.env.grader,  # rewards and accuracies above were graded by this (env.grader)
@@ -137,7 +148,8 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
         "entropy_first_step": train_rows[0]["entropy/batch"] if train_rows else None,
         "entropy_last_step": train_rows[-1]["entropy/batch"] if train_rows else None,
         "gate_on_fraction": (sum(r.get("stare/gate_on", 0.0) for r in train_rows) / len(train_rows))
-        if train_rows else None,
+        if train_rows
+        else None,
         **run_milestones(rows),
         "steps": rl["steps"],
         "dropped": rl["dropped"],

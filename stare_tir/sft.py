@@ -100,9 +100,9 @@ class ColdStartConfig:
             raise ValueError(f"tool_fraction={self.tool_fraction!r}: must be in [0, 1]")
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Encoding: the same token layout as an RL trajectory
+
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
@@ -154,9 +154,11 @@ def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajector
             # An unclosed or stray tag: interpreter text would be trained as if the model wrote it.
             tag = "<interpreter>" if "<interpreter>" in segment else "</interpreter>"
             at = segment.index(tag)
-            raise ValueError(f"unmatched {tag} in the assistant text (near {segment[max(0, at - 40):at + 60]!r}): "
-                             "interpreter output would be trained as model text; close every "
-                             "<interpreter>...</interpreter> span or remove the tag")
+            raise ValueError(
+                f"unmatched {tag} in the assistant text (near {segment[max(0, at - 40) : at + 60]!r}): "
+                "interpreter output would be trained as model text; close every "
+                "<interpreter>...</interpreter> span or remove the tag"
+            )
     for segment, by_model in segments:
         # Plain text, as the engine encodes observations: a "<|im_end|>" printed by code (or quoted
         # in the model's code) stays characters; the only control token trained is the final EOS.
@@ -245,8 +247,10 @@ def run_sft(
     learner = Learner(model_path, lcfg, tok, trust_remote_code=trust_remote_code)
     main = learner.rank == 0
     if main:
-        logger.info(f"SFT: {len(examples)} examples ({dropped} dropped as too long, {len(val)} held out), "
-                    f"{cfg.epochs} epochs x {steps_per_epoch} steps, world size {learner.world_size}")
+        logger.info(
+            f"SFT: {len(examples)} examples ({dropped} dropped as too long, {len(val)} held out), "
+            f"{cfg.epochs} epochs x {steps_per_epoch} steps, world size {learner.world_size}"
+        )
 
     epoch_losses: list[list[float]] = []
     val_loss: float | None = None
@@ -269,8 +273,10 @@ def run_sft(
             bar.update(1)
             bar.set_postfix(epoch=epoch + 1, loss=f"{m['loss']:.4f}", gnorm=f"{m['grad_norm']:.3f}")
             if main and (step % cfg.log_every == 0 or step == total):
-                logger.info(f"SFT step {step}/{total} epoch {epoch + 1} loss {m['loss']:.4f} "
-                            f"grad_norm {m['grad_norm']:.3f} lr {m['lr']:.2e} tokens {int(m['tokens'])}")
+                logger.info(
+                    f"SFT step {step}/{total} epoch {epoch + 1} loss {m['loss']:.4f} "
+                    f"grad_norm {m['grad_norm']:.3f} lr {m['lr']:.2e} tokens {int(m['tokens'])}"
+                )
         epoch_losses.append(losses)
         if val:
             val_loss = _mean_nll(learner, learner.shard(val))
@@ -280,13 +286,22 @@ def run_sft(
     learner.save_hf(output_dir)
     mean = lambda xs: float(sum(xs) / len(xs)) if xs else float("nan")  # noqa: E731
     summary = {
-        "output_dir": str(output_dir), "steps": step, "examples": len(examples), "dropped": dropped,
-        "tokens": tokens, "first_loss": mean(epoch_losses[0]), "final_loss": mean(epoch_losses[-1]),
-        "val_loss": val_loss, "seconds": time.time() - t_start, "rank": learner.rank,
+        "output_dir": str(output_dir),
+        "steps": step,
+        "examples": len(examples),
+        "dropped": dropped,
+        "tokens": tokens,
+        "first_loss": mean(epoch_losses[0]),
+        "final_loss": mean(epoch_losses[-1]),
+        "val_loss": val_loss,
+        "seconds": time.time() - t_start,
+        "rank": learner.rank,
     }
     if main:
-        logger.info(f"SFT done in {summary['seconds']:.1f}s: loss {summary['first_loss']:.4f} -> "
-                    f"{summary['final_loss']:.4f}; checkpoint {output_dir}")
+        logger.info(
+            f"SFT done in {summary['seconds']:.1f}s: loss {summary['first_loss']:.4f} -> "
+            f"{summary['final_loss']:.4f}; checkpoint {output_dir}"
+        )
     return summary
 
 

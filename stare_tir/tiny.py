@@ -30,11 +30,28 @@ QWEN_SPLIT_PATTERN = (
 
 # The 22 Qwen2.5 special tokens, in id order after the 151,643 BPE ranks.
 QWEN_SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 ]
 
 # Qwen2.5's chat template without the tool-calling branches (we use Retool tags in plain text).
@@ -49,12 +66,15 @@ TINY_VOCAB_SIZE = 1024
 
 # Model shapes for `build_tiny_model`. "tiny" is the CPU default (~0.2M parameters).
 MODEL_SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2),
-    "small": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2),
-    "base": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                 num_key_value_heads=4),
+    "tiny": dict(
+        hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
+    "small": dict(
+        hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    ),
+    "base": dict(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4
+    ),
 }
 
 
@@ -155,10 +175,12 @@ def build_tiny_tokenizer(cache_dir: str | Path | None = None) -> PreTrainedToken
 
     backend = Tokenizer(models.BPE())
     backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TINY_VOCAB_SIZE,
@@ -213,7 +235,8 @@ def pretrained_tiny_base() -> Path:
     if not (PRETRAINED_TINY_BASE / "config.json").is_file():
         raise FileNotFoundError(
             f"{PRETRAINED_TINY_BASE} is missing: run `python scripts/pretrain_tiny.py` to rebuild it, "
-            "or use model.path=tiny-random for a randomly initialised tiny model")
+            "or use model.path=tiny-random for a randomly initialised tiny model"
+        )
     return PRETRAINED_TINY_BASE
 
 

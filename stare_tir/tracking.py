@@ -49,16 +49,27 @@ def setup_run_logging(run_dir: str | Path, rank: int | None = None) -> Path:
         rank = int(os.environ.get("RANK", "0"))
     path = Path(run_dir) / ("train.log" if rank == 0 else f"train.rank{rank}.log")
     path.parent.mkdir(parents=True, exist_ok=True)
-    logger.add(path, level="INFO", enqueue=False,
-               format="{time:YYYY-MM-DD HH:mm:ss.SSS} | rank" + str(rank) + " | {level: <8} | {name}:{line} - {message}")
+    logger.add(
+        path,
+        level="INFO",
+        enqueue=False,
+        format="{time:YYYY-MM-DD HH:mm:ss.SSS} | rank" + str(rank) + " | {level: <8} | {name}:{line} - {message}",
+    )
     return path
 
 
 class MetricsLog:
     """Append-only metrics.jsonl (+ optional TensorBoard / W&B mirrors)."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str | None = None,
-                 run_name: str | None = None, config: dict | None = None, wandb_id: str | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+        run_name: str | None = None,
+        config: dict | None = None,
+        wandb_id: str | None = None,
+    ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None
@@ -74,8 +85,9 @@ class MetricsLog:
             try:
                 import wandb
 
-                self._wandb = wandb.init(project=wandb_project, name=run_name, config=config, id=wandb_id,
-                                         resume="allow")
+                self._wandb = wandb.init(
+                    project=wandb_project, name=run_name, config=config, id=wandb_id, resume="allow"
+                )
             except ImportError:
                 logger.warning("wandb is not installed (pip install wandb): mirror disabled")
 
@@ -149,8 +161,13 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
         # so that entropy, reward and accuracy can be read against it.
         for i, (name, step) in enumerate(gate_opens):
             if step is not None:
-                ax.axvline(step, ls=":", lw=1.2, color="black" if len(runs) == 1 else f"C{i}",
-                           label=f"{name}: gate opens (step {step})")
+                ax.axvline(
+                    step,
+                    ls=":",
+                    lw=1.2,
+                    color="black" if len(runs) == 1 else f"C{i}",
+                    label=f"{name}: gate opens (step {step})",
+                )
         for name, rows in runs:
             for key in keys:
                 pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]

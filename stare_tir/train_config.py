@@ -103,8 +103,15 @@ class TrainerConfig:
     wandb_project: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "eval_n", "save_every", "keep_checkpoints",
-                     "max_nonfinite_steps", "max_empty_steps"):
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "eval_n",
+            "save_every",
+            "keep_checkpoints",
+            "max_nonfinite_steps",
+            "max_empty_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         for name in ("eval_every", "save_hf_every"):
@@ -141,9 +148,11 @@ def check_sampling_matches_learner(rollout: RolloutConfig, learner: LearnerConfi
         raise ValueError(
             f"rollout.temperature={rollout.temperature!r} but learner.temperature={learner.temperature!r}: "
             "the learner would score tokens under another distribution than the one sampled; "
-            f"set both to the same value (e.g. learner.temperature={rollout.temperature!r})")
+            f"set both to the same value (e.g. learner.temperature={rollout.temperature!r})"
+        )
     if algo.tis_cap is not None and (rollout.top_p < 1.0 or rollout.top_k > 0):
         raise ValueError(
             f"algo.tis_cap={algo.tis_cap!r} with rollout.top_p={rollout.top_p!r}, rollout.top_k={rollout.top_k!r}: "
             "truncated IS compares the sampler's truncated distribution with the learner's full one; "
-            "set rollout.top_p=1.0 and rollout.top_k=-1, or algo.tis_cap=null")
+            "set rollout.top_p=1.0 and rollout.top_k=-1, or algo.tis_cap=null"
+        )

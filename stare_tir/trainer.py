@@ -86,8 +86,13 @@ def batch_entropy(learner: Learner, trajs: list[Trajectory], entropies: list[tor
 
 
 def lplus_entropy_raising_frac(
-    learner: Learner, trajs: list[Trajectory], advantages: list[float], omegas: list[torch.Tensor],
-    old_logprobs: list[torch.Tensor], entropies: list[torch.Tensor], w: float,
+    learner: Learner,
+    trajs: list[Trajectory],
+    advantages: list[float],
+    omegas: list[torch.Tensor],
+    old_logprobs: list[torch.Tensor],
+    entropies: list[torch.Tensor],
+    w: float,
 ) -> float | None:
     """Share of L+ tokens (weight w, A > 0) whose surprisal exceeds their position's entropy.
 
@@ -109,8 +114,12 @@ def lplus_entropy_raising_frac(
 
 
 def stare_weights(
-    learner: Learner, trajs: list[Trajectory], advantages: list[float], old_logprobs: list[torch.Tensor],
-    controller: StareController, cfg: StareConfig,
+    learner: Learner,
+    trajs: list[Trajectory],
+    advantages: list[float],
+    old_logprobs: list[torch.Tensor],
+    controller: StareController,
+    cfg: StareConfig,
 ) -> tuple[list[torch.Tensor] | None, dict]:
     """omega per trajectory (None while the gate is off: the update is then exactly GRPO's).
 
@@ -137,7 +146,10 @@ def stare_weights(
     parts, metrics = stare_token_weights_scoped(
         [torch.cat([surprisal[i] for i in idx]) for idx in plan],
         [torch.cat([adv_tok[i] for i in idx]) for idx in plan],
-        masks=[torch.cat([masks[i] for i in idx]) for idx in plan], scope="micro_batch", **kw)
+        masks=[torch.cat([masks[i] for i in idx]) for idx in plan],
+        scope="micro_batch",
+        **kw,
+    )
     for idx, part in zip(plan, parts):
         for i, w in zip(idx, torch.split(part, [len(trajs[i].response_ids) for i in idx])):
             omegas[i] = w
@@ -149,8 +161,7 @@ def global_means(learner: Learner, means: dict[str, float], count: int) -> dict[
     keys = sorted(means)
     if learner.world_size == 1 or not keys:
         return means
-    red = learner.all_reduce_sum(torch.tensor([means[k] * count for k in keys] + [float(count)],
-                                              dtype=torch.float64))
+    red = learner.all_reduce_sum(torch.tensor([means[k] * count for k in keys] + [float(count)], dtype=torch.float64))
     return {**means, **{k: float(red[i] / red[-1].clamp(min=1)) for i, k in enumerate(keys)}}
 
 
@@ -163,8 +174,11 @@ def logprob_mismatch(trajs: list[Trajectory], old_logprobs: list[torch.Tensor]) 
     d = torch.cat(diffs) if diffs else torch.zeros(0)
     if d.numel() == 0:
         return {}
-    return {"mismatch/abs_mean": float(d.abs().mean()), "mismatch/max": float(d.abs().max()),
-            "mismatch/k3": float((torch.exp(d) - 1 - d).mean())}
+    return {
+        "mismatch/abs_mean": float(d.abs().mean()),
+        "mismatch/max": float(d.abs().max()),
+        "mismatch/k3": float((torch.exp(d) - 1 - d).mean()),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,15 +298,24 @@ def rl_step(run: Run, step: int) -> dict:
         metrics["stare/gate_on"] = float(run.controller.gate_on)
         if omega is not None:
             metrics["stare/lplus_s_gt_h_frac"] = lplus_entropy_raising_frac(
-                learner, batch, advantages, omega, old_logprobs, entropies, run.controller.w)
+                learner, batch, advantages, omega, old_logprobs, entropies, run.controller.w
+            )
 
     t2 = time.perf_counter()
     applied = 0  # optimizer steps that changed the weights (a skipped one leaves them bit-identical)
     for _ in range(algo.ppo_epochs):
         update = learner.train_step(
-            batch, advantages, omega, old_logprobs, clip_low=algo.clip_low,
-            clip_high=algo.effective_clip_high, dual_clip_c=algo.dual_clip_c, loss_agg=algo.loss_agg,
-            tis_cap=algo.tis_cap, loss_fn=get_policy_loss(algo.policy_loss))
+            batch,
+            advantages,
+            omega,
+            old_logprobs,
+            clip_low=algo.clip_low,
+            clip_high=algo.effective_clip_high,
+            dual_clip_c=algo.dual_clip_c,
+            loss_agg=algo.loss_agg,
+            tis_cap=algo.tis_cap,
+            loss_fn=get_policy_loss(algo.policy_loss),
+        )
         metrics.update({f"update/{k}": v for k, v in update.items()})
         if update["step_skipped"]:
             break
@@ -302,13 +325,16 @@ def rl_step(run: Run, step: int) -> dict:
     if update["step_skipped"]:
         run.nonfinite_in_row += 1
         metrics["update/nonfinite_in_row"] = float(run.nonfinite_in_row)
-        logger.warning(f"step {step}: non-finite loss or gradient, update skipped "
-                       f"({run.nonfinite_in_row} in a row, limit {cfg.trainer.max_nonfinite_steps})")
+        logger.warning(
+            f"step {step}: non-finite loss or gradient, update skipped "
+            f"({run.nonfinite_in_row} in a row, limit {cfg.trainer.max_nonfinite_steps})"
+        )
         if run.nonfinite_in_row >= cfg.trainer.max_nonfinite_steps:
             raise FloatingPointError(
                 f"{run.nonfinite_in_row} consecutive steps had a non-finite loss or gradient; stopping. "
                 "Lower learner.lr, raise learner.grad_clip, or check the data; the last good checkpoint "
-                f"is under {run.run_dir / 'checkpoints'}")
+                f"is under {run.run_dir / 'checkpoints'}"
+            )
     else:
         run.nonfinite_in_row = 0
 
@@ -320,11 +346,16 @@ def rl_step(run: Run, step: int) -> dict:
     t_sync = time.perf_counter() - t3
 
     n_tokens = sum(len(t.response_ids) for t in rolled)
-    metrics.update({
-        "time/rollout": t_rollout, "time/recompute": t_recompute, "time/update": t_update,
-        "time/sync": t_sync, "time/step": time.perf_counter() - t0,
-        "throughput/rollout_tokens_per_s": n_tokens / max(t_rollout, 1e-9),
-    })
+    metrics.update(
+        {
+            "time/rollout": t_rollout,
+            "time/recompute": t_recompute,
+            "time/update": t_update,
+            "time/sync": t_sync,
+            "time/step": time.perf_counter() - t0,
+            "throughput/rollout_tokens_per_s": n_tokens / max(t_rollout, 1e-9),
+        }
+    )
     return metrics
 
 
@@ -404,7 +435,8 @@ def check_empty_steps(run: Run, step: int, rolled: list[Trajectory], metrics: di
         f"{run.empty_in_row} consecutive steps (up to step {step}) updated nothing "
         f"(trainer.max_empty_steps={limit}): {cause}. Last step on this rank: {n} trajectories, "
         + ", ".join(f"{k}={v}" for k, v in sorted(d.items()))
-        + (f"; first error: {example}" if example else ""))
+        + (f"; first error: {example}" if example else "")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,22 +525,34 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
         from stare_tir.rollout.backends.sglang import prepare_trainer_env
 
         if cfg.rollout.sglang.weight_sync == "disk" and not cfg.rollout.sglang.sync_dir:
-            raise ValueError("rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the "
-                             "trainer writes and every SGLang server reads (shared storage across nodes)")
+            raise ValueError(
+                "rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the "
+                "trainer writes and every SGLang server reads (shared storage across nodes)"
+            )
         prepare_trainer_env(cfg.rollout.sglang)  # NCCL settings must precede the learner's NCCL
     learner = Learner(model_path, learner_cfg, tokenizer, trust_remote_code=cfg.model.trust_remote_code)
-    parts = build_components(cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox,
-                             model_path=model_path, tokenizer=tokenizer)
+    parts = build_components(
+        cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox, model_path=model_path, tokenizer=tokenizer
+    )
     logger.info("sandbox isolation: {}", getattr(parts.engine.sandbox, "info", {}))  # not_enforced: what is weaker
     return Run(
-        cfg=cfg, run_dir=run_dir, parts=parts, learner=learner,
+        cfg=cfg,
+        run_dir=run_dir,
+        parts=parts,
+        learner=learner,
         controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler(train_problems, seed=cfg.data.seed),
         eval_problems=eval_problems,
-        log=MetricsLog(run_dir, tensorboard=cfg.trainer.tensorboard, wandb_project=cfg.trainer.wandb_project,
-                       run_name=run_dir.name, config=to_dict(cfg),
-                       wandb_id=wandb_run_id(run_dir, resume) if cfg.trainer.wandb_project else None)
-        if learner.rank == 0 else _NullLog(),
+        log=MetricsLog(
+            run_dir,
+            tensorboard=cfg.trainer.tensorboard,
+            wandb_project=cfg.trainer.wandb_project,
+            run_name=run_dir.name,
+            config=to_dict(cfg),
+            wandb_id=wandb_run_id(run_dir, resume) if cfg.trainer.wandb_project else None,
+        )
+        if learner.rank == 0
+        else _NullLog(),
     )
 
 
@@ -540,8 +584,7 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
         if run.step == 0:
             eval_before = evaluate_heldout(run, "before RL")
             run.log.log(0, eval_before)
-        bar = tqdm(total=cfg.trainer.steps, initial=run.step, desc="RL", unit="step",
-                   disable=run.learner.rank != 0)
+        bar = tqdm(total=cfg.trainer.steps, initial=run.step, desc="RL", unit="step", disable=run.learner.rank != 0)
         while run.step < cfg.trainer.steps:
             step = run.step + 1
             metrics = rl_step(run, step)
@@ -553,9 +596,11 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
                     run.dropped_total[k] = run.dropped_total.get(k, 0) + v
             run.log.log(step, metrics)
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.2f}",
-                            H=f"{metrics.get('entropy/batch', float('nan')):.3f}",
-                            gate=int(metrics.get("stare/gate_on", 0)))
+            bar.set_postfix(
+                reward=f"{metrics.get('reward/mean', float('nan')):.2f}",
+                H=f"{metrics.get('entropy/batch', float('nan')):.3f}",
+                gate=int(metrics.get("stare/gate_on", 0)),
+            )
             if run.learner.rank == 0:
                 logger.info(_step_line(step, metrics))
             if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps:
@@ -566,8 +611,12 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
         eval_after = evaluate_heldout(run, "after RL")
         run.log.log(run.step, eval_after)
         run.learner.save_hf(run_dir / "final")
-        return {"eval_before": eval_before, "eval_after": eval_after, "steps": run.step,
-                "dropped": dict(run.dropped_total)}
+        return {
+            "eval_before": eval_before,
+            "eval_after": eval_after,
+            "steps": run.step,
+            "dropped": dict(run.dropped_total),
+        }
     finally:
         close_run(run)
 
@@ -575,8 +624,10 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
 def _step_line(step: int, m: dict) -> str:
     g = lambda k: m.get(k, float("nan"))  # noqa: E731
     gate = int(m.get("stare/gate_on", 0.0))
-    return (f"step {step}: reward {g('reward/mean'):+.3f} acc {g('acc/train'):.3f} "
-            f"H {g('entropy/batch'):.3f} gate {gate} "
-            f"tools {g('rollout/tool_calls'):.2f} len {g('rollout/response_len'):.0f} "
-            f"groups {int(m.get('batch/groups', 0))} loss {g('update/loss'):+.4f} "
-            f"t {g('time/step'):.1f}s")
+    return (
+        f"step {step}: reward {g('reward/mean'):+.3f} acc {g('acc/train'):.3f} "
+        f"H {g('entropy/batch'):.3f} gate {gate} "
+        f"tools {g('rollout/tool_calls'):.2f} len {g('rollout/response_len'):.0f} "
+        f"groups {int(m.get('batch/groups', 0))} loss {g('update/loss'):+.4f} "
+        f"t {g('time/step'):.1f}s"
+    )

@@ -6,6 +6,7 @@ Collects a minimal root filesystem (interpreter, stdlib without tests/tkinter/id
 packages with their dependencies, /bin/sh, and every shared library `ldd` says they need), then
 runs `docker build` on sandbox/docker/Dockerfile through the Docker SDK. Nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,45 @@ def code_hash() -> str:
         with open(os.path.join(os.path.dirname(HERE), name), "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]
+
+
 # Programs a cell may start on every backend (`subprocess.run(["sleep", "1"])`, `sh -c "ls | wc"`)
-SHELL_UTILS = ("sh", "sleep", "ls", "cat", "echo", "true", "false", "env", "head", "tail", "wc", "mkdir", "rm",
-               "cp", "mv", "touch", "grep", "sed", "sort", "uniq", "tr", "cut", "date", "pwd", "id", "uname", "seq",
-               "printf", "expr", "find", "xargs", "tee", "basename", "dirname")
+SHELL_UTILS = (
+    "sh",
+    "sleep",
+    "ls",
+    "cat",
+    "echo",
+    "true",
+    "false",
+    "env",
+    "head",
+    "tail",
+    "wc",
+    "mkdir",
+    "rm",
+    "cp",
+    "mv",
+    "touch",
+    "grep",
+    "sed",
+    "sort",
+    "uniq",
+    "tr",
+    "cut",
+    "date",
+    "pwd",
+    "id",
+    "uname",
+    "seq",
+    "printf",
+    "expr",
+    "find",
+    "xargs",
+    "tee",
+    "basename",
+    "dirname",
+)
 SKIP_STDLIB = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 ELF = b"\x7fELF"
 
@@ -47,8 +83,11 @@ def _copy(src: str, dst_root: str, dst: str | None = None) -> None:
     if os.path.islink(src):
         target = os.readlink(src)
         os.symlink(target, out)
-        _copy(os.path.join(os.path.dirname(src), target) if not target.startswith("/") else target, dst_root,
-              None if dst is None else os.path.join(os.path.dirname(dst), target))
+        _copy(
+            os.path.join(os.path.dirname(src), target) if not target.startswith("/") else target,
+            dst_root,
+            None if dst is None else os.path.join(os.path.dirname(dst), target),
+        )
     else:
         shutil.copy2(src, out)
 
@@ -64,9 +103,12 @@ def _requirements(dist: md.Distribution) -> list[str]:
 
 def _base_site_dir() -> str:
     """The first site-packages directory of the base interpreter (run outside any venv)."""
-    out = subprocess.run([os.path.realpath(sys.executable), "-I", "-c",
-                          "import site; print(site.getsitepackages()[0])"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [os.path.realpath(sys.executable), "-I", "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return out.strip()
 
 
@@ -150,7 +192,7 @@ def collect(root: str, packages: list[str]) -> None:
     for dirpath, dirnames, _ in os.walk(root):  # e.g. the copy of a 0700 home directory on the way
         for d in dirnames:
             p = os.path.join(dirpath, d)
-            if not os.path.islink(p) and p[len(root):] not in ("/ctl", "/tmp"):
+            if not os.path.islink(p) and p[len(root) :] not in ("/ctl", "/tmp"):
                 os.chmod(p, os.stat(p).st_mode | 0o755)
 
 
@@ -161,9 +203,13 @@ def build(tag: str, packages: list[str]) -> str:
         collect(os.path.join(ctx, "rootfs"), packages)
         shutil.copy(os.path.join(HERE, "Dockerfile"), ctx)
         client = docker.from_env(timeout=600)
-        image, _logs = client.images.build(path=ctx, tag=tag, rm=True, forcerm=True,
-                                           labels={"stare-sandbox.python": sys.version.split()[0],
-                                                   "stare-sandbox.code": code_hash()})
+        image, _logs = client.images.build(
+            path=ctx,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            labels={"stare-sandbox.python": sys.version.split()[0], "stare-sandbox.code": code_hash()},
+        )
         client.images.prune(filters={"dangling": True, "label": "stare-sandbox.python"})  # earlier builds
     return image.id
 

@@ -63,8 +63,7 @@ def compute_group_advantages(
     r = rewards.detach().to(torch.float32)  # [N]
     n = r.numel()
     if n == 0:
-        return r.clone(), {"adv/num_groups": 0.0, "adv/zero_var_groups": 0.0,
-                           "adv/zero_var_frac": 0.0}
+        return r.clone(), {"adv/num_groups": 0.0, "adv/zero_var_groups": 0.0, "adv/zero_var_frac": 0.0}
     # Map arbitrary labels to 0..G-1 so group statistics are plain scatter-adds.
     _, inv = torch.unique(group_ids, return_inverse=True)  # inv: [N]
     g = int(inv.max()) + 1

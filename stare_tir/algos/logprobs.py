@@ -96,10 +96,15 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             if need_b:
                 grad_b += gz.sum(0)
             del z, gz, gz_low
-        return (grad_h,
-                None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype),
-                None, None, None, None)
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _tempered_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
@@ -183,8 +188,9 @@ def logprobs_and_entropy(
     tgt = targets.reshape(-1).long()  # [N]
     if h.shape[0] != tgt.shape[0]:
         raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree")
-    logp, ent = _LinearLogprobEntropy.apply(h, lm_head_weight, lm_head_bias, tgt,
-                                            float(temperature), int(chunk_size), with_entropy)
+    logp, ent = _LinearLogprobEntropy.apply(
+        h, lm_head_weight, lm_head_bias, tgt, float(temperature), int(chunk_size), with_entropy
+    )
     return logp.reshape(lead), (ent.reshape(lead) if with_entropy else None)
 
 

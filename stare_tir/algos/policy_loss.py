@@ -77,9 +77,7 @@ def aggregate(
     return seq_sum.sum() / denom
 
 
-def truncated_is_weights(
-    old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float
-) -> Tensor:
+def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float) -> Tensor:
     """Truncated importance weights min(pi_old / pi_rollout, cap) per token (no gradient).
 
     Corrects the mismatch between the rollout engine's sampling distribution and the trainer's
@@ -160,8 +158,9 @@ def policy_loss(
             (tis_weights * mf).sum() if tis_weights is not None else mf.new_zeros(()),
             loss.detach(),
         ]
-        (n_tok, c_high, c_low, c_dual, s_lr, s_k3, s_r, r_max, s_tis, loss_v) = (
-            torch.stack([x.float() for x in sums]).tolist())
+        (n_tok, c_high, c_low, c_dual, s_lr, s_k3, s_r, r_max, s_tis, loss_v) = torch.stack(
+            [x.float() for x in sums]
+        ).tolist()
         d = max(n_tok, 1.0)
         metrics = {
             "pg/loss": loss_v,

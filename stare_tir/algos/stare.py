@@ -92,7 +92,10 @@ def _sample_positions(n: int, device: torch.device) -> Tensor:
 
 
 def _select_sampled(
-    s: Tensor, a: Tensor, keep: Tensor | None, requests: list[tuple[bool, int, int]],
+    s: Tensor,
+    a: Tensor,
+    keep: Tensor | None,
+    requests: list[tuple[bool, int, int]],
     pos_mask: Tensor | None = None,
 ) -> list[Tensor | None]:
     """Exact top-k selection for large N, for T+ and/or T- in one pass over the tokens.
@@ -152,7 +155,12 @@ def _select_sampled(
 
 
 def _stare_counts(
-    surprisal: Tensor, advantages: Tensor, mask: Tensor | None, top_p: float, w: float, m: float,
+    surprisal: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    top_p: float,
+    w: float,
+    m: float,
     variant: str,
 ) -> tuple[Tensor, dict]:
     if variant not in ("O1", "C2"):
@@ -176,12 +184,18 @@ def _stare_counts(
     # |T-| = |A != 0| - |T+|: a count, no second [N] mask
     nonzero = a if keep is None else torch.where(keep, a, 0.0)
     n_neg = int(torch.count_nonzero(nonzero)) - n_pos
-    counts = {"tokens": s.numel() if keep is None else int(torch.count_nonzero(keep)),
-              "cand_pos": n_pos, "cand_neg": n_neg,
-              "sel_pos": num_selected(top_p, n_pos),
-              "sel_neg": num_selected(top_p, n_neg) if variant == "C2" else 0}
-    requests = [(positive, counts[key], n) for positive, key, n in
-                ((True, "sel_pos", n_pos), (False, "sel_neg", n_neg)) if counts[key] > 0]
+    counts = {
+        "tokens": s.numel() if keep is None else int(torch.count_nonzero(keep)),
+        "cand_pos": n_pos,
+        "cand_neg": n_neg,
+        "sel_pos": num_selected(top_p, n_pos),
+        "sel_neg": num_selected(top_p, n_neg) if variant == "C2" else 0,
+    }
+    requests = [
+        (positive, counts[key], n)
+        for positive, key, n in ((True, "sel_pos", n_pos), (False, "sel_neg", n_neg))
+        if counts[key] > 0
+    ]
     picked: list[Tensor | None] = [None] * len(requests)
     if s.numel() > 8 * _SAMPLE and requests:
         picked = _select_sampled(s, a, keep, requests, cand_pos)
@@ -288,8 +302,16 @@ class StareController:
         open_loop: bool = False,
     ) -> None:
         # Reuse the config's range checks so a controller is never built from bad values.
-        StareConfig(w=w, m=m, target_entropy=target_entropy, adaptive=adaptive,
-                    adapt_rate=adapt_rate, w_max=w_max, m_min=m_min, open_loop=open_loop)
+        StareConfig(
+            w=w,
+            m=m,
+            target_entropy=target_entropy,
+            adaptive=adaptive,
+            adapt_rate=adapt_rate,
+            w_max=w_max,
+            m_min=m_min,
+            open_loop=open_loop,
+        )
         self.target_entropy = float(target_entropy)
         self.w = float(w)
         self.m = float(m)
@@ -306,9 +328,16 @@ class StareController:
 
     @classmethod
     def from_config(cls, cfg: StareConfig) -> StareController:
-        return cls(target_entropy=cfg.target_entropy, w=cfg.w, m=cfg.m, adaptive=cfg.adaptive,
-                   adapt_rate=cfg.adapt_rate, w_max=cfg.w_max, m_min=cfg.m_min,
-                   open_loop=cfg.open_loop)
+        return cls(
+            target_entropy=cfg.target_entropy,
+            w=cfg.w,
+            m=cfg.m,
+            adaptive=cfg.adaptive,
+            adapt_rate=cfg.adapt_rate,
+            w_max=cfg.w_max,
+            m_min=cfg.m_min,
+            open_loop=cfg.open_loop,
+        )
 
     def update(self, batch_entropy: float) -> bool:
         """Set the gate (and adapt W/M) from this step's batch entropy; returns gate_on.
@@ -341,9 +370,14 @@ class StareController:
         }
 
     def state_dict(self) -> dict:
-        return {"w": self.w, "m": self.m, "gate_on": self.gate_on,
-                "last_entropy": self.last_entropy, "steps": self.steps,
-                "nonfinite_entropy_steps": self.nonfinite_entropy_steps}
+        return {
+            "w": self.w,
+            "m": self.m,
+            "gate_on": self.gate_on,
+            "last_entropy": self.last_entropy,
+            "steps": self.steps,
+            "nonfinite_entropy_steps": self.nonfinite_entropy_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         missing = {"w", "m", "gate_on", "steps"} - set(state)

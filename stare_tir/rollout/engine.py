@@ -75,15 +75,15 @@ class RolloutConfig:
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
 
     def __post_init__(self) -> None:
-        for name in ("n_per_prompt", "max_turns", "max_total_tokens", "max_new_tokens_per_turn",
-                     "max_concurrency"):
+        for name in ("n_per_prompt", "max_turns", "max_total_tokens", "max_new_tokens_per_turn", "max_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         self.sampling(1)  # validates temperature / top_p / top_k
 
     def sampling(self, max_new_tokens: int, seed: int | None = None) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=max_new_tokens, seed=seed)
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=max_new_tokens, seed=seed
+        )
 
 
 def encode_plain(tokenizer: Any, text: str) -> list[int]:
@@ -98,7 +98,7 @@ def encode_plain(tokenizer: Any, text: str) -> list[int]:
 def _derive_seed(base: int | None, group: int, sample: int, turn: int) -> int | None:
     if base is None:
         return None
-    x = (base * 0x9E3779B1 + group * 0x85EBCA77 + sample * 0xC2B2AE3D + turn * 0x27D4EB2F)
+    x = base * 0x9E3779B1 + group * 0x85EBCA77 + sample * 0xC2B2AE3D + turn * 0x27D4EB2F
     return x % (1 << 62)
 
 
@@ -129,8 +129,15 @@ class RolloutEngine:
         that loop) and stopped by `close()`.
     """
 
-    def __init__(self, backend: Backend, tokenizer: Any, env_factory: Callable[[dict], Any],
-                 cfg: RolloutConfig | None = None, *, sandbox: Any = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Any,
+        env_factory: Callable[[dict], Any],
+        cfg: RolloutConfig | None = None,
+        *,
+        sandbox: Any = None,
+    ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.env_factory = env_factory
@@ -167,8 +174,11 @@ class RolloutEngine:
             if bar is not None:
                 bar.update(1)
                 wall = max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix(tok_s=f"{counters['model_tokens'] / wall:.0f}",
-                                turns=f"{counters['turns'] / bar.n:.2f}", refresh=False)
+                bar.set_postfix(
+                    tok_s=f"{counters['model_tokens'] / wall:.0f}",
+                    turns=f"{counters['turns'] / bar.n:.2f}",
+                    refresh=False,
+                )
             return traj
 
         tasks = [asyncio.ensure_future(one(g, s)) for g in range(len(problems)) for s in range(n)]
@@ -240,18 +250,15 @@ class RolloutEngine:
     # ------------------------------------------------------------------ one trajectory
 
     def _prompt_ids(self, env: Any) -> list[int]:
-        text = self.tokenizer.apply_chat_template(env.initial_messages(), tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(env.initial_messages(), tokenize=False, add_generation_prompt=True)
         # The template's control tokens (<|im_start|>, ...) must become their special ids here.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    async def _rollout(self, problem: dict, group: int, sample: int,
-                       prompts: dict[int, list[int]]) -> Trajectory:
+    async def _rollout(self, problem: dict, group: int, sample: int, prompts: dict[int, list[int]]) -> Trajectory:
         env = self.env_factory(problem)
         if group not in prompts:  # chat template once per problem, shared by its samples
             prompts[group] = self._prompt_ids(env)
-        traj = Trajectory(prompt_ids=list(prompts[group]), problem_id=str(problem.get("id", "")),
-                          group_id=group)
+        traj = Trajectory(prompt_ids=list(prompts[group]), problem_id=str(problem.get("id", "")), group_id=group)
         timing = {"gen_s": 0.0, "env_s": 0.0}
         try:
             try:
@@ -282,8 +289,7 @@ class RolloutEngine:
                 traj.info["close_error"] = f"{type(exc).__name__}: {exc}"
         return traj
 
-    async def _episode(self, env: Any, traj: Trajectory, group: int, sample: int,
-                       timing: dict) -> None:
+    async def _episode(self, env: Any, traj: Trajectory, group: int, sample: int, timing: dict) -> None:
         cfg = self.cfg
         stops = list(dict.fromkeys(list(getattr(env, "stop_strings", []) or []) + cfg.stop_strings))
         while True:
@@ -365,15 +371,17 @@ def rollout_stats(trajs: list[Trajectory], wall_s: float | None = None) -> dict[
     stats.update({f"finish/{k}": v / n for k, v in finish.items()})
     if wall_s is not None:
         model_tokens = sum(t.num_model_tokens for t in trajs)
-        stats.update({
-            "engine/trajectories": float(len(trajs)),
-            "engine/model_tokens": float(model_tokens),
-            "engine/obs_tokens": float(sum(len(t.response_ids) for t in trajs) - model_tokens),
-            "engine/tool_calls": float(tool_calls),
-            "engine/wall_s": wall_s,
-            # Summed over trajectories (they overlap in time, so these can exceed wall_s).
-            "engine/gen_s": sum(t.info.get("gen_s", 0.0) for t in trajs),
-            "engine/env_s": sum(t.info.get("env_s", 0.0) for t in trajs),
-            "engine/tokens_per_s": model_tokens / max(wall_s, 1e-9),
-        })
+        stats.update(
+            {
+                "engine/trajectories": float(len(trajs)),
+                "engine/model_tokens": float(model_tokens),
+                "engine/obs_tokens": float(sum(len(t.response_ids) for t in trajs) - model_tokens),
+                "engine/tool_calls": float(tool_calls),
+                "engine/wall_s": wall_s,
+                # Summed over trajectories (they overlap in time, so these can exceed wall_s).
+                "engine/gen_s": sum(t.info.get("gen_s", 0.0) for t in trajs),
+                "engine/env_s": sum(t.info.get("env_s", 0.0) for t in trajs),
+                "engine/tokens_per_s": model_tokens / max(wall_s, 1e-9),
+            }
+        )
     return stats

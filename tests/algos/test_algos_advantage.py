@@ -68,10 +68,12 @@ def test_matches_torch_std_on_random_groups():
 def test_registry():
     r, g = _case()
     assert set(ADVANTAGE_ESTIMATORS) >= {"grpo", "drgrpo"}
-    torch.testing.assert_close(get_advantage_estimator("grpo")(r, g)[0],
-                               compute_group_advantages(r, g, norm_by_std=True)[0])
-    torch.testing.assert_close(get_advantage_estimator("drgrpo")(r, g)[0],
-                               compute_group_advantages(r, g, norm_by_std=False)[0])
+    torch.testing.assert_close(
+        get_advantage_estimator("grpo")(r, g)[0], compute_group_advantages(r, g, norm_by_std=True)[0]
+    )
+    torch.testing.assert_close(
+        get_advantage_estimator("drgrpo")(r, g)[0], compute_group_advantages(r, g, norm_by_std=False)[0]
+    )
     with pytest.raises(ValueError, match="drgrpo"):
         get_advantage_estimator("nope")
 

@@ -36,8 +36,9 @@ def test_hand_computed_two_token_vocab():
     assert lp.item() == pytest.approx(math.log(p0))
     assert ent.item() == pytest.approx(-(p0 * math.log(p0) + (1 - p0) * math.log(1 - p0)))
     # same through the hidden-state path: hidden [1, 1] @ W^T with W = [[0], [ln 3]]
-    lp2, ent2 = logprobs_and_entropy(torch.ones(1, 1), torch.tensor([[0.0], [math.log(3.0)]]),
-                                     torch.tensor([0]), temperature=2.0)
+    lp2, ent2 = logprobs_and_entropy(
+        torch.ones(1, 1), torch.tensor([[0.0], [math.log(3.0)]]), torch.tensor([0]), temperature=2.0
+    )
     assert lp2.item() == pytest.approx(math.log(p0))
     assert ent2.item() == pytest.approx(ent.item())
 
@@ -47,8 +48,9 @@ def test_hand_computed_two_token_vocab():
 def test_hidden_path_equals_naive_with_gradients(temperature, chunk_size):
     hidden, weight, bias, targets = _inputs()
     g_out = torch.randn(targets.shape, generator=torch.Generator().manual_seed(1))
-    lp, ent = logprobs_and_entropy(hidden, weight, targets, temperature=temperature,
-                                   chunk_size=chunk_size, lm_head_bias=bias)
+    lp, ent = logprobs_and_entropy(
+        hidden, weight, targets, temperature=temperature, chunk_size=chunk_size, lm_head_bias=bias
+    )
     grads = torch.autograd.grad((lp * g_out).sum(), [hidden, weight, bias])
     lp0, ent0 = _naive(hidden @ weight.t() + bias, targets, temperature)
     grads0 = torch.autograd.grad((lp0 * g_out).sum(), [hidden, weight, bias])

@@ -88,8 +88,7 @@ def test_micro_batches_sum_to_global_loss_and_grad(agg):
     grads = []
     for rows in ([0], [1, 2]):  # uneven micro-batches: a per-micro-batch mean would differ
         sub = lp.detach()[rows].requires_grad_()
-        part, _ = policy_loss(sub, old[rows], adv[rows], mask[rows], agg=agg,
-                              global_tokens=n_tok, global_seqs=n_seq)
+        part, _ = policy_loss(sub, old[rows], adv[rows], mask[rows], agg=agg, global_tokens=n_tok, global_seqs=n_seq)
         total = total + part.item()
         grads.append(torch.autograd.grad(part, sub)[0])
     assert total == pytest.approx(full.item(), rel=1e-6)
@@ -105,8 +104,15 @@ def test_token_weights_of_one_reproduce_grpo_bitwise():
     for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
         base, m0 = policy_loss(lp, old, adv, mask, agg=agg, global_tokens=11.0 if agg == "token-mean" else None)
         (g0,) = torch.autograd.grad(base, lp)
-        ones, m1 = policy_loss(lp, old, adv, mask, agg=agg, token_weights=torch.ones_like(adv),
-                               global_tokens=11.0 if agg == "token-mean" else None)
+        ones, m1 = policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            agg=agg,
+            token_weights=torch.ones_like(adv),
+            global_tokens=11.0 if agg == "token-mean" else None,
+        )
         (g1,) = torch.autograd.grad(ones, lp)
         assert torch.equal(base, ones)
         assert torch.equal(g0, g1)

@@ -157,8 +157,7 @@ def test_batch_scope_equals_concatenation_and_differs_from_micro_batch():
     s1, s2 = torch.tensor([[5.0, 6.0, 7.0, 8.0]]), torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
     a1, a2 = torch.ones(1, 4), torch.ones(1, 5)
     om_b, met_b = stare_token_weights_scoped([s1, s2], [a1, a2], scope="batch", top_p=0.25, w=2.0)
-    om_cat, met_cat = stare_token_weights(torch.cat([s1.flatten(), s2.flatten()]), torch.ones(9),
-                                          top_p=0.25, w=2.0)
+    om_cat, met_cat = stare_token_weights(torch.cat([s1.flatten(), s2.flatten()]), torch.ones(9), top_p=0.25, w=2.0)
     assert torch.equal(torch.cat([om_b[0].flatten(), om_b[1].flatten()]), om_cat)
     assert met_b == met_cat
     assert om_b[0].shape == (1, 4) and om_b[1].shape == (1, 5)
@@ -174,8 +173,7 @@ def test_batch_scope_random_micro_batches():
     ss = [torch.rand(3, 40, generator=g) for _ in range(4)]
     aa = [torch.randn(3, 1, generator=g).expand(3, 40).contiguous() for _ in range(4)]
     om, _ = stare_token_weights_scoped(ss, aa, scope="batch", top_p=0.1, variant="C2")
-    ref = _reference(torch.cat([x.flatten() for x in ss]), torch.cat([x.flatten() for x in aa]),
-                     0.1, 1.1, 0.9, "C2")
+    ref = _reference(torch.cat([x.flatten() for x in ss]), torch.cat([x.flatten() for x in aa]), 0.1, 1.1, 0.9, "C2")
     assert torch.equal(torch.cat([x.flatten() for x in om]), ref)
 
 
@@ -251,8 +249,7 @@ def test_controller_keeps_its_state_on_a_nonfinite_entropy_and_counts_it(bad):
 
 
 def test_controller_adaptive_schedule():
-    c = StareController(target_entropy=0.3, w=1.1, m=0.9, adaptive=True, adapt_rate=0.05,
-                        w_max=1.2, m_min=0.8)
+    c = StareController(target_entropy=0.3, w=1.1, m=0.9, adaptive=True, adapt_rate=0.05, w_max=1.2, m_min=0.8)
     c.update(0.1)  # below target: W up, M down
     assert (c.w, c.m) == pytest.approx((1.15, 0.85))
     c.update(0.1)
@@ -286,10 +283,16 @@ def test_config_validation_and_from_config():
     cfg = StareConfig(variant="C2", w=1.3, m=0.7, target_entropy=0.2, open_loop=True)
     c = StareController.from_config(cfg)
     assert (c.w, c.m, c.target_entropy, c.open_loop) == (1.3, 0.7, 0.2, True)
-    for bad, field in ((dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-                       (dict(variant="C3"), "variant"), (dict(w=0.9), "w="),
-                       (dict(m=0.0), "m="), (dict(m_min=0.0), "m_min"),
-                       (dict(scope="rank"), "scope"), (dict(w=2.5), "w=")):
+    for bad, field in (
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(variant="C3"), "variant"),
+        (dict(w=0.9), "w="),
+        (dict(m=0.0), "m="),
+        (dict(m_min=0.0), "m_min"),
+        (dict(scope="rank"), "scope"),
+        (dict(w=2.5), "w="),
+    ):
         with pytest.raises(ValueError, match=field):
             StareConfig(**bad)
     with pytest.raises(ValueError, match="m="):

@@ -36,8 +36,12 @@ def test_gpu_configs_hold_the_paper_settings():
     stare = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_stare.yaml")
     grpo = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_grpo_ds.yaml")
     assert stare.algo.name == "stare" and grpo.algo.name == "grpo_ds"
-    assert (stare.algo.stare.variant, stare.algo.stare.top_p, stare.algo.stare.w,
-            stare.algo.stare.target_entropy) == ("O1", 0.1, 1.1, 0.3)
+    assert (stare.algo.stare.variant, stare.algo.stare.top_p, stare.algo.stare.w, stare.algo.stare.target_entropy) == (
+        "O1",
+        0.1,
+        1.1,
+        0.3,
+    )
     for cfg in (stare, grpo):
         assert (cfg.algo.clip_low, cfg.algo.clip_high, cfg.learner.lr) == (0.2, 0.28, 1e-6)
         assert cfg.learner.zero_stage == 3 and cfg.learner.dtype == "bf16"
@@ -56,16 +60,22 @@ def test_bad_override_of_train_config_names_the_key():
 
 def test_train_script_help_is_light_and_explains_flags():
     script = str(ROOT / "scripts" / "train_tir.py")
-    code = ("import sys, runpy; sys.argv=['train_tir.py','--help'];\n"
-            f"try:\n    runpy.run_path({script!r}, run_name='__main__')\n"
-            "except SystemExit: pass\n"
-            "print('HEAVY' if {'torch','transformers','deepspeed'} & set(sys.modules) else 'LIGHT')")
+    code = (
+        "import sys, runpy; sys.argv=['train_tir.py','--help'];\n"
+        f"try:\n    runpy.run_path({script!r}, run_name='__main__')\n"
+        "except SystemExit: pass\n"
+        "print('HEAVY' if {'torch','transformers','deepspeed'} & set(sys.modules) else 'LIGHT')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "--resume" in out and "KEY=VALUE" in out and "--print-config" in out
     assert out.strip().endswith("LIGHT")
 
 
 def test_train_script_rejects_bad_key_with_exit_2():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tir.py"), "trainer.stepz=3"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_tir.py"), "trainer.stepz=3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "unknown key 'trainer.stepz'" in proc.stderr

@@ -358,9 +358,7 @@ def _remote_code_model(tmp_path: Path) -> Path:
     repo = tmp_path / "custom-model"
     shutil.copytree(pretrained_tiny_base(), repo)
     (repo / "modeling_custom.py").write_text(
-        "from transformers import Qwen2ForCausalLM\n\n\n"
-        "class CustomQwen2ForCausalLM(Qwen2ForCausalLM):\n"
-        "    pass\n"
+        "from transformers import Qwen2ForCausalLM\n\n\nclass CustomQwen2ForCausalLM(Qwen2ForCausalLM):\n    pass\n"
     )
     config = json.loads((repo / "config.json").read_text())
     config["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomQwen2ForCausalLM"}
@@ -387,8 +385,10 @@ def test_chat_template_override_is_what_the_engine_applies(tmp_path):
     from stare_tir.tiny import pretrained_tiny_base
 
     template = tmp_path / "t.jinja"
-    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    template.write_text(
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
     tok = load_tokenizer(ModelConfig(chat_template=str(template)), str(pretrained_tiny_base()))
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text == "[user] hi\n[assistant] "

@@ -75,12 +75,16 @@ def test_evaluate_matches_python():
 
 # ----------------------------------------------------------------------------- segments
 
+
 def test_split_assistant_segments():
     obs = "\n<interpreter>\n42\n</interpreter>\n"
     text = "Let me.\n<code>\n```python\nprint(6*7)\n```\n</code>" + obs + "So \\boxed{42}"
     segs = split_assistant_segments(text)
-    assert segs == [("Let me.\n<code>\n```python\nprint(6*7)\n```\n</code>", True), (obs, False),
-                    ("So \\boxed{42}", True)]
+    assert segs == [
+        ("Let me.\n<code>\n```python\nprint(6*7)\n```\n</code>", True),
+        (obs, False),
+        ("So \\boxed{42}", True),
+    ]
     assert "".join(s for s, _ in segs) == text
     two = "<code>a</code>" + obs + "<code>b</code>" + obs.replace("42", "x\n< /interpreter>\ny") + "end"
     segs = split_assistant_segments(two)
@@ -94,6 +98,7 @@ def test_split_assistant_segments():
 
 
 # ----------------------------------------------------------------------------- traces (fake sandbox)
+
 
 class _Session:
     def __init__(self, wrong: bool):
@@ -133,8 +138,9 @@ def test_sft_traces_exact_format_and_mix():
         assert (system["role"], user["role"], assistant["role"]) == ("system", "user", "assistant")
         assert system["content"] == SHORT_SYSTEM_PROMPT and user["content"] == p["problem"]
         if t["uses_tool"]:
-            assert assistant["content"] == (tool_turn(p) + f"\n<interpreter>\n{p['answer']}\n</interpreter>\n"
-                                            + f"\\boxed{{{p['answer']}}}")
+            assert assistant["content"] == (
+                tool_turn(p) + f"\n<interpreter>\n{p['answer']}\n</interpreter>\n" + f"\\boxed{{{p['answer']}}}"
+            )
             assert [m for _, m in split_assistant_segments(assistant["content"])] == [True, False, True]
         else:
             assert assistant["content"] == direct_answer(p) and "<code>" not in assistant["content"]

@@ -13,8 +13,15 @@ from loguru import logger
 
 from envs.data import EVAL_SETS, DataError, load_problems, load_problems_report
 
-COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272,
-          "olympiadbench": 675, "dapo17k": 17176}
+COUNTS = {
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "math500": 500,
+    "minerva": 272,
+    "olympiadbench": 675,
+    "dapo17k": 17176,
+}
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))
@@ -36,8 +43,10 @@ def test_shipped_spot_checks():
     assert all(re.fullmatch(r"-?\d+", p["answer"]) for p in load_problems("dapo17k", limit=2000))
 
 
-@pytest.mark.parametrize("name,kept", [("dapo17k", 17074), ("amc23", 16), ("math500", 477),
-                                       ("olympiadbench", 620), ("aime24", 30), ("minerva", 272)])
+@pytest.mark.parametrize(
+    "name,kept",
+    [("dapo17k", 17074), ("amc23", 16), ("math500", 477), ("olympiadbench", 620), ("aime24", 30), ("minerva", 272)],
+)
 def test_exclude_overlap(name, kept):
     probs, report = load_problems_report(name, exclude_overlap=True)
     assert len(probs) == kept and report["excluded_overlap"] == COUNTS[name] - kept
@@ -52,9 +61,11 @@ def test_exclude_overlap_removes_the_listed_pair():
 def test_exclude_overlap_checks_a_custom_file_by_text_and_says_what_it_skipped(tmp_path):
     aime = load_problems("aime24")[0]["problem"]
     f = tmp_path / "x.jsonl"
-    rows = [{"problem": "What is 2+3?", "answer": "5"},
-            {"problem": "  " + aime.upper().replace(" ", "\n  ") + " ", "answer": "204"},  # same text, reflowed
-            {"problem": "What is 7*6?", "answer": "42"}]
+    rows = [
+        {"problem": "What is 2+3?", "answer": "5"},
+        {"problem": "  " + aime.upper().replace(" ", "\n  ") + " ", "answer": "204"},  # same text, reflowed
+        {"problem": "What is 7*6?", "answer": "42"},
+    ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     messages: list[str] = []
     sink = logger.add(messages.append, level="WARNING", format="{message}")
@@ -105,17 +116,20 @@ def test_bad_row_raises_naming_file_and_row(tmp_path):
     assert str(f) in str(e.value) and "row 2" in str(e.value) and "missing problem" in str(e.value)
 
 
-@pytest.mark.parametrize("row,needle", [
-    ({"id": "x", "answer": "3"}, "missing problem"),
-    ({"id": "x", "problem": "p"}, "missing answer"),
-    ({"id": "x", "problem": "p", "answer": None}, "missing answer"),
-    ({"id": "x", "problem": 5, "answer": "1"}, "problem has type int"),
-    ({"id": "x", "problem": "p", "answer": [1]}, "answer has type list"),
-    ({"id": "x", "problem": "p", "answer": True}, "answer has type bool"),
-    ({"id": "x", "problem": " ", "answer": "1"}, "empty problem"),
-    ({"id": 1.5, "problem": "p", "answer": "1"}, "id has type float"),
-    ({"id": "x", "problem": "p", "answer": float("nan")}, "answer is nan"),
-])
+@pytest.mark.parametrize(
+    "row,needle",
+    [
+        ({"id": "x", "answer": "3"}, "missing problem"),
+        ({"id": "x", "problem": "p"}, "missing answer"),
+        ({"id": "x", "problem": "p", "answer": None}, "missing answer"),
+        ({"id": "x", "problem": 5, "answer": "1"}, "problem has type int"),
+        ({"id": "x", "problem": "p", "answer": [1]}, "answer has type list"),
+        ({"id": "x", "problem": "p", "answer": True}, "answer has type bool"),
+        ({"id": "x", "problem": " ", "answer": "1"}, "empty problem"),
+        ({"id": 1.5, "problem": "p", "answer": "1"}, "id has type float"),
+        ({"id": "x", "problem": "p", "answer": float("nan")}, "answer is nan"),
+    ],
+)
 def test_each_kind_of_bad_row(tmp_path, row, needle):
     f = tmp_path / "one.json"
     f.write_text(json.dumps([{"id": "ok", "problem": "fine", "answer": "1"}, row]))
@@ -137,8 +151,14 @@ def test_skip_mode_counts_and_logs_every_dropped_row(tmp_path):
     assert probs[3]["extra"] == {"k": 1}
     assert report["skipped"] == 8 and report["rows_read"] == 12 and report["loaded"] == 4
     assert report["skipped_by_reason"] == {
-        "missing_problem": 1, "bad_type_answer": 2, "duplicate_id": 1, "duplicate_problem": 1,
-        "invalid_json": 1, "empty_answer": 1, "not_an_object": 1}
+        "missing_problem": 1,
+        "bad_type_answer": 2,
+        "duplicate_id": 1,
+        "duplicate_problem": 1,
+        "invalid_json": 1,
+        "empty_answer": 1,
+        "not_an_object": 1,
+    }
     per_row = [m for m in messages if "-> skipped" in m]
     assert len(per_row) == 8
     for row in (2, 3, 4, 5, 6, 7, 8, 11):
@@ -156,20 +176,29 @@ def test_limit_stops_early(tmp_path):
 
 # ----------------------------------------------------------------------------- formats and mapping
 
-VERL_ROWS = [{"prompt": [{"role": "user", "content": f"Problem {i}"}],
-              "reward_model": {"ground_truth": str(i * 2)}, "extra_info": {"index": i}}
-             for i in range(3)]
+VERL_ROWS = [
+    {
+        "prompt": [{"role": "user", "content": f"Problem {i}"}],
+        "reward_model": {"ground_truth": str(i * 2)},
+        "extra_info": {"index": i},
+    }
+    for i in range(3)
+]
 VERL_FIELDS = {"problem": "prompt.0.content", "answer": "reward_model.ground_truth", "id": "extra_info.index"}
 
 
 def check_verl(probs):
     assert [(p["id"], p["problem"], p["answer"]) for p in probs] == [
-        ("0", "Problem 0", "0"), ("1", "Problem 1", "2"), ("2", "Problem 2", "4")]
+        ("0", "Problem 0", "0"),
+        ("1", "Problem 1", "2"),
+        ("2", "Problem 2", "4"),
+    ]
 
 
 def test_parquet_with_dotted_field_paths(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     f = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(VERL_ROWS), f)
     check_verl(load_problems(str(f), fields=VERL_FIELDS))
@@ -189,7 +218,11 @@ def test_gzip_jsonl_and_renamed_fields(tmp_path):
         for i in range(3):
             g.write(json.dumps({"question": f"Q{i}", "final": str(i), "uid": f"u{i}"}) + "\n")
     probs = load_problems(str(f), fields={"problem": "question", "answer": "final", "id": "uid"})
-    assert [(p["id"], p["problem"], p["answer"]) for p in probs] == [("u0", "Q0", "0"), ("u1", "Q1", "1"), ("u2", "Q2", "2")]
+    assert [(p["id"], p["problem"], p["answer"]) for p in probs] == [
+        ("u0", "Q0", "0"),
+        ("u1", "Q1", "1"),
+        ("u2", "Q2", "2"),
+    ]
     assert "question" not in probs[0]  # mapped columns are not duplicated as extras
 
 

@@ -17,8 +17,9 @@ from envs.extract import extract_answer
 from envs.grading import GRADERS, Grader
 from envs.numbers import decimal_matches_exact, numbers_equal, parse_number
 
-_spec = importlib.util.spec_from_file_location("grading_cases_kinds",
-                                               Path(__file__).with_name("grading_cases_kinds.py"))
+_spec = importlib.util.spec_from_file_location(
+    "grading_cases_kinds", Path(__file__).with_name("grading_cases_kinds.py")
+)
 _mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mod)
 CASES = _mod.CASES
@@ -48,16 +49,20 @@ def test_kind_case(grader, gold, response, label, kind):
 
 # ----------------------------------------------------------------------------- extraction
 
-@pytest.mark.parametrize("response,expected", [
-    ("The final answer is\n\\[\n9\n\\]", "9"),
-    ("$$\n\\frac{1}{2}\n$$", "\\frac{1}{2}"),
-    ("<think>\\boxed{5}</think>The final answer is $7$.", "7"),
-    ("<think>\\boxed{5}</think>", "5"),  # nothing after the thinking: its answer counts
-    ("\\boxed{7}<|im_end|>\n<|im_start|>user\n\\boxed{8}", "7"),
-    ("\\boxed{(2,2)} \\quad \\text{and} \\quad \\boxed{(6,2)}", "(2,2), (6,2)"),
-    ("First \\boxed{1}, then after checking \\boxed{2}", "2"),
-    ("<code>\n```python\nprint('<|im_end|>')\n```\n</code>\nSo \\boxed{42}", "42"),  # a token in code
-])
+
+@pytest.mark.parametrize(
+    "response,expected",
+    [
+        ("The final answer is\n\\[\n9\n\\]", "9"),
+        ("$$\n\\frac{1}{2}\n$$", "\\frac{1}{2}"),
+        ("<think>\\boxed{5}</think>The final answer is $7$.", "7"),
+        ("<think>\\boxed{5}</think>", "5"),  # nothing after the thinking: its answer counts
+        ("\\boxed{7}<|im_end|>\n<|im_start|>user\n\\boxed{8}", "7"),
+        ("\\boxed{(2,2)} \\quad \\text{and} \\quad \\boxed{(6,2)}", "(2,2), (6,2)"),
+        ("First \\boxed{1}, then after checking \\boxed{2}", "2"),
+        ("<code>\n```python\nprint('<|im_end|>')\n```\n</code>\nSo \\boxed{42}", "42"),  # a token in code
+    ],
+)
 def test_extraction(response, expected):
     assert extract_answer(response) == expected
 
@@ -72,34 +77,52 @@ def test_boxed_mode_counts_only_boxed_answers():
 
 # ----------------------------------------------------------------------------- decimal rule
 
-@pytest.mark.parametrize("dec,exact,ok", [
-    ("0.0833333333333333", Fraction(1, 12), True),   # correct rounding, 15 significant digits
-    ("0.666666666666667", Fraction(2, 3), True),
-    ("0.666666666666666", Fraction(2, 3), False),    # a truncation, not a rounding
-    ("0.333", Fraction(1, 3), False),                # too few digits to stand for 1/3
-    ("0.5", Fraction(1, 2), True),                   # the exact value itself
-    ("0.14285715", Fraction(1, 7), False),
-])
+
+@pytest.mark.parametrize(
+    "dec,exact,ok",
+    [
+        ("0.0833333333333333", Fraction(1, 12), True),  # correct rounding, 15 significant digits
+        ("0.666666666666667", Fraction(2, 3), True),
+        ("0.666666666666666", Fraction(2, 3), False),  # a truncation, not a rounding
+        ("0.333", Fraction(1, 3), False),  # too few digits to stand for 1/3
+        ("0.5", Fraction(1, 2), True),  # the exact value itself
+        ("0.14285715", Fraction(1, 7), False),
+    ],
+)
 def test_decimal_against_exact(dec, exact, ok):
     assert decimal_matches_exact(parse_number(dec), exact) is ok
 
 
-@pytest.mark.parametrize("pred,gold,ok", [
-    ("27.3912", "27.39", True), ("27.4", "27.39", False), ("27.39", "27.3912", False),
-    ("0.54", "0.5", False), ("1.60", "1.6", True), ("0.124", "0.123", False),
-])
+@pytest.mark.parametrize(
+    "pred,gold,ok",
+    [
+        ("27.3912", "27.39", True),
+        ("27.4", "27.39", False),
+        ("27.39", "27.3912", False),
+        ("0.54", "0.5", False),
+        ("1.60", "1.6", True),
+        ("0.124", "0.123", False),
+    ],
+)
 def test_two_decimals(pred, gold, ok):
     assert numbers_equal(parse_number(pred), parse_number(gold)) is ok
 
 
 # ----------------------------------------------------------------------------- guarded math-verify
 
+
 def test_math_verify_false_positives_are_not_inherited(grader):
     # Each pair is accepted by math-verify 0.9 on its own (float rounding to 6 places, or a unit /
     # subscript dropped), and must stay "not equal" in the combined grader.
     from math_verify import parse, verify
-    for gold, pred in [("1.23456789", "1.23456788"), ("\\frac{2}{3}", "0.666666666666666"),
-                       ("\\frac{1}{3}", "0.333333"), ("6m", "6"), ("204_5", "204_6")]:
+
+    for gold, pred in [
+        ("1.23456789", "1.23456788"),
+        ("\\frac{2}{3}", "0.666666666666666"),
+        ("\\frac{1}{3}", "0.333333"),
+        ("6m", "6"),
+        ("204_5", "204_6"),
+    ]:
         assert verify(parse(f"${gold}$"), parse(f"\\boxed{{{pred}}}")), (gold, pred)
         assert not grader.grade(f"\\boxed{{{pred}}}", gold), (gold, pred)
 
@@ -128,6 +151,7 @@ def test_unknown_grader_is_a_clear_error():
     with pytest.raises(ValueError, match="must be one of"):
         Grader("sympy")
     from envs.retool import RetoolConfig
+
     with pytest.raises(ValueError, match="grader='strict'"):
         RetoolConfig(grader="strict")
     assert set(GRADERS) == {"builtin", "math_verify", "boxed"}
@@ -135,13 +159,17 @@ def test_unknown_grader_is_a_clear_error():
 
 # ----------------------------------------------------------------------------- bounds
 
+
 @pytest.mark.parametrize("mode", ["builtin", "math_verify"])
 def test_adversarial_answers_return_within_the_bound(mode):
     g = Grader(mode, timeout_s=1.5, cache_size=0)
     try:
         assert g.grade(r"\boxed{\sqrt{8}}", r"2\sqrt{2}")  # start-up paid once, before timing
-        for text in [r"\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}", r"\boxed{9^{9^{9^{9}}}}",
-                     "\\boxed{" + "\\sqrt{" * 80 + "2" + "}" * 80 + "}"]:
+        for text in [
+            r"\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}",
+            r"\boxed{9^{9^{9^{9}}}}",
+            "\\boxed{" + "\\sqrt{" * 80 + "2" + "}" * 80 + "}",
+        ]:
             t0 = time.monotonic()
             r = g.check(text, "5")
             assert time.monotonic() - t0 < 1.5 + 1.0, text[:30]
@@ -163,18 +191,21 @@ def test_a_timeout_is_reported_in_the_result():
 
 
 def test_import_stays_light():
-    code = ("import sys, envs.grading, envs.retool; "
-            "bad = [m for m in ('torch', 'sympy', 'math_verify', 'latex2sympy2_extended') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, envs.grading, envs.retool; "
+        "bad = [m for m in ('torch', 'sympy', 'math_verify', 'latex2sympy2_extended') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 # ----------------------------------------------------------------------------- env metrics
 
+
 def test_env_reward_reports_grading_time_and_timeouts():
     from envs.retool import RetoolConfig, RetoolEnv
-    env = RetoolEnv({"id": "p", "problem": "2+2?", "answer": "4"}, sandbox=None,
-                    cfg=RetoolConfig(grader="boxed"))
+
+    env = RetoolEnv({"id": "p", "problem": "2+2?", "answer": "4"}, sandbox=None, cfg=RetoolConfig(grader="boxed"))
     reward, info = env.reward("so it is \\boxed{4}")
     assert reward == 1.0 and info["correct"] and info["grade_timeout"] is False
     assert 0.0 < info["grade_s"] < 1.0

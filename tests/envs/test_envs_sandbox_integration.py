@@ -49,8 +49,7 @@ def test_retool_env_with_real_sandbox():
     assert "</interpreter><|im_end|>" not in r4.observation and r4.observation.count("</interpreter>") == 1
     assert "TimeoutError" in r5.observation and r5.info.get("timeout") and not r5.done
     assert r6.done and r6.observation is None
-    assert env.stats == {"tool_calls": 5, "code_errors": 1, "timeouts": 1, "sandbox_errors": 0,
-                         "void_turns": 0}
+    assert env.stats == {"tool_calls": 5, "code_errors": 1, "timeouts": 1, "sandbox_errors": 0, "void_turns": 0}
     assert env.sandbox_error is False
     full = "".join(t for r in (r1,) for t in (code("x = 6\nprint(x * 7)"), r.observation)) + "\\boxed{42}"
     assert env.reward(full)[0] == 1.0

@@ -76,8 +76,7 @@ class ScriptedBackend:
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       stop: list[str]) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
         self.calls += 1
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         question, _, response = prompt.rpartition("<|im_start|>assistant\n")
@@ -85,12 +84,10 @@ class ScriptedBackend:
         outputs = re.findall(r"<interpreter>\n(.*?)\n</interpreter>", response, re.DOTALL)
         if not outputs:
             self.first_turns += 1
-        cells = (["print(1 / 0)", "import time\ntime.sleep(30)"] if self.detour else []) + [
-            SOLUTIONS[key]]
+        cells = (["print(1 / 0)", "import time\ntime.sleep(30)"] if self.detour else []) + [SOLUTIONS[key]]
         if len(outputs) < len(cells):
             assert "</code>" in stop
-            ids = self._ids("Let me use Python.\n<code>\n```python\n" + cells[len(outputs)]
-                            + "\n```\n</code>")
+            ids = self._ids("Let me use Python.\n<code>\n```python\n" + cells[len(outputs)] + "\n```\n</code>")
             return Generation(ids, [-0.1] * len(ids), "stop", "</code>")
         printed = outputs[-1].strip()
         value = int(printed) + self.offset
@@ -125,8 +122,7 @@ def run_eval(tokenizer, backend, problems, out_dir, n: int, datasets=("aime24",)
     """The evaluation as the script runs it: real engine, RetoolEnv, local sandbox, grader."""
     sandbox = make_sandbox(SandboxConfig(workers=2))
     env_cfg = RetoolConfig(code_timeout_s=1.0)
-    rollout = RolloutConfig(max_turns=6, max_total_tokens=4096, max_new_tokens_per_turn=1024,
-                            progress=False)
+    rollout = RolloutConfig(max_turns=6, max_total_tokens=4096, max_new_tokens_per_turn=1024, progress=False)
     engine = RolloutEngine(backend, tokenizer, make_retool_env_factory(sandbox, env_cfg), rollout)
     engine.run_coroutine(sandbox.__aenter__())
     try:
@@ -149,13 +145,17 @@ def test_scripted_correct_policy_scores_100(tokenizer, problems, tmp_path: Path)
     assert m["finish_reasons"] == {"answer": 1.0} and m["answer_rate"] == 1.0
     rows = read_rows(tmp_path / "aime24.jsonl")
     assert sorted((r["problem_id"], r["sample_idx"]) for r in rows) == sorted(
-        (pid, i) for pid in PROBLEM_IDS for i in range(2))
+        (pid, i) for pid in PROBLEM_IDS for i in range(2)
+    )
     gold = {p["id"]: p["answer"] for p in problems}
     for r in rows:
         assert r["correct"] and r["pred"] == gold[r["problem_id"]] == r["gold"]
         # The full text holds the code, the real interpreter output and the answer.
-        assert "<code>" in r["text"] and f"<interpreter>\n{gold[r['problem_id']]}\n</interpreter>" \
-            in r["text"] and "\\boxed{" in r["text"]
+        assert (
+            "<code>" in r["text"]
+            and f"<interpreter>\n{gold[r['problem_id']]}\n</interpreter>" in r["text"]
+            and "\\boxed{" in r["text"]
+        )
         assert r["generated_tokens"] < r["response_tokens"] and r["num_turns"] == 2
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["datasets"]["aime24"]["avg@2"] == 1.0
@@ -218,8 +218,7 @@ def test_resume_skips_finished_samples(tokenizer, problems, tmp_path: Path) -> N
 
 def test_six_benchmark_average_when_all_six_ran(tokenizer, problems, tmp_path: Path) -> None:
     six = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
-    summary = run_eval(tokenizer, ScriptedBackend(tokenizer), problems[:2], tmp_path, n=1,
-                       datasets=six)
+    summary = run_eval(tokenizer, ScriptedBackend(tokenizer), problems[:2], tmp_path, n=1, datasets=six)
     assert set(summary["datasets"]) == set(six)
     assert summary["six_benchmark_avg"] == {"avg@n": 1.0, "maj@n": 1.0}
     assert all((tmp_path / f"{name}.jsonl").is_file() for name in six)

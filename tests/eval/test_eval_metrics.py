@@ -85,9 +85,19 @@ def test_majority_vote_clusters_by_equivalence_and_breaks_ties_by_first_seen() -
 
 
 def _row(pid: str, idx: int, correct: bool, pred: str | None = None, **kw) -> dict:
-    row = dict(problem_id=pid, sample_idx=idx, correct=correct, pred=pred, tool_calls=2,
-               code_errors=0, timeouts=0, response_tokens=100, generated_tokens=60,
-               finish_reason="answer", sandbox_error=False)
+    row = dict(
+        problem_id=pid,
+        sample_idx=idx,
+        correct=correct,
+        pred=pred,
+        tool_calls=2,
+        code_errors=0,
+        timeouts=0,
+        response_tokens=100,
+        generated_tokens=60,
+        finish_reason="answer",
+        sandbox_error=False,
+    )
     row.update(kw)
     return row
 
@@ -95,9 +105,13 @@ def _row(pid: str, idx: int, correct: bool, pred: str | None = None, **kw) -> di
 def test_dataset_metrics_values() -> None:
     eq = lambda a, b: a == b  # noqa: E731
     rows = [
-        _row("p1", 0, True, "5", code_errors=1), _row("p1", 1, False, "6", timeouts=1),
-        _row("p1", 2, True, "5"), _row("p1", 3, False, None, finish_reason="max_tokens"),
-        _row("p2", 0, False, "1"), _row("p2", 1, False, "1"), _row("p2", 2, False, "2"),
+        _row("p1", 0, True, "5", code_errors=1),
+        _row("p1", 1, False, "6", timeouts=1),
+        _row("p1", 2, True, "5"),
+        _row("p1", 3, False, None, finish_reason="max_tokens"),
+        _row("p2", 0, False, "1"),
+        _row("p2", 1, False, "1"),
+        _row("p2", 2, False, "2"),
         _row("p2", 3, False, "2", response_tokens=300),
         _row("p2", 4, True, "9"),  # sample_idx >= n: ignored
     ]
@@ -117,8 +131,12 @@ def test_dataset_metrics_values() -> None:
 
 
 def test_dataset_metrics_excludes_sandbox_failures() -> None:
-    rows = [_row("p1", 0, False, "1", sandbox_error=True), _row("p1", 1, True, "2"),
-            _row("p2", 0, False, "3"), _row("p2", 1, False, "3")]
+    rows = [
+        _row("p1", 0, False, "1", sandbox_error=True),
+        _row("p1", 1, True, "2"),
+        _row("p2", 0, False, "3"),
+        _row("p2", 1, False, "3"),
+    ]
     m = dataset_metrics(rows, n=2, pass_ks=[1, 2], equivalent=lambda a, b: a == b)
     assert m["sandbox_error_samples"] == 1 and m["samples"] == 3
     assert m["avg@2"] == pytest.approx((1.0 + 0.0) / 2)  # the failed sample is not "wrong"
@@ -128,13 +146,16 @@ def test_dataset_metrics_excludes_sandbox_failures() -> None:
 
 def test_benchmark_average_needs_all_six() -> None:
     names = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
-    per = {name: {"n": 32 if i < 3 else 4, f"avg@{32 if i < 3 else 4}": i / 10,
-                  f"maj@{32 if i < 3 else 4}": 1 - i / 10} for i, name in enumerate(names)}
+    per = {
+        name: {"n": 32 if i < 3 else 4, f"avg@{32 if i < 3 else 4}": i / 10, f"maj@{32 if i < 3 else 4}": 1 - i / 10}
+        for i, name in enumerate(names)
+    }
     assert benchmark_average(per) == pytest.approx({"avg@n": 0.25, "maj@n": 0.75})
     del per["minerva"]
     assert benchmark_average(per) is None
-    flat = summary_metrics({"datasets": {"aime24": {"n": 4, "avg@4": 0.5, "finish_reasons": {}}},
-                            "six_benchmark_avg": None})
+    flat = summary_metrics(
+        {"datasets": {"aime24": {"n": 4, "avg@4": 0.5, "finish_reasons": {}}}, "six_benchmark_avg": None}
+    )
     assert flat == {"eval/aime24/n": 4.0, "eval/aime24/avg@4": 0.5}
 
 
@@ -154,6 +175,5 @@ def test_majority_vote_with_the_training_grader() -> None:
     verdicts = [True, False, True, False, True, False]
     assert majority_vote(preds, verdicts, answers_equivalent)
     # 2 against 2: the answer seen first ("3") wins the tie.
-    assert not majority_vote(["3", "\\frac{1}{2}", "3", "0.5"], [False, True, False, True],
-                             answers_equivalent)
+    assert not majority_vote(["3", "\\frac{1}{2}", "3", "0.5"], [False, True, False, True], answers_equivalent)
     assert answers_equivalent("\\dfrac{3}{4}", "0.75") and not answers_equivalent("34", "43")

@@ -69,8 +69,16 @@ def stare_weights(learner, trajs, logps, advs, top_p: float = 0.2, w: float = 1.
     return out
 
 
-def run(model_path: str, zero_stage: int = 2, budget: int = 64, stare: bool = False, steps: int = 2,
-        n_trajs: int = 16, lr: float = 1e-3, dist_timeout_minutes: float = 120.0) -> dict:
+def run(
+    model_path: str,
+    zero_stage: int = 2,
+    budget: int = 64,
+    stare: bool = False,
+    steps: int = 2,
+    n_trajs: int = 16,
+    lr: float = 1e-3,
+    dist_timeout_minutes: float = 120.0,
+) -> dict:
     """Two update steps on a fixed batch; returns metrics per step and the final full weights."""
     import torch
     from transformers import AutoConfig
@@ -79,9 +87,17 @@ def run(model_path: str, zero_stage: int = 2, budget: int = 64, stare: bool = Fa
     from stare_tir.learner import Learner, LearnerConfig
 
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
-    learner = Learner(model_path, LearnerConfig(zero_stage=zero_stage, lr=lr, micro_batch_tokens=budget,
-                                                grad_clip=1.0, zero3_persistence_threshold=0,
-                                                dist_timeout_minutes=dist_timeout_minutes))
+    learner = Learner(
+        model_path,
+        LearnerConfig(
+            zero_stage=zero_stage,
+            lr=lr,
+            micro_batch_tokens=budget,
+            grad_clip=1.0,
+            zero3_persistence_threshold=0,
+            dist_timeout_minutes=dist_timeout_minutes,
+        ),
+    )
     trajs = make_trajs(n_trajs, seed=0, vocab=vocab)
     advs = make_advantages(n_trajs, seed=0)
     local, local_adv = learner.shard(trajs), learner.shard(advs)
@@ -95,8 +111,13 @@ def run(model_path: str, zero_stage: int = 2, budget: int = 64, stare: bool = Fa
         m["omega_excess"] = float(learner.all_reduce_sum(torch.tensor([excess], dtype=torch.float64))[0])
         metrics.append(m)
     weights = {k: v.clone() for k, v in learner.export_weights()}
-    return {"metrics": metrics, "weights": weights, "world_size": learner.world_size, "rank": learner.rank,
-            "pg_timeout": process_group_timeout()}
+    return {
+        "metrics": metrics,
+        "weights": weights,
+        "world_size": learner.world_size,
+        "rank": learner.rank,
+        "pg_timeout": process_group_timeout(),
+    }
 
 
 def main() -> None:

@@ -11,8 +11,15 @@ def test_checkpoint_round_trip_resumes_identically(tiny_path, worker, vocab, tmp
     from stare_tir.learner import Learner, LearnerConfig
 
     # Warm-up + cosine decay, so a scheduler that was not restored shows in the learning rate.
-    cfg = LearnerConfig(zero_stage=stage, lr=1e-2, micro_batch_tokens=64, lr_scheduler="cosine",
-                        warmup_steps=2, total_steps=6, zero3_persistence_threshold=0)
+    cfg = LearnerConfig(
+        zero_stage=stage,
+        lr=1e-2,
+        micro_batch_tokens=64,
+        lr_scheduler="cosine",
+        warmup_steps=2,
+        total_steps=6,
+        zero3_persistence_threshold=0,
+    )
     trajs = worker.make_trajs(10, seed=6, vocab=vocab)
     advs = worker.make_advantages(10, seed=6)
     client = {"data_position": 7, "controller": {"gate_on": True, "w": 1.1}}

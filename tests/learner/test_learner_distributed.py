@@ -31,14 +31,24 @@ def _launch(model: str, out: Path, world: int, extra: list[str]) -> None:
     port = _free_port()
     procs, logs = [], []
     for rank in range(world):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-               "OMP_NUM_THREADS": "1"}  # 2 ranks on 2 cores: no oversubscription
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "OMP_NUM_THREADS": "1",
+        }  # 2 ranks on 2 cores: no oversubscription
         log = out.with_suffix(f".rank{rank}.log")
         logs.append(log)
         with open(log, "w") as f:  # a file, not a pipe: a rank blocked on a full pipe would hang the rest
-            procs.append(subprocess.Popen([sys.executable, str(WORKER), model, str(out), *extra], env=env,
-                                          stdout=f, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), model, str(out), *extra], env=env, stdout=f, stderr=subprocess.STDOUT
+                )
+            )
     try:
         for p in procs:
             p.wait(timeout=300)
@@ -54,8 +64,9 @@ def _launch(model: str, out: Path, world: int, extra: list[str]) -> None:
 def test_two_process_zero_matches_one_process(tiny_path, worker, tmp_path, stage):
     """ZeRO-3: every parameter is partitioned over the ranks and gathered at each use."""
     out = tmp_path / "two.pt"
-    _launch(tiny_path, out, 2, ["--zero-stage", str(stage), "--budget", "64", "--stare",
-                                "--dist-timeout-minutes", "37"])
+    _launch(
+        tiny_path, out, 2, ["--zero-stage", str(stage), "--budget", "64", "--stare", "--dist-timeout-minutes", "37"]
+    )
     two = torch.load(out, weights_only=False)
     one = worker.run(tiny_path, zero_stage=stage, budget=64, stare=True)
     assert two["world_size"] == 2 and one["world_size"] == 1
@@ -83,12 +94,20 @@ def test_two_process_zero_matches_one_process(tiny_path, worker, tmp_path, stage
 def test_one_process_group_gets_the_configured_timeout():
     """Without a launcher (in-process store) the timeout reaches the group too; a fresh
     interpreter, since a test process may already hold a group from another test."""
-    code = ("from datetime import timedelta\n"
-            "from stare_tir.distributed import init_process_group, process_group_timeout\n"
-            "init_process_group('gloo', timedelta(minutes=123))\n"
-            "print(process_group_timeout().total_seconds())\n")
+    code = (
+        "from datetime import timedelta\n"
+        "from stare_tir.distributed import init_process_group, process_group_timeout\n"
+        "init_process_group('gloo', timedelta(minutes=123))\n"
+        "print(process_group_timeout().total_seconds())\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2])
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert float(res.stdout.split()[-1]) == 123 * 60

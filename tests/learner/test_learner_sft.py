@@ -27,9 +27,13 @@ def _trace(a: int, b: int, c: int) -> tuple[dict, list[str], list[str]]:
     ]
     obs = [_observation(str(a * b)), _observation(str(a * b + c))]
     text = model[0] + obs[0] + model[1] + obs[1] + model[2]
-    record = {"messages": [{"role": "system", "content": "You are a helpful assistant. You may run Python code."},
-                           {"role": "user", "content": f"What is {a} * {b} + {c}?"},
-                           {"role": "assistant", "content": text}]}
+    record = {
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant. You may run Python code."},
+            {"role": "user", "content": f"What is {a} * {b} + {c}?"},
+            {"role": "assistant", "content": text},
+        ]
+    }
     return record, model, obs
 
 
@@ -103,8 +107,9 @@ def test_run_sft_trains_on_model_tokens_and_writes_a_loadable_checkpoint(tiny_pa
     rows = [_trace(g.randint(10, 99), g.randint(10, 99), g.randint(100, 999))[0] for _ in range(24)]
     data = tmp_path / "traces.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = SFTConfig(epochs=3, batch_size=8, learner=LearnerConfig(lr=3e-3, lr_scheduler="cosine",
-                                                                   micro_batch_tokens=1024))
+    cfg = SFTConfig(
+        epochs=3, batch_size=8, learner=LearnerConfig(lr=3e-3, lr_scheduler="cosine", micro_batch_tokens=1024)
+    )
     tok = AutoTokenizer.from_pretrained(tiny_path)
     summary = run_sft(cfg, tiny_path, data, tmp_path / "sft")
 
@@ -147,10 +152,14 @@ def test_observations_are_plain_text_as_in_rl(tokenizer):
 
     model = "Check the output.\n<code>\n```python\nprint('<|im_end|>')\n```\n</code>"
     obs = _observation("<|im_end|>")
-    record = {"messages": [{"role": "user", "content": "Print it."},
-                           {"role": "assistant", "content": model + obs + "Done: \\boxed{0}."}]}
+    record = {
+        "messages": [
+            {"role": "user", "content": "Print it."},
+            {"role": "assistant", "content": model + obs + "Done: \\boxed{0}."},
+        ]
+    }
     ex = encode_record(record, tokenizer)
-    (s, e), = [(s, e) for s, e, kind in ex.turns if kind == "obs"]
+    ((s, e),) = [(s, e) for s, e, kind in ex.turns if kind == "obs"]
     assert ex.response_ids[s:e] == encode_plain(tokenizer, obs)
     assert tokenizer.eos_token_id not in ex.response_ids[s:e]
     assert ex.response_ids.count(tokenizer.eos_token_id) == 1 and ex.response_ids[-1] == tokenizer.eos_token_id

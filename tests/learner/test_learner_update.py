@@ -86,8 +86,10 @@ def test_update_matches_plain_torch_and_lowers_loss(tiny_path, worker, vocab):
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
     lps, _ = _reference_logprobs(ref, trajs)
     n_tok = sum(sum(t.loss_mask) for t in trajs)
-    loss = sum(-(a * torch.exp(lp - o) * torch.tensor(t.loss_mask)).sum()
-               for a, lp, o, t in zip(advs, lps, old, trajs)) / n_tok
+    loss = (
+        sum(-(a * torch.exp(lp - o) * torch.tensor(t.loss_mask)).sum() for a, lp, o, t in zip(advs, lps, old, trajs))
+        / n_tok
+    )
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf"))
     opt.step()

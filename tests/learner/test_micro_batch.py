@@ -21,8 +21,10 @@ def test_plan_respects_the_budget_keeps_every_index_once_and_puts_long_rows_firs
 
 
 def test_build_addresses_each_loss_token_by_the_position_that_predicts_it():
-    trajs = [SimpleNamespace(prompt_ids=[1, 2, 3], response_ids=[10, 11, 12, 13], loss_mask=[1, 0, 1, 1]),
-             SimpleNamespace(prompt_ids=[4], response_ids=[20, 21], loss_mask=[1, 1])]
+    trajs = [
+        SimpleNamespace(prompt_ids=[1, 2, 3], response_ids=[10, 11, 12, 13], loss_mask=[1, 0, 1, 1]),
+        SimpleNamespace(prompt_ids=[4], response_ids=[20, 21], loss_mask=[1, 1]),
+    ]
     mb = build_micro_batch(trajs, [1, 0], pad_id=0)
     assert mb.indices == [1, 0] and mb.num_tokens == 5
     assert mb.input_ids.tolist() == [[4, 20, 21, 0, 0, 0, 0], [1, 2, 3, 10, 11, 12, 13]]

@@ -23,12 +23,17 @@ CODE_RE = re.compile(r"<code>\s*```python\s*(.*?)```\s*</code>", re.DOTALL)
 class FakeEnv:
     """Retool-like env: evaluates `print(<arithmetic>)` and sleeps `latency` per tool call."""
 
-    def __init__(self, problem: dict, latency: float = 0.0, fail_on_step: bool = False,
-                 sandbox_error_on_call: int | None = None, obs_suffix: str = "") -> None:
+    def __init__(
+        self,
+        problem: dict,
+        latency: float = 0.0,
+        fail_on_step: bool = False,
+        sandbox_error_on_call: int | None = None,
+        obs_suffix: str = "",
+    ) -> None:
         self.problem = problem
         self.stop_strings = ["</code>"]
-        self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0,
-                      "void_turns": 0}
+        self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0, "void_turns": 0}
         self.sandbox_error = False
         self.latency = latency
         self.fail_on_step = fail_on_step
@@ -38,8 +43,10 @@ class FakeEnv:
         self.closed = False
 
     def initial_messages(self) -> list[dict]:
-        return [{"role": "system", "content": "Use <code> for Python."},
-                {"role": "user", "content": self.problem["problem"]}]
+        return [
+            {"role": "system", "content": "Use <code> for Python."},
+            {"role": "user", "content": self.problem["problem"]},
+        ]
 
     async def step(self, turn_text: str) -> StepResult:
         self.turn_texts.append(turn_text)
@@ -56,16 +63,14 @@ class FakeEnv:
         if self.sandbox_error_on_call == self.stats["tool_calls"]:
             self.sandbox_error = True
             self.stats["sandbox_errors"] += 1
-            return StepResult("\n<interpreter>\nSandboxError\n</interpreter>\n", True,
-                              {"reason": "sandbox_error"})
+            return StepResult("\n<interpreter>\nSandboxError\n</interpreter>\n", True, {"reason": "sandbox_error"})
         expr = m.group(1).strip()
         inner = re.fullmatch(r"print\((.*)\)", expr)
         try:
             out = str(eval(inner.group(1), {"__builtins__": {}})) if inner else ""
         except Exception as exc:  # noqa: BLE001 - shown to the model like a traceback
             out = f"{type(exc).__name__}"
-        return StepResult(f"\n<interpreter>\n{out}{self.obs_suffix}\n</interpreter>\n", False,
-                          {"status": "ok"})
+        return StepResult(f"\n<interpreter>\n{out}{self.obs_suffix}\n</interpreter>\n", False, {"status": "ok"})
 
     def reward(self, response_text: str) -> tuple[float, dict]:
         m = re.findall(r"\\boxed\{([^}]*)\}", response_text)

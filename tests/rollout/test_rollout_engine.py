@@ -43,8 +43,7 @@ def test_two_turn_trajectory_is_token_exact(qwen_tok, fake_env_cls, scripted_bac
     assert [k for _, _, k in t.turns] == ["model", "obs", "model"]
 
     # prompt: chat template, control tokens as special ids
-    want_prompt = qwen_tok.apply_chat_template(envs[0].initial_messages(), tokenize=False,
-                                               add_generation_prompt=True)
+    want_prompt = qwen_tok.apply_chat_template(envs[0].initial_messages(), tokenize=False, add_generation_prompt=True)
     assert t.prompt_ids == qwen_tok(want_prompt, add_special_tokens=False)["input_ids"]
     assert t.prompt_ids[0] == qwen_tok.convert_tokens_to_ids("<|im_start|>")
 
@@ -75,16 +74,14 @@ def test_model_tokens_are_never_retokenized(qwen_tok, fake_env_cls, scripted_bac
     """A non-canonical tokenization survives: ids are kept, not re-derived from text."""
     he, llo = (qwen_tok(s, add_special_tokens=False)["input_ids"] for s in ("he", "llo"))
     assert qwen_tok("hello", add_special_tokens=False)["input_ids"] != he + llo
-    turn = he + llo + qwen_tok(" \\boxed{42}", add_special_tokens=False)["input_ids"] + \
-        [qwen_tok.eos_token_id]
+    turn = he + llo + qwen_tok(" \\boxed{42}", add_special_tokens=False)["input_ids"] + [qwen_tok.eos_token_id]
     be = scripted_backend_cls(qwen_tok, [turn])
     (t,), _ = _engine(qwen_tok, be, fake_env_cls, n_per_prompt=1).run([PROBLEM])
     assert t.response_ids == turn
     assert t.finish_reason == "answer" and t.text == "hello \\boxed{42}"
 
 
-def test_groups_order_and_one_chat_template_per_problem(qwen_tok, fake_env_cls,
-                                                        scripted_backend_cls, monkeypatch):
+def test_groups_order_and_one_chat_template_per_problem(qwen_tok, fake_env_cls, scripted_backend_cls, monkeypatch):
     calls = []
     real = qwen_tok.apply_chat_template
 
@@ -105,8 +102,7 @@ def test_groups_order_and_one_chat_template_per_problem(qwen_tok, fake_env_cls,
 
 def test_budgets_clamp_every_turn(qwen_tok, fake_env_cls, scripted_backend_cls):
     be = scripted_backend_cls(qwen_tok, [CODE_TURN, CODE_TURN, CODE_TURN, ANSWER_TURN])
-    eng = _engine(qwen_tok, be, fake_env_cls, n_per_prompt=1, max_total_tokens=60,
-                  max_new_tokens_per_turn=25)
+    eng = _engine(qwen_tok, be, fake_env_cls, n_per_prompt=1, max_total_tokens=60, max_new_tokens_per_turn=25)
     (t,), _ = eng.run([PROBLEM])
     t.check()
     assert len(t.response_ids) <= 60
@@ -119,8 +115,9 @@ def test_budgets_clamp_every_turn(qwen_tok, fake_env_cls, scripted_backend_cls):
 def test_turn_cut_by_its_budget_is_not_executed(qwen_tok, fake_env_cls, scripted_backend_cls):
     envs = []
     be = scripted_backend_cls(qwen_tok, [CODE_TURN])
-    eng = _engine(qwen_tok, be, lambda p: envs.append(fake_env_cls(p)) or envs[-1],
-                  n_per_prompt=1, max_new_tokens_per_turn=5)
+    eng = _engine(
+        qwen_tok, be, lambda p: envs.append(fake_env_cls(p)) or envs[-1], n_per_prompt=1, max_new_tokens_per_turn=5
+    )
     (t,), _ = eng.run([PROBLEM])
     assert t.finish_reason == "max_tokens" and len(t.response_ids) == 5
     assert envs[0].turn_texts == [] and t.tool_calls == 0
@@ -144,10 +141,13 @@ def test_max_turns(qwen_tok, fake_env_cls, scripted_backend_cls):
     assert [k for _, _, k in t.turns] == ["model", "obs", "model", "obs", "model"]
 
 
-@pytest.mark.parametrize("turn,stops,finish,void", [
-    ("I give up.<EOS>", None, "eos", 1),  # env: no code -> done; the model simply stopped
-    ("<code>\n```python\nprint(1)\n```\n</code><EOS>", [], "eos", 0),  # EOS though env continues
-])
+@pytest.mark.parametrize(
+    "turn,stops,finish,void",
+    [
+        ("I give up.<EOS>", None, "eos", 1),  # env: no code -> done; the model simply stopped
+        ("<code>\n```python\nprint(1)\n```\n</code><EOS>", [], "eos", 0),  # EOS though env continues
+    ],
+)
 def test_eos_finishes(qwen_tok, fake_env_cls, scripted_backend_cls, turn, stops, finish, void):
     def factory(p):
         env = fake_env_cls(p)
@@ -164,16 +164,18 @@ def test_eos_finishes(qwen_tok, fake_env_cls, scripted_backend_cls, turn, stops,
 def test_env_failures_are_flagged_not_lost(qwen_tok, fake_env_cls, scripted_backend_cls):
     envs = []
     be = scripted_backend_cls(qwen_tok, [CODE_TURN, ANSWER_TURN])
-    (t,), stats = _engine(qwen_tok, be, lambda p: envs.append(fake_env_cls(p, fail_on_step=True))
-                          or envs[-1], n_per_prompt=1).run([PROBLEM])
+    (t,), stats = _engine(
+        qwen_tok, be, lambda p: envs.append(fake_env_cls(p, fail_on_step=True)) or envs[-1], n_per_prompt=1
+    ).run([PROBLEM])
     assert t.finish_reason == "error" and "env exploded" in t.info["error"]
     assert t.reward == 0.0 and envs[0].closed and stats["rollout/error_rate"] == 1.0
     assert t.infra_failure and not t.sandbox_error
     t.check()
 
     be = scripted_backend_cls(qwen_tok, [CODE_TURN, ANSWER_TURN])
-    (t,), stats = _engine(qwen_tok, be, lambda p: fake_env_cls(p, sandbox_error_on_call=1),
-                          n_per_prompt=1).run([PROBLEM])
+    (t,), stats = _engine(qwen_tok, be, lambda p: fake_env_cls(p, sandbox_error_on_call=1), n_per_prompt=1).run(
+        [PROBLEM]
+    )
     assert t.sandbox_error and t.finish_reason == "error" and stats["rollout/sandbox_error_rate"] == 1.0
     assert t.infra_failure
 
@@ -247,9 +249,21 @@ def test_tiny_model_conditioned_on_exactly_prompt_plus_response(tiny_path):
 
     backend = HFBackend(str(tiny_path), cfg=HFBackendConfig(max_batch_size=16, join_every=1))
     tok = backend.tokenizer
-    eng = RolloutEngine(backend, tok, EchoEnv, RolloutConfig(
-        n_per_prompt=12, max_turns=4, max_total_tokens=160, max_new_tokens_per_turn=40,
-        temperature=0.7, stop_strings=["e"], seed=3, progress=False))
+    eng = RolloutEngine(
+        backend,
+        tok,
+        EchoEnv,
+        RolloutConfig(
+            n_per_prompt=12,
+            max_turns=4,
+            max_total_tokens=160,
+            max_new_tokens_per_turn=40,
+            temperature=0.7,
+            stop_strings=["e"],
+            seed=3,
+            progress=False,
+        ),
+    )
     try:
         trajs, stats = eng.run([{"id": "x", "problem": "", "answer": ""}])
         again, _ = eng.run([{"id": "x", "problem": "", "answer": ""}])
@@ -288,8 +302,7 @@ def test_progress_bar_and_stats(qwen_tok, fake_env_cls, scripted_backend_cls, ca
     assert eng.last_stats is stats
 
 
-def test_env_factory_error_propagates_and_stops_the_batch(qwen_tok, fake_env_cls,
-                                                          scripted_backend_cls):
+def test_env_factory_error_propagates_and_stops_the_batch(qwen_tok, fake_env_cls, scripted_backend_cls):
     import asyncio
 
     envs = []

@@ -17,7 +17,9 @@ def _prompts(tok, n: int) -> list[list[int]]:
     for i in range(n):
         text = tok.apply_chat_template(
             [{"role": "user", "content": f"What is {i} * {i + 3}?" + " Think." * (i % 5)}],
-            tokenize=False, add_generation_prompt=True)
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         out.append(tok(text, add_special_tokens=False)["input_ids"])
     return out
 
@@ -64,8 +66,10 @@ def test_logprobs_match_recompute_under_continuous_batching(backend):
 def test_top_k_and_top_p_logprobs_are_under_the_truncated_distribution(backend):
     tok = backend.tokenizer
     prompts = _prompts(tok, 4)
-    for sp, kind in [(SamplingParams(temperature=1.0, top_k=5, max_new_tokens=20), "k"),
-                     (SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=20), "p")]:
+    for sp, kind in [
+        (SamplingParams(temperature=1.0, top_k=5, max_new_tokens=20), "k"),
+        (SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=20), "p"),
+    ]:
         gens = asyncio.run(backend.generate_batch(prompts, sp, []))
         for p, g in zip(prompts, gens):
             logits = _recompute(backend.model, p, g.token_ids)
@@ -169,7 +173,7 @@ def test_update_weights_in_process(backend, tiny_path):
     assert after != before
     # the backend now computes exactly with the new tensors
     for name, t in noisy:
-        assert torch.equal(backend.model.state_dict()[name[len("module."):]], t)
+        assert torch.equal(backend.model.state_dict()[name[len("module.") :]], t)
     backend.update_weights(original.items())
     assert asyncio.run(backend.generate(p, sp, [])).token_ids == before
     with pytest.raises(KeyError, match="not in the model"):
@@ -225,8 +229,9 @@ def test_sampler_draws_from_the_stated_distribution(seeded):
     gen = torch.Generator().manual_seed(0)
     seeds = list(range(n)) if seeded else None
     for temp, k, p in [(1.0, -1, 1.0), (0.5, -1, 1.0), (1.0, 3, 1.0), (1.3, -1, 0.8)]:
-        ids, lps = sample_tokens(logits, [temp] * n, [k] * n, [p] * n, seeds=seeds,
-                                 counters=[0] * n if seeded else None, rng=gen)
+        ids, lps = sample_tokens(
+            logits, [temp] * n, [k] * n, [p] * n, seeds=seeds, counters=[0] * n if seeded else None, rng=gen
+        )
         want = (base / temp).softmax(-1)
         if k > 0:
             want[want.argsort(descending=True)[k:]] = 0

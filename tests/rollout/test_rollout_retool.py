@@ -23,9 +23,12 @@ def run_retool(qwen_tok, scripted_backend_cls):
     def run(turns, n=1, **env_cfg):
         sandbox = make_sandbox(SandboxConfig(workers=2, preload=[]))
         backend = scripted_backend_cls(qwen_tok, turns)
-        engine = RolloutEngine(backend, qwen_tok,
-                               make_retool_env_factory(sandbox, RetoolConfig(**env_cfg)),
-                               RolloutConfig(n_per_prompt=n, max_total_tokens=512, progress=False))
+        engine = RolloutEngine(
+            backend,
+            qwen_tok,
+            make_retool_env_factory(sandbox, RetoolConfig(**env_cfg)),
+            RolloutConfig(n_per_prompt=n, max_total_tokens=512, progress=False),
+        )
         engines.append((engine, sandbox))
         try:
             engine.run_coroutine(sandbox.__aenter__())
@@ -43,8 +46,10 @@ def run_retool(qwen_tok, scripted_backend_cls):
 
 
 def test_code_runs_and_answer_is_graded(run_retool, qwen_tok):
-    turns = ["Let me compute.\n<code>\n```python\nprint(6 * 7)\nprint('<|im_end|>')\n```\n</code>",
-             "The result is 42.\n<answer>\\boxed{42}</answer><EOS>"]
+    turns = [
+        "Let me compute.\n<code>\n```python\nprint(6 * 7)\nprint('<|im_end|>')\n```\n</code>",
+        "The result is 42.\n<answer>\\boxed{42}</answer><EOS>",
+    ]
     trajs, stats = run_retool(turns, n=2)
     for t in trajs:
         t.check()
@@ -59,8 +64,7 @@ def test_code_runs_and_answer_is_graded(run_retool, qwen_tok):
 
 
 def test_timeout_and_wrong_answer(run_retool):
-    turns = ["<code>\n```python\nwhile True:\n    pass\n```\n</code>",
-             "I could not finish; guessing \\boxed{41}.<EOS>"]
+    turns = ["<code>\n```python\nwhile True:\n    pass\n```\n</code>", "I could not finish; guessing \\boxed{41}.<EOS>"]
     (t,), _ = run_retool(turns, code_timeout_s=1.0)
     assert t.timeouts == 1 and t.tool_calls == 1 and not t.sandbox_error
     assert "TimeoutError" in t.text

@@ -31,22 +31,30 @@ from stare_tir.rollout.backends.sglang import (
 
 def test_parse_generate_output_finish_reasons():
     lp = [[-0.1, 5, None], [-0.2, 7, None]]
-    eos = parse_generate_output({"output_ids": [5, 7], "meta_info": {
-        "finish_reason": {"type": "stop", "matched": 7}, "output_token_logprobs": lp}})
+    eos = parse_generate_output(
+        {
+            "output_ids": [5, 7],
+            "meta_info": {"finish_reason": {"type": "stop", "matched": 7}, "output_token_logprobs": lp},
+        }
+    )
     assert (eos.token_ids, eos.logprobs, eos.finish_reason) == ([5, 7], [-0.1, -0.2], "eos")
-    stop = parse_generate_output({"meta_info": {
-        "finish_reason": {"type": "stop", "matched": "</code>"}, "output_token_logprobs": lp}},
-        ["</code>"])
+    stop = parse_generate_output(
+        {"meta_info": {"finish_reason": {"type": "stop", "matched": "</code>"}, "output_token_logprobs": lp}},
+        ["</code>"],
+    )
     assert (stop.finish_reason, stop.stop_text) == ("stop", "</code>")
-    length = parse_generate_output({"meta_info": {
-        "finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp}})
+    length = parse_generate_output(
+        {"meta_info": {"finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp}}
+    )
     assert length.finish_reason == "length"
     with pytest.raises(RuntimeError, match="abort"):
-        parse_generate_output({"meta_info": {"finish_reason": {"type": "abort", "message": "x"},
-                                             "output_token_logprobs": lp}})
+        parse_generate_output(
+            {"meta_info": {"finish_reason": {"type": "abort", "message": "x"}, "output_token_logprobs": lp}}
+        )
     with pytest.raises(ValueError, match="disagree"):
-        parse_generate_output({"output_ids": [5, 8], "meta_info": {
-            "finish_reason": {"type": "length"}, "output_token_logprobs": lp}})
+        parse_generate_output(
+            {"output_ids": [5, 8], "meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": lp}}
+        )
     with pytest.raises(ValueError, match="return_logprob"):
         parse_generate_output({"meta_info": {"finish_reason": {"type": "length"}}})
 
@@ -54,8 +62,12 @@ def test_parse_generate_output_finish_reasons():
 def test_output_ids_prompt_prefix_is_tolerated():
     """0.5.0-0.5.4 put up to 5 prompt ids before the sampled ones in output_ids."""
     lp = [[-0.1, 5, None], [-0.2, 7, None]]
-    g = parse_generate_output({"output_ids": [91, 92, 93, 5, 7], "meta_info": {
-        "finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp}})
+    g = parse_generate_output(
+        {
+            "output_ids": [91, 92, 93, 5, 7],
+            "meta_info": {"finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp},
+        }
+    )
     assert g.token_ids == [5, 7] and g.logprobs == [-0.1, -0.2]
 
 
@@ -68,39 +80,63 @@ def test_length_first_finish_is_reclassified_from_the_last_token(tiny_tok):
     decode = fast_decoder(tok)
     ids = tok("x = 1 </code>", add_special_tokens=False)["input_ids"]
     lp = [[-0.5, i, None] for i in ids]
-    answer = {"text": tok.decode(ids), "meta_info": {
-        "finish_reason": {"type": "length", "length": len(ids)}, "output_token_logprobs": lp}}
+    answer = {
+        "text": tok.decode(ids),
+        "meta_info": {"finish_reason": {"type": "length", "length": len(ids)}, "output_token_logprobs": lp},
+    }
     g = parse_generate_output(answer, ["</code>"], [tok.eos_token_id], decode)
     assert (g.finish_reason, g.stop_text) == ("stop", "</code>")
     g = parse_generate_output(answer, ["</code>"])  # no tokenizer: the text is searched
     assert (g.finish_reason, g.stop_text) == ("stop", "</code>")
     eos_ids = ids[:2] + [tok.eos_token_id]
-    g = parse_generate_output({"meta_info": {
-        "finish_reason": {"type": "length", "length": 3},
-        "output_token_logprobs": [[-0.5, i, None] for i in eos_ids]}}, [], [tok.eos_token_id], decode)
+    g = parse_generate_output(
+        {
+            "meta_info": {
+                "finish_reason": {"type": "length", "length": 3},
+                "output_token_logprobs": [[-0.5, i, None] for i in eos_ids],
+            }
+        },
+        [],
+        [tok.eos_token_id],
+        decode,
+    )
     assert g.finish_reason == "eos"
-    cut = parse_generate_output({"text": tok.decode(ids[:2]), "meta_info": {
-        "finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp[:2]}},
-        ["</code>"], [tok.eos_token_id], decode)
+    cut = parse_generate_output(
+        {
+            "text": tok.decode(ids[:2]),
+            "meta_info": {"finish_reason": {"type": "length", "length": 2}, "output_token_logprobs": lp[:2]},
+        },
+        ["</code>"],
+        [tok.eos_token_id],
+        decode,
+    )
     assert cut.finish_reason == "length"
 
 
 def test_matched_must_be_eos_or_a_requested_stop():
     lp = [[-0.1, 5, None], [-0.2, 7, None]]
     with pytest.raises(FinishError, match="NaN happened"):
-        parse_generate_output({"meta_info": {"finish_reason": {"type": "stop",
-                                                               "matched": "NaN happened"},
-                                             "output_token_logprobs": lp}}, ["</code>"])
+        parse_generate_output(
+            {"meta_info": {"finish_reason": {"type": "stop", "matched": "NaN happened"}, "output_token_logprobs": lp}},
+            ["</code>"],
+        )
     with pytest.raises(FinishError):  # an int that is not the last token
-        parse_generate_output({"meta_info": {"finish_reason": {"type": "stop", "matched": 3},
-                                             "output_token_logprobs": lp}})
+        parse_generate_output(
+            {"meta_info": {"finish_reason": {"type": "stop", "matched": 3}, "output_token_logprobs": lp}}
+        )
 
 
 def test_sampling_payload_keeps_stops_and_special_tokens():
-    p = sampling_payload(SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=64),
-                         ["</code>"])
-    assert p == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64,
-                 "stop": ["</code>"], "no_stop_trim": True, "skip_special_tokens": False}
+    p = sampling_payload(SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=64), ["</code>"])
+    assert p == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_new_tokens": 64,
+        "stop": ["</code>"],
+        "no_stop_trim": True,
+        "skip_special_tokens": False,
+    }
     assert "sampling_seed" not in sampling_payload(SamplingParams(seed=3), [], send_seed=False)
     assert sampling_payload(SamplingParams(seed=3), [])["sampling_seed"] == 3
     assert 0 <= sampling_payload(SamplingParams(seed=2**62 + 5), [])["sampling_seed"] < 2**31
@@ -134,8 +170,7 @@ def test_standin_refuses_non_loopback_hosts(tiny_path, standin):
 
 
 def _launch(standin, tiny_path, compat):
-    proc, url = standin.launch_standin(str(tiny_path),
-                                       extra_args=["--threads", "1", "--compat", compat])
+    proc, url = standin.launch_standin(str(tiny_path), extra_args=["--threads", "1", "--compat", compat])
     return proc, url
 
 
@@ -168,8 +203,7 @@ def local(tiny_path):
 
 
 def _prompt(tok, text="What is 3 * 4?"):
-    s = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                add_generation_prompt=True)
+    s = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
     return tok(s, add_special_tokens=False)["input_ids"]
 
 
@@ -188,9 +222,15 @@ def _fingerprint(backend, prompt) -> torch.Tensor:
 
 def test_raw_generate_json_fields(server, local):
     prompt = _prompt(local.tokenizer)
-    out = request_sync("POST", server + "/generate", {
-        "input_ids": prompt, "return_logprob": True,
-        "sampling_params": {"temperature": 1.0, "max_new_tokens": 40, "stop": ["e"]}})
+    out = request_sync(
+        "POST",
+        server + "/generate",
+        {
+            "input_ids": prompt,
+            "return_logprob": True,
+            "sampling_params": {"temperature": 1.0, "max_new_tokens": 40, "stop": ["e"]},
+        },
+    )
     meta = out["meta_info"]
     assert set(out) >= {"text", "output_ids", "meta_info"}
     assert [p[1] for p in meta["output_token_logprobs"]] == out["output_ids"]
@@ -224,16 +264,19 @@ def test_http_generation_equals_the_model(server, local):
         want = (logits / 0.7).log_softmax(-1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
         assert torch.allclose(want, torch.tensor(g.logprobs), atol=1e-4)
         if g.finish_reason == "stop":
-            assert g.stop_text == "e" and tok.decode(g.token_ids).endswith(
-                tok.decode(g.token_ids[-1:]))
+            assert g.stop_text == "e" and tok.decode(g.token_ids).endswith(tok.decode(g.token_ids[-1:]))
 
 
 def test_engine_over_http(server, local, fake_env_cls):
     from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
 
     be = SGLangBackend([server])
-    eng = RolloutEngine(be, local.tokenizer, fake_env_cls, RolloutConfig(
-        n_per_prompt=4, max_total_tokens=64, max_new_tokens_per_turn=32, progress=False))
+    eng = RolloutEngine(
+        be,
+        local.tokenizer,
+        fake_env_cls,
+        RolloutConfig(n_per_prompt=4, max_total_tokens=64, max_new_tokens_per_turn=32, progress=False),
+    )
     trajs, stats = eng.run([{"id": "a", "problem": "2+2?", "answer": "4"}])
     eng.close()
     assert len(trajs) == 4 and stats["engine/model_tokens"] > 0
@@ -265,8 +308,12 @@ def test_weight_sync(server, local, tiny_path, tmp_path_factory, mode):
     want_new, want_old = _fingerprint(ref, prompt), _fingerprint(local, prompt)
     ref.close()
     assert (want_new - want_old).abs().max() > 1e-2
-    cfg = SGLangConfig(weight_sync="disk" if mode == "disk_path" else mode, dist_backend="gloo",
-                       sync_dir=str(tmp_path_factory.mktemp("sync")), bucket_mb=1)
+    cfg = SGLangConfig(
+        weight_sync="disk" if mode == "disk_path" else mode,
+        dist_backend="gloo",
+        sync_dir=str(tmp_path_factory.mktemp("sync")),
+        bucket_mb=1,
+    )
     be = SGLangBackend([server], cfg)
     try:
         if mode == "disk_path":
@@ -358,10 +405,15 @@ def test_stop_on_the_budgets_last_token_is_a_stop(which, request, local):
     g = asyncio.run(be.generate(prompt, sp, [piece]))
     assert g.token_ids == ids[: k + 1]
     assert (g.finish_reason, g.stop_text) == ("stop", piece)
-    raw = request_sync("POST", url + "/generate", {
-        "input_ids": prompt, "return_logprob": True,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": k + 1, "stop": [piece],
-                            "no_stop_trim": True}})
+    raw = request_sync(
+        "POST",
+        url + "/generate",
+        {
+            "input_ids": prompt,
+            "return_logprob": True,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": k + 1, "stop": [piece], "no_stop_trim": True},
+        },
+    )
     want = "length" if which == "old_server" else "stop"
     assert raw["meta_info"]["finish_reason"]["type"] == want
     if which == "old_server":  # the prompt-prefix quirk is really there, and tolerated above
@@ -372,15 +424,21 @@ def test_old_server_rollouts_lose_nothing(old_server, local, fake_env_cls):
     from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
 
     be = SGLangBackend([old_server], tokenizer=local.tokenizer)  # send_seed off by default
-    eng = RolloutEngine(be, local.tokenizer, fake_env_cls, RolloutConfig(
-        n_per_prompt=4, max_total_tokens=64, max_new_tokens_per_turn=32, progress=False, seed=3))
+    eng = RolloutEngine(
+        be,
+        local.tokenizer,
+        fake_env_cls,
+        RolloutConfig(n_per_prompt=4, max_total_tokens=64, max_new_tokens_per_turn=32, progress=False, seed=3),
+    )
     trajs, _ = eng.run([{"id": "a", "problem": "2+2?", "answer": "4"}])
     eng.close()
-    assert len(trajs) == 4 and all(t.finish_reason != "error" for t in trajs), \
-        [t.info.get("error") for t in trajs]
+    assert len(trajs) == 4 and all(t.finish_reason != "error" for t in trajs), [t.info.get("error") for t in trajs]
     with pytest.raises(HTTPError, match="sampling_params"):  # why seeds are opt-in
-        asyncio.run(SGLangBackend([old_server], SGLangConfig(send_seed=True)).generate(
-            _prompt(local.tokenizer), SamplingParams(seed=1, max_new_tokens=4), []))
+        asyncio.run(
+            SGLangBackend([old_server], SGLangConfig(send_seed=True)).generate(
+                _prompt(local.tokenizer), SamplingParams(seed=1, max_new_tokens=4), []
+            )
+        )
 
 
 def test_flush_is_retried_while_a_request_runs(server, local):
@@ -414,8 +472,7 @@ def test_refused_distributed_update_fails_fast(server, tiny_path):
     """Outside a session 0.5.23 refuses at once; the client must stop broadcasting, not block."""
     import time
 
-    be = SGLangBackend([server], SGLangConfig(weight_sync="distributed", dist_backend="gloo",
-                                              timeout_s=60))
+    be = SGLangBackend([server], SGLangConfig(weight_sync="distributed", dist_backend="gloo", timeout_s=60))
     be.init_weight_update_group()
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="begin_weight_update"):
@@ -434,5 +491,8 @@ def test_tensor_payloads_pass_the_allow_list(server, tiny_path):
     evil = base64.b64encode(pickle.dumps([("x", print)])).decode()
     with be.weight_update_session():
         with pytest.raises(HTTPError, match="Blocked unsafe global"):
-            request_sync("POST", server + "/update_weights_from_tensor",
-                         {"serialized_named_tensors": [evil], "flush_cache": False})
+            request_sync(
+                "POST",
+                server + "/update_weights_from_tensor",
+                {"serialized_named_tensors": [evil], "flush_cache": False},
+            )

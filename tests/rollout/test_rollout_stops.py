@@ -17,8 +17,7 @@ from stare_tir.rollout.backends.base import StopChecker, fast_decoder
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2 / Qwen byte-level alphabet: byte value -> the character its token is spelled with."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -51,13 +50,16 @@ def ids_of(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("text,stop,last_piece", [
-    ("x</code>\n\nThe", "</code>", ">\n\n"),  # stop ends inside a token holding more text
-    ("`</code>`", "</code>", ">`"),
-    ("</code></code>", "</code>", "></"),  # the completing token already starts the next tag
-    ("Hello. There is", "The", " There"),  # stop string strictly inside one token
-    ("print(1)\n</code>", "</code>", ">"),  # spread over "</", "code", ">"
-])
+@pytest.mark.parametrize(
+    "text,stop,last_piece",
+    [
+        ("x</code>\n\nThe", "</code>", ">\n\n"),  # stop ends inside a token holding more text
+        ("`</code>`", "</code>", ">`"),
+        ("</code></code>", "</code>", "></"),  # the completing token already starts the next tag
+        ("Hello. There is", "The", " There"),  # stop string strictly inside one token
+        ("print(1)\n</code>", "</code>", ">"),  # spread over "</", "code", ">"
+    ],
+)
 def test_qwen_boundaries_stop_at_completing_token(qwen_tok, text, stop, last_piece):
     ids = ids_of(qwen_tok, text)
     checker = StopChecker(fast_decoder(qwen_tok), [stop])
@@ -99,18 +101,40 @@ def test_earliest_of_several_stops(qwen_tok):
 def test_random_texts_and_tokenizations_match_brute_force(qwen_tok):
     """Property test: canonical and random non-canonical tokenizations, random stops."""
     rng = random.Random(0)
-    pieces = ["</code>", "<code>", "```", "python", "\n", "\n\n", " ", "print", "(", ")", "x", "=",
-              "1", "2", "é", "→", "😀", "answer", "<|im_end|>", ">", "<", "/", "co", "de"]
+    pieces = [
+        "</code>",
+        "<code>",
+        "```",
+        "python",
+        "\n",
+        "\n\n",
+        " ",
+        "print",
+        "(",
+        ")",
+        "x",
+        "=",
+        "1",
+        "2",
+        "é",
+        "→",
+        "😀",
+        "answer",
+        "<|im_end|>",
+        ">",
+        "<",
+        "/",
+        "co",
+        "de",
+    ]
     stops_pool = ["</code>", "```", "\n\n", "→", "answer", "<|im_end|>"]
     checked = 0
     for _ in range(150):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(3, 25)))
         # random chunking = a non-canonical tokenization the model could have sampled
-        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(0, 4)))) \
-            if len(text) > 1 else []
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(0, 4)))) if len(text) > 1 else []
         chunks = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
-        ids = [i for c in chunks for i in qwen_tok(c, add_special_tokens=False,
-                                                    split_special_tokens=True)["input_ids"]]
+        ids = [i for c in chunks for i in qwen_tok(c, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
         stops = rng.sample(stops_pool, k=rng.randint(1, 3))
         want = first_stop(qwen_tok, ids, stops)
         got = feed_all(StopChecker(fast_decoder(qwen_tok), stops), ids)

@@ -1,4 +1,5 @@
 """Shared fixtures for the sandbox tests: a started sandbox per backend, process probes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,10 @@ TEST_LIMITS = Limits(wall_time_s=5.0, memory_mb=256, max_output_bytes=4096, disk
 def open_sandbox(backend: str, **overrides) -> SyncSandbox:
     """A started sandbox; skips (with the reason) when the backend cannot run on this machine."""
     if backend == "local" and os.geteuid() != 0:
-        pytest.skip("these tests expect the local sandbox's root mode (cgroups, per-session uids); "
-                    "its rootless mode is tested in test_sandbox_rootless.py")
+        pytest.skip(
+            "these tests expect the local sandbox's root mode (cgroups, per-session uids); "
+            "its rootless mode is tested in test_sandbox_rootless.py"
+        )
     # docker: a container competes for CPU as one cgroup, so under a loaded CI it runs slower still
     limits = TEST_LIMITS if backend == "local" else dataclasses.replace(TEST_LIMITS, wall_time_s=8.0)
     cfg = SandboxConfig(backend=backend, limits=limits, workers=2, docker=DockerConfig(warm=2))
@@ -31,10 +34,13 @@ def open_sandbox(backend: str, **overrides) -> SyncSandbox:
         raise
 
 
-@pytest.fixture(scope="module", params=[
-    pytest.param("local", marks=pytest.mark.xdist_group("sandbox-local")),
-    pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.xdist_group("sandbox-docker")]),
-])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("local", marks=pytest.mark.xdist_group("sandbox-local")),
+        pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.xdist_group("sandbox-docker")]),
+    ],
+)
 def box(request):
     """Both backends, each attacked by the same tests."""
     os.environ["STARE_TEST_SECRET"] = "hunter2"  # must never reach the code

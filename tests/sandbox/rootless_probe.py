@@ -1,5 +1,6 @@
 """Run as a user who is not root: exercise the local sandbox's rootless mode and print what was
 observed as one JSON object (read by test_sandbox_rootless.py). Needs only the stdlib."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,12 @@ async def probe() -> dict:
         async with sb.session() as s:  # between cells: leftovers killed, threads restart, session stopped
             r = await s.run("import os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('parent')")
             out["leftover_process"] = [r.status.value, r.error]
-            out["pids_after"] = (await s.run("import os; print([p for p in os.listdir('/proc') if p.isdigit()])")).stdout
-            r = await s.run("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()")
+            out["pids_after"] = (
+                await s.run("import os; print([p for p in os.listdir('/proc') if p.isdigit()])")
+            ).stdout
+            r = await s.run(
+                "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()"
+            )
             out["leftover_thread"] = [r.status.value, r.error]
             out["forged"] = (await s.run("import os, struct\nos.write(3, struct.pack('!II', 3, 0) + b'[[[')")).error
         async with sb.session() as other:  # a fresh session sees neither the host's /tmp nor another's
@@ -50,13 +55,18 @@ async def probe() -> dict:
         out["write_usr"] = (await sb.run("open('/usr/x', 'w')")).stderr.strip().splitlines()[-1]
         out["memory"] = (await sb.run("b = bytearray(600 << 20)")).status.value
         out["setuid"] = (await sb.run("import os; os.setuid(1)")).stderr.strip().splitlines()[-1]
-        out["unshare"] = (await sb.run("import ctypes; l = ctypes.CDLL(None, use_errno=True); "
-                                       "print(l.unshare(0x10000000), ctypes.get_errno())")).stdout
+        out["unshare"] = (
+            await sb.run(
+                "import ctypes; l = ctypes.CDLL(None, use_errno=True); print(l.unshare(0x10000000), ctypes.get_errno())"
+            )
+        ).stdout
         out["stdlib"] = (await sb.run("import fractions; print(fractions.Fraction(6, 4))")).stdout
         # Two fork bombs at once: each session is held to its own max_processes (itself included).
-        bomb = ("import os, time\nn = 0\nfor i in range(200):\n    try:\n        if os.fork() == 0:\n"
-                "            time.sleep(2)\n            os._exit(0)\n        n += 1\n    except OSError:\n"
-                "        break\nprint(n)")
+        bomb = (
+            "import os, time\nn = 0\nfor i in range(200):\n    try:\n        if os.fork() == 0:\n"
+            "            time.sleep(2)\n            os._exit(0)\n        n += 1\n    except OSError:\n"
+            "        break\nprint(n)"
+        )
         a, b = await asyncio.gather(sb.run(bomb), sb.run(bomb))
         out["bombs"] = [[a.status.value, a.stdout.strip()], [b.status.value, b.stdout.strip()]]
         out["after_bombs"] = (await sb.run("print('ok')")).stdout

@@ -1,4 +1,5 @@
 """The public surface: config validation, light import, result types, backend selection."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,9 +12,11 @@ from sandbox._proto import Frames, pack
 
 
 def test_import_is_light():
-    code = ("import sys, time; t = time.perf_counter(); import sandbox; dt = time.perf_counter() - t\n"
-            "heavy = [m for m in ('numpy', 'sympy', 'torch', 'transformers', 'docker', 'e2b', 'httpx') if m in sys.modules]\n"
-            "print(heavy, dt < 2.0)")
+    code = (
+        "import sys, time; t = time.perf_counter(); import sandbox; dt = time.perf_counter() - t\n"
+        "heavy = [m for m in ('numpy', 'sympy', 'torch', 'transformers', 'docker', 'e2b', 'httpx') if m in sys.modules]\n"
+        "print(heavy, dt < 2.0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out == "[] True\n"
 

@@ -1,4 +1,5 @@
 """Docker-backend specifics against a real engine: engine-side limits, safe reuse, replacement."""
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,10 @@ def test_engine_enforces_the_limits(sb):
 
 def test_reused_container_is_clean(sb, marker, procs):
     with sb.session() as a:
-        r = a.run("import subprocess, sys\nsecret = 1\nopen('/tmp/secret', 'w').write('a')\n"
-                  f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'], start_new_session=True)")
+        r = a.run(
+            "import subprocess, sys\nsecret = 1\nopen('/tmp/secret', 'w').write('a')\n"
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'], start_new_session=True)"
+        )
         assert r.ok, r
         first = lease_of(a).obj.id
     with sb.session() as b:
@@ -47,12 +50,16 @@ def test_reused_container_is_clean(sb, marker, procs):
 
 
 def test_ipc_objects_do_not_survive_into_the_next_session(sb):
-    make = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(libc.shmget(0x5157, 4096, 0o1600) >= 0, libc.msgget(0x5158, 0o1600) >= 0, "
-            "libc.semget(0x5159, 1, 0o1600) >= 0)\n"
-            "mq = libc.mq_open(b'/stare-q', os.O_CREAT | os.O_RDWR, 0o600, None)\nprint(mq >= 0)")
-    look = ("import os\nprint([len(open(f'/proc/sysvipc/{k}').readlines()) - 1 for k in ('shm', 'msg', 'sem')], "
-            "os.listdir('/dev/mqueue'))")
+    make = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.shmget(0x5157, 4096, 0o1600) >= 0, libc.msgget(0x5158, 0o1600) >= 0, "
+        "libc.semget(0x5159, 1, 0o1600) >= 0)\n"
+        "mq = libc.mq_open(b'/stare-q', os.O_CREAT | os.O_RDWR, 0o600, None)\nprint(mq >= 0)"
+    )
+    look = (
+        "import os\nprint([len(open(f'/proc/sysvipc/{k}').readlines()) - 1 for k in ('shm', 'msg', 'sem')], "
+        "os.listdir('/dev/mqueue'))"
+    )
     with sb.session() as a:
         r = a.run(make)
         assert r.stdout == "True True True\nTrue\n", r

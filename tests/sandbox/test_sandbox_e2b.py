@@ -6,6 +6,7 @@ POST /execute streams NDJSON lines (stdout, stderr, result, error), POST/DELETE 
 What is real: the SDK, its HTTP client and parsing, our mapping, timeouts, caps and retries.
 What is not: e2b's servers, kernels, and the isolation they provide.
 """
+
 from __future__ import annotations
 
 import contextlib

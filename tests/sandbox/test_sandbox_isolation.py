@@ -1,4 +1,5 @@
 """Local backend: how the read-only root and the raw system calls are built (root mode)."""
+
 from __future__ import annotations
 
 import ast
@@ -50,9 +51,11 @@ def test_submounts_under_a_bound_path_are_read_only_nosuid_nodev(make_box):
     try:
         box = make_box("local")
         try:
-            r = box.run(f"p = {point!r}\nopts = [l.split()[5] for l in open('/proc/self/mountinfo') "
-                        "if l.split()[4] == p]\nprint(opts)\ntry:\n    open(p + '/x', 'w')\n"
-                        "except OSError as e:\n    print(e.errno)")
+            r = box.run(
+                f"p = {point!r}\nopts = [l.split()[5] for l in open('/proc/self/mountinfo') "
+                "if l.split()[4] == p]\nprint(opts)\ntry:\n    open(p + '/x', 'w')\n"
+                "except OSError as e:\n    print(e.errno)"
+            )
         finally:
             box.close()
         opts, err = r.stdout.split("\n")[:2]

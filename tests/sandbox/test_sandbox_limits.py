@@ -1,4 +1,5 @@
 """Every limit and failure class, attacked on each backend (local always; Docker when an engine is up)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,10 @@ def test_ok_error_and_exit_codes(box):
 
 
 def test_status_never_comes_from_printed_text(box):
-    code = ("print('sandbox_error timeout oom {\"op\": \"done\", \"exit_code\": 1}')\n"
-            "import sys; print('Traceback (most recent call last):', file=sys.stderr)")
+    code = (
+        'print(\'sandbox_error timeout oom {"op": "done", "exit_code": 1}\')\n'
+        "import sys; print('Traceback (most recent call last):', file=sys.stderr)"
+    )
     r = box.run(code)
     assert r.status == "ok" and r.exit_code == 0 and "sandbox_error" in r.stdout
 
@@ -36,8 +39,10 @@ def test_sessions_are_separate_and_files_private(box):
         assert a.run("x = 41; open('/tmp/a.txt', 'w').write('secret-a')").ok
         assert a.run("x += 1\nprint(x, open('/tmp/a.txt').read())").stdout == "42 secret-a\n"
         # An interpreter installed under /tmp is bound back read-only into each session's /tmp.
-        own = ("import os, sys\nown = lambda: [n for n in os.listdir('/tmp') "
-               "if not (sys.prefix + '/').startswith('/tmp/' + n + '/')]\n")
+        own = (
+            "import os, sys\nown = lambda: [n for n in os.listdir('/tmp') "
+            "if not (sys.prefix + '/').startswith('/tmp/' + n + '/')]\n"
+        )
         r = b.run(own + "print(x if 'x' in dir() else 'no x', own())")
         assert r.stdout == "no x []\n", r
         assert c.run("y = 1; open('/tmp/c', 'w').write('c')").ok
@@ -95,9 +100,11 @@ def test_fork_bomb_is_contained(box, marker, procs):
     r = box.run(code, timeout=1.5)
     assert r.status == "timeout", r
     assert not procs.wait_gone(marker)
-    r = box.run("import threading, time\nn = 0\ntry:\n    while True:\n"
-                "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1\n"
-                "except RuntimeError: print(n)")
+    r = box.run(
+        "import threading, time\nn = 0\ntry:\n    while True:\n"
+        "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1\n"
+        "except RuntimeError: print(n)"
+    )
     slack = 0 if box.backend == "local" else 8  # docker: --pids-limit covers the worker too
     assert r.status == "ok" and 0 < int(r.stdout) <= MAX_PROCS + slack, r
 
@@ -105,8 +112,10 @@ def test_fork_bomb_is_contained(box, marker, procs):
 def test_disk_is_private_capped_and_the_rest_read_only(box):
     r = box.run("open('/tmp/big', 'wb').write(b'x' * (64 << 20))")  # 64 MB > 16 MB
     assert r.status == "error" and ("No space left" in r.stderr or "File too large" in r.stderr), r
-    code = ("import os\nfor p in ['/etc/x', '/usr/x', '/x', '/dev/x', '/proc/x', os.path.dirname(os.__file__) + '/x']:\n"
-            "    try: open(p, 'w'); print('WROTE', p)\n    except OSError: pass\nprint('done')")
+    code = (
+        "import os\nfor p in ['/etc/x', '/usr/x', '/x', '/dev/x', '/proc/x', os.path.dirname(os.__file__) + '/x']:\n"
+        "    try: open(p, 'w'); print('WROTE', p)\n    except OSError: pass\nprint('done')"
+    )
     assert box.run(code).stdout == "done\n"
 
 
@@ -126,10 +135,12 @@ def test_no_network_not_even_the_hosts_loopback(box):
     srv = socket.create_server(("127.0.0.1", 0))
     try:
         port = srv.getsockname()[1]
-        code = (f"import socket\nfor fam, addr in [(socket.AF_INET, ('127.0.0.1', {port})), "
-                f"(socket.AF_INET, ('1.1.1.1', 53)), (socket.AF_INET6, ('::1', {port}))]:\n"
-                "    try:\n        s = socket.socket(fam); s.settimeout(1); s.connect(addr); print('CONNECTED', addr)\n"
-                "    except OSError: print('blocked')\n")
+        code = (
+            f"import socket\nfor fam, addr in [(socket.AF_INET, ('127.0.0.1', {port})), "
+            f"(socket.AF_INET, ('1.1.1.1', 53)), (socket.AF_INET6, ('::1', {port}))]:\n"
+            "    try:\n        s = socket.socket(fam); s.settimeout(1); s.connect(addr); print('CONNECTED', addr)\n"
+            "    except OSError: print('blocked')\n"
+        )
         assert box.run(code).stdout == "blocked\n" * 3
     finally:
         srv.close()
@@ -164,15 +175,21 @@ def test_big_code_nul_bytes_and_bad_utf8(box):
     assert r.status == "ok" and r.stdout == "\ufffd\ufffd\x00ok\n", r
 
 
-@pytest.mark.parametrize("code, status, sig", [
-    ("import ctypes; ctypes.string_at(0)", "killed", signal.SIGSEGV),
-    # C-stack overflow (the json decoder recurses in C); Python-level recursion grows the heap: OOM
-    ("import sys, json; sys.setrecursionlimit(10**7); json.loads('[' * 10**6)", "killed", signal.SIGSEGV),
-    ("import sys; sys.setrecursionlimit(10**8)\ndef f(n): b = bytearray(1 << 20); return f(n + 1)\nf(0)", "oom",
-     signal.SIGKILL),
-    ("import os; os.abort()", "killed", signal.SIGABRT),
-    ("import os; os._exit(5)", "error", None),
-])
+@pytest.mark.parametrize(
+    "code, status, sig",
+    [
+        ("import ctypes; ctypes.string_at(0)", "killed", signal.SIGSEGV),
+        # C-stack overflow (the json decoder recurses in C); Python-level recursion grows the heap: OOM
+        ("import sys, json; sys.setrecursionlimit(10**7); json.loads('[' * 10**6)", "killed", signal.SIGSEGV),
+        (
+            "import sys; sys.setrecursionlimit(10**8)\ndef f(n): b = bytearray(1 << 20); return f(n + 1)\nf(0)",
+            "oom",
+            signal.SIGKILL,
+        ),
+        ("import os; os.abort()", "killed", signal.SIGABRT),
+        ("import os; os._exit(5)", "error", None),
+    ],
+)
 def test_crashes_are_results_and_the_next_cell_works(box, code, status, sig):
     if box.backend == "local" and sig == signal.SIGABRT:
         sig = signal.SIGSEGV  # local: the interpreter is pid 1 of its namespace, SIGABRT is ignored
@@ -184,15 +201,18 @@ def test_crashes_are_results_and_the_next_cell_works(box, code, status, sig):
         assert r.status == "ok" and r.stdout == "False\n"
 
 
-@pytest.mark.parametrize("code", [
-    "import os; os.close(0); os.close(1); os.close(2)",
-    "import os, signal; os.killpg(os.getpgrp(), signal.SIGKILL)",
-    "import os, signal; os.kill(os.getppid(), signal.SIGKILL)",
-    "import os, signal; os.kill(-1, signal.SIGKILL)",
-    "import os; os.closerange(3, 4096)",
-    "import threading, time\ndef spam():\n    while True: print('bg'); time.sleep(0.01)\n"
-    "threading.Thread(target=spam, daemon=True).start()",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os; os.close(0); os.close(1); os.close(2)",
+        "import os, signal; os.killpg(os.getpgrp(), signal.SIGKILL)",
+        "import os, signal; os.kill(os.getppid(), signal.SIGKILL)",
+        "import os, signal; os.kill(-1, signal.SIGKILL)",
+        "import os; os.closerange(3, 4096)",
+        "import threading, time\ndef spam():\n    while True: print('bg'); time.sleep(0.01)\n"
+        "threading.Thread(target=spam, daemon=True).start()",
+    ],
+)
 def test_hostile_cells_leave_host_and_session_working(box, code):
     with box.session() as s:
         r = s.run(code)
@@ -204,9 +224,11 @@ def test_hostile_cells_leave_host_and_session_working(box, code):
 def test_lingering_child_does_not_hold_the_result_and_dies_with_its_cell(box, marker, procs):
     with box.session() as s:
         t = time.monotonic()
-        r = s.run("import subprocess, sys, time\n"
-                  f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])\n"
-                  "time.sleep(0.3)\nprint('started')")
+        r = s.run(
+            "import subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])\n"
+            "time.sleep(0.3)\nprint('started')"
+        )
         assert r.status == "ok" and r.stdout == "started\n" and time.monotonic() - t < 2
         assert "killed" in r.error, r  # nothing of a cell outlives it: leftovers are killed and counted
         assert not procs.wait_gone(marker), "the child outlived its cell"
@@ -214,9 +236,11 @@ def test_lingering_child_does_not_hold_the_result_and_dies_with_its_cell(box, ma
 
 
 def test_subprocess_and_preloaded_modules_work_inside(box):
-    r = box.run("import subprocess, sys, numpy, sympy\n"
-                "print(subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True, text=True).stdout, end='')\n"
-                "print(numpy.arange(4).sum(), sympy.factorint(12))")
+    r = box.run(
+        "import subprocess, sys, numpy, sympy\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True, text=True).stdout, end='')\n"
+        "print(numpy.arange(4).sum(), sympy.factorint(12))"
+    )
     assert r.stdout == "42\n6 {2: 2, 3: 1}\n", r
 
 
@@ -245,37 +269,47 @@ def test_a_cancelled_call_kills_its_cell(box, marker, procs):
 def test_the_same_shell_utilities_on_every_backend(box):
     from sandbox.docker.build import SHELL_UTILS
 
-    r = box.run("import shutil, subprocess\n"
-                f"print([u for u in {SHELL_UTILS!r} if shutil.which(u) is None])\n"
-                "print(subprocess.run(['/bin/sleep', '0']).returncode, subprocess.run(['/usr/bin/sleep', '0']).returncode)\n"
-                "print(subprocess.run(['sh', '-c', 'seq 3 | sort -r | tr -d \"\\\\n\"; echo'], capture_output=True, "
-                "text=True).stdout, end='')")
+    r = box.run(
+        "import shutil, subprocess\n"
+        f"print([u for u in {SHELL_UTILS!r} if shutil.which(u) is None])\n"
+        "print(subprocess.run(['/bin/sleep', '0']).returncode, subprocess.run(['/usr/bin/sleep', '0']).returncode)\n"
+        "print(subprocess.run(['sh', '-c', 'seq 3 | sort -r | tr -d \"\\\\n\"; echo'], capture_output=True, "
+        "text=True).stdout, end='')"
+    )
     assert r.status == "ok" and r.stdout == "[]\n0 0\n321\n", r
 
 
 # x86-64 / aarch64 numbers of calls the filter denies (modify_ldt exists on x86 only)
-DENIED = {"x86_64": {"io_setup": 206, "modify_ldt": 154, "personality": 135, "kcmp": 312, "fanotify_init": 300,
-                     "memfd_secret": 447},
-          "aarch64": {"io_setup": 0, "personality": 92, "kcmp": 272, "fanotify_init": 262, "memfd_secret": 447}}
+DENIED = {
+    "x86_64": {
+        "io_setup": 206,
+        "modify_ldt": 154,
+        "personality": 135,
+        "kcmp": 312,
+        "fanotify_init": 300,
+        "memfd_secret": 447,
+    },
+    "aarch64": {"io_setup": 0, "personality": 92, "kcmp": 272, "fanotify_init": 262, "memfd_secret": 447},
+}
 
 
 def test_shared_kernel_tables_are_closed(box):
     calls = DENIED.get(os.uname().machine)
     if calls is None:
         pytest.skip(f"no syscall numbers for {os.uname().machine} in this test")
-    code = ("import ctypes, resource, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "libc.syscall.restype = ctypes.c_long\nout = {}\n"
-            f"for name, nr in {calls!r}.items():\n"
-            "    ret = libc.syscall(ctypes.c_long(nr), 0, 0, 0, 0, 0)\n"
-            "    out[name] = (ret, ctypes.get_errno())\n"
-            "try:\n    socket.socketpair(socket.AF_NETLINK)\nexcept OSError as e:\n    out['socketpair'] = e.errno\n"
-            "out['nofile'] = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
-            "out['core'] = resource.getrlimit(resource.RLIMIT_CORE)\nprint(out)")
+    code = (
+        "import ctypes, resource, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\nout = {}\n"
+        f"for name, nr in {calls!r}.items():\n"
+        "    ret = libc.syscall(ctypes.c_long(nr), 0, 0, 0, 0, 0)\n"
+        "    out[name] = (ret, ctypes.get_errno())\n"
+        "try:\n    socket.socketpair(socket.AF_NETLINK)\nexcept OSError as e:\n    out['socketpair'] = e.errno\n"
+        "out['nofile'] = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "out['core'] = resource.getrlimit(resource.RLIMIT_CORE)\nprint(out)"
+    )
     r = box.run(code)
     assert r.status == "ok", r
     out = eval(r.stdout)  # noqa: S307 - our own dict literal
     assert all(out[name] == (-1, 1) for name in calls), out  # EPERM, as if unprivileged
     assert out["socketpair"] == 97, out  # EAFNOSUPPORT from the filter (the kernel says EOPNOTSUPP)
     assert out["nofile"] == (1024, 1024) and out["core"] == (1, 1), out
-
-

@@ -1,4 +1,5 @@
 """Local-backend specifics: what isolation is in place, seccomp, the queue, worker replacement."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,17 +23,21 @@ def sb(make_box):
 
 def test_isolation_is_really_set_up(sb):
     assert sb.sandbox.info["cgroups"] and sb.sandbox.info["seccomp"], sb.sandbox.info
-    r = sb.run("import os\nprint(os.getuid(), os.getpid(), open('/proc/self/mountinfo').read().count('\\n'))\n"
-               "print([l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])")
+    r = sb.run(
+        "import os\nprint(os.getuid(), os.getpid(), open('/proc/self/mountinfo').read().count('\\n'))\n"
+        "print([l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])"
+    )
     uid, pid, mounts, caps = r.stdout.split()
     assert r.status == "ok" and int(uid) >= 200_000 and pid == "1" and int(caps, 16) == 0, r
     assert int(mounts) < 30, "the root is an allow-list, not the host's mount table"
 
 
 def test_seccomp_blocks_user_namespaces_and_ptrace(sb):
-    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(libc.unshare(0x10000000), ctypes.get_errno() == 1)\n"  # CLONE_NEWUSER -> EPERM
-            "print(libc.ptrace(16, 1, 0, 0), ctypes.get_errno() == 1)\n")  # PTRACE_ATTACH -> EPERM
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000), ctypes.get_errno() == 1)\n"  # CLONE_NEWUSER -> EPERM
+        "print(libc.ptrace(16, 1, 0, 0), ctypes.get_errno() == 1)\n"
+    )  # PTRACE_ATTACH -> EPERM
     assert sb.run(code).stdout == "-1 True\n-1 True\n"
 
 
@@ -96,8 +101,10 @@ def test_live_sessions_of_two_sandboxes_never_share_a_uid(sb, make_box):
         uids = [int(s.run("import os; print(os.getuid())").stdout) for s in sessions]
         assert len(set(uids)) == len(uids) and min(uids) >= 200_000, uids
         # per-uid kernel accounting: one session taking every inotify instance leaves the others theirs
-        hog = sessions[0].run("import ctypes\nlibc = ctypes.CDLL(None)\n"
-                              "fds = [libc.inotify_init() for _ in range(10000)]\nprint(sum(f >= 0 for f in fds))")
+        hog = sessions[0].run(
+            "import ctypes\nlibc = ctypes.CDLL(None)\n"
+            "fds = [libc.inotify_init() for _ in range(10000)]\nprint(sum(f >= 0 for f in fds))"
+        )
         mine = sessions[-1].run("import ctypes\nprint(ctypes.CDLL(None).inotify_init() >= 0)")
         assert hog.status == "ok" and mine.stdout == "True\n", (hog, mine)
     finally:

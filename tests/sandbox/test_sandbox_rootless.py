@@ -5,6 +5,7 @@ the rootless path. The project's interpreter may sit where that user cannot read
 directory), so the probe runs on a copy of the base interpreter and its stdlib, which is all the
 sandbox needs. Needs root to switch user, and unprivileged user namespaces.
 """
+
 from __future__ import annotations
 
 import ast
@@ -50,24 +51,35 @@ def _stdlib_python(dest: Path) -> tuple[str, dict]:
     (dest / "lib").mkdir()
     for lib in libdir.glob("libpython3*.so*"):
         shutil.copy2(lib, dest / "lib" / lib.name)
-    shutil.copytree(base / "lib" / version, dest / "lib" / version, symlinks=True,
-                    ignore=shutil.ignore_patterns("site-packages", "test", "__pycache__", "idlelib", "tkinter",
-                                                  "ensurepip", "lib2to3"))
+    shutil.copytree(
+        base / "lib" / version,
+        dest / "lib" / version,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            "site-packages", "test", "__pycache__", "idlelib", "tkinter", "ensurepip", "lib2to3"
+        ),
+    )
     for d, _dirs, files in os.walk(dest):
         os.chmod(d, 0o755)
         for f in files:
             if not os.path.islink(os.path.join(d, f)):
                 os.chmod(os.path.join(d, f), 0o755)
-    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(dest / "lib"), "PYTHONPATH": str(ROOT),
-           "PYTHONHOME": str(dest), "OMP_NUM_THREADS": "1"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LD_LIBRARY_PATH": str(dest / "lib"),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONHOME": str(dest),
+        "OMP_NUM_THREADS": "1",
+    }
     return str(exe), env
 
 
 @pytest.fixture(scope="module")
 def seen() -> dict:
     if os.geteuid() != 0:
-        pytest.skip("needs root to run the probe as another user (as a non-root user, the local "
-                    "sandbox already runs rootless)")
+        pytest.skip(
+            "needs root to run the probe as another user (as a non-root user, the local sandbox already runs rootless)"
+        )
     if not _readable_by_all(ROOT / "sandbox" / "local.py"):
         pytest.skip(f"the checkout at {ROOT} is not readable by uid {NOBODY}")
     home = Path(tempfile.mkdtemp(prefix="rootless-python-"))  # pytest's own tmp dirs are root-only
@@ -80,11 +92,13 @@ def seen() -> dict:
 
 def _probe(home: Path) -> dict:
     exe, env = _stdlib_python(home / "python")
-    check = subprocess.run([exe, "-c", "import ctypes, asyncio"], env=env, preexec_fn=_as_nobody,
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [exe, "-c", "import ctypes, asyncio"], env=env, preexec_fn=_as_nobody, capture_output=True, text=True
+    )
     assert check.returncode == 0, f"copied interpreter does not start as uid {NOBODY}: {check.stderr}"
-    proc = subprocess.run([exe, str(PROBE)], cwd="/", env=env, preexec_fn=_as_nobody, capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run(
+        [exe, str(PROBE)], cwd="/", env=env, preexec_fn=_as_nobody, capture_output=True, text=True, timeout=180
+    )
     if "user namespaces" in proc.stdout + proc.stderr and proc.returncode != 0:
         pytest.skip("no unprivileged user namespaces here: " + proc.stderr.strip().splitlines()[-1])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

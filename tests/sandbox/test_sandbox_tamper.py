@@ -1,6 +1,7 @@
 """Host-side truth: a cell that writes into its control channel, leaves threads or processes behind
 or breaks its own session is scored as failed code (never sandbox_error), and nothing it does
 between or after its cells reaches the host's memory or a later cell's result."""
+
 from __future__ import annotations
 
 import resource
@@ -10,9 +11,11 @@ import pytest
 
 from sandbox import ExecStatus
 
-FRAME = "import os, json, struct\ndef frame(obj, raw=None):\n" \
-        "    h = raw if raw is not None else json.dumps(obj).encode()\n" \
-        "    os.write(3, struct.pack('!II', len(h), 0) + h)\n"
+FRAME = (
+    "import os, json, struct\ndef frame(obj, raw=None):\n"
+    "    h = raw if raw is not None else json.dumps(obj).encode()\n"
+    "    os.write(3, struct.pack('!II', len(h), 0) + h)\n"
+)
 
 
 def _done(cell: int, code: int = 0) -> str:
@@ -33,17 +36,20 @@ def test_a_forged_reply_cannot_shift_later_results(box):
     assert box.sandbox.stats["tampered"] >= 1
 
 
-@pytest.mark.parametrize("attack", [
-    "os.write(3, b'garbage that is not a frame' * 10)",
-    "frame(None, raw=b'[' * 200000)",  # RecursionError inside json.loads
-    "frame(None, raw=b'\\xff\\xfe')",  # not UTF-8
-    "os.write(3, struct.pack('!II', 1 << 30, 0))",  # a 1 GiB header announced: never buffered
-    "frame({'op': 'done', 'cell': 1, 'exit_code': 'x', 'exc': None})",
-    "frame({'op': 'done', 'cell': 1, 'exit_code': True, 'exc': None})",
-    "frame({'op': 'done', 'cell': 99, 'exit_code': 0, 'exc': None})",  # another cell's reply
-    "frame({'op': 'done', 'cell': 1, 'exit_code': 0, 'exc': None, 'status': 'sandbox_error'})",
-    "frame({'op': 'done', 'cell': 1, 'exit_code': 0, 'exc': None})\n" + _done(1) * 3,  # more than one
-])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "os.write(3, b'garbage that is not a frame' * 10)",
+        "frame(None, raw=b'[' * 200000)",  # RecursionError inside json.loads
+        "frame(None, raw=b'\\xff\\xfe')",  # not UTF-8
+        "os.write(3, struct.pack('!II', 1 << 30, 0))",  # a 1 GiB header announced: never buffered
+        "frame({'op': 'done', 'cell': 1, 'exit_code': 'x', 'exc': None})",
+        "frame({'op': 'done', 'cell': 1, 'exit_code': True, 'exc': None})",
+        "frame({'op': 'done', 'cell': 99, 'exit_code': 0, 'exc': None})",  # another cell's reply
+        "frame({'op': 'done', 'cell': 1, 'exit_code': 0, 'exc': None, 'status': 'sandbox_error'})",
+        "frame({'op': 'done', 'cell': 1, 'exit_code': 0, 'exc': None})\n" + _done(1) * 3,  # more than one
+    ],
+)
 def test_malformed_or_extra_frames_are_tampering_scored_as_failed_code(box, attack):
     with box.session() as s:
         t = time.monotonic()
@@ -58,9 +64,11 @@ def test_malformed_or_extra_frames_are_tampering_scored_as_failed_code(box, atta
 def test_a_frame_flood_after_the_cell_does_not_grow_the_host(box):
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with box.session() as s:
-        flood = (FRAME + "import threading\ndef spam():\n    n = 0\n    while True:\n"
-                 "        n += 1\n        frame({'op': 'done', 'cell': 2 + n % 3, 'exit_code': 0, 'exc': None})\n"
-                 "threading.Thread(target=spam, daemon=True).start()\nimport time; time.sleep(0.2)")
+        flood = (
+            FRAME + "import threading\ndef spam():\n    n = 0\n    while True:\n"
+            "        n += 1\n        frame({'op': 'done', 'cell': 2 + n % 3, 'exit_code': 0, 'exc': None})\n"
+            "threading.Thread(target=spam, daemon=True).start()\nimport time; time.sleep(0.2)"
+        )
         t = time.monotonic()
         r = s.run(flood)
         assert r.status != "sandbox_error" and time.monotonic() - t < 3.0, r
@@ -73,8 +81,10 @@ def test_a_frame_flood_after_the_cell_does_not_grow_the_host(box):
 
 def test_late_output_of_a_thread_never_reaches_a_later_cell(box):
     with box.session() as s:
-        r = s.run("import threading, time\ndef late():\n    while True:\n        print('late', flush=True)\n"
-                  "        time.sleep(0.005)\nthreading.Thread(target=late, daemon=True).start()\ntime.sleep(0.02)")
+        r = s.run(
+            "import threading, time\ndef late():\n    while True:\n        print('late', flush=True)\n"
+            "        time.sleep(0.005)\nthreading.Thread(target=late, daemon=True).start()\ntime.sleep(0.02)"
+        )
         assert r.status == "ok" and "restarted" in r.error, r  # the leftover thread ended the session
         for _ in range(3):
             r = s.run("import time; time.sleep(0.05); print('mine')")
@@ -84,8 +94,10 @@ def test_late_output_of_a_thread_never_reaches_a_later_cell(box):
 
 def test_leftover_processes_are_killed_after_their_cell(box):
     with box.session() as s:
-        r = s.run("import os, time\nif os.fork() == 0:\n    while True:\n        time.sleep(0.01)\n"
-                  "        print('child', flush=True)\nprint('parent')")
+        r = s.run(
+            "import os, time\nif os.fork() == 0:\n    while True:\n        time.sleep(0.01)\n"
+            "        print('child', flush=True)\nprint('parent')"
+        )
         assert r.status == "ok" and "killed" in r.error, r
         r = s.run("import time; time.sleep(0.1); print('only me')")
         assert r.stdout == "only me\n", r
@@ -94,11 +106,13 @@ def test_leftover_processes_are_killed_after_their_cell(box):
 def test_nothing_of_the_session_runs_between_cells(box):
     # The cell replaces the runner's own receive function with a 0.5 s busy loop: between cells
     # the session is stopped, so that loop gets (almost) no CPU while the host waits.
-    patch = ("import sys, time\nc = sys.modules['_cells']\nreal, seen = c.recv, {}\n"
-             "def spin(*a, **k):\n    t, p = time.monotonic(), time.process_time()\n"
-             "    while time.monotonic() - t < 0.5: pass\n"
-             "    seen['cpu'] = time.process_time() - p\n    c.recv = real\n    return real(*a, **k)\n"
-             "c.recv = spin")
+    patch = (
+        "import sys, time\nc = sys.modules['_cells']\nreal, seen = c.recv, {}\n"
+        "def spin(*a, **k):\n    t, p = time.monotonic(), time.process_time()\n"
+        "    while time.monotonic() - t < 0.5: pass\n"
+        "    seen['cpu'] = time.process_time() - p\n    c.recv = real\n    return real(*a, **k)\n"
+        "c.recv = spin"
+    )
     with box.session() as s:
         assert s.run(patch).ok
         time.sleep(0.8)
@@ -106,11 +120,14 @@ def test_nothing_of_the_session_runs_between_cells(box):
         assert r.status == "ok" and float(r.stdout) < 0.1, r
 
 
-@pytest.mark.parametrize("code", [
-    "import os; os.close(3)",  # the runner cannot reply: the session ends
-    "import os, threading, time\nthreading.Timer(0.05, os.close, (3,)).start()",
-    "import ctypes; ctypes.string_at(0)",  # segfault
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os; os.close(3)",  # the runner cannot reply: the session ends
+        "import os, threading, time\nthreading.Timer(0.05, os.close, (3,)).start()",
+        "import ctypes; ctypes.string_at(0)",  # segfault
+    ],
+)
 def test_a_cell_that_breaks_its_own_session_is_failed_code(box, code):
     with box.session() as s:
         statuses = [s.run(code).status, s.run("print(1)").status, s.run("print(2)").status]
@@ -122,10 +139,12 @@ def test_cpu_quota_per_session(box):
     if box.backend != "local":
         pytest.skip("docker: the container's quota (docker.cpus) is set by the engine")
     assert box.sandbox.info["cpu_quota"], box.sandbox.info
-    code = ("import os, time\nkids = [os.fork() for _ in range(3)]\nt = time.monotonic()\n"
-            "while time.monotonic() - t < 1.0: pass\nif os.getpid() != 1: os._exit(0)\n"
-            "while True:\n    try: os.wait()\n    except ChildProcessError: break\n"
-            "c = os.times(); print(c.user + c.system + c.children_user + c.children_system)")
+    code = (
+        "import os, time\nkids = [os.fork() for _ in range(3)]\nt = time.monotonic()\n"
+        "while time.monotonic() - t < 1.0: pass\nif os.getpid() != 1: os._exit(0)\n"
+        "while True:\n    try: os.wait()\n    except ChildProcessError: break\n"
+        "c = os.times(); print(c.user + c.system + c.children_user + c.children_system)"
+    )
     with box.session() as s:
         r = s.run(code)  # 8 busy processes for 1 s against a quota of 1 CPU
     assert r.status == "ok" and float(r.stdout) < 1.6, r

@@ -1,5 +1,6 @@
 """No silent weakening: without cgroups or libseccomp the local sandbox refuses to start unless
 the config allows it, and then says what it does not enforce (sandbox.info["not_enforced"])."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def seen() -> dict:
     if os.geteuid() != 0:
         pytest.skip("hiding cgroups and libseccomp in a private mount namespace needs root")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("weakened_probe.py"))], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("weakened_probe.py"))],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

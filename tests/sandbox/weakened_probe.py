@@ -1,6 +1,7 @@
 """Run as root: hide the cgroup hierarchies and libseccomp in a private mount namespace, then
 start the local sandbox with and without the allow_* keys; print what happened as one JSON
 object (read by test_sandbox_weakened.py). The host's mounts are untouched (private namespace)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,9 +36,11 @@ async def attempt(**keys) -> dict:
 
 
 async def main() -> dict:
-    return {"no_seccomp_allowed": await attempt(allow_no_seccomp=True),
-            "no_cgroups_only": await attempt(allow_no_cgroups=True),
-            "both_allowed": await attempt(allow_no_cgroups=True, allow_no_seccomp=True)}
+    return {
+        "no_seccomp_allowed": await attempt(allow_no_seccomp=True),
+        "no_cgroups_only": await attempt(allow_no_cgroups=True),
+        "both_allowed": await attempt(allow_no_cgroups=True, allow_no_seccomp=True),
+    }
 
 
 if __name__ == "__main__":

@@ -14,9 +14,14 @@ SCRIPT = ROOT / "scripts" / "study_entropy.py"
 
 # Budgets as in tests/trainer/test_trainer_e2e.py FAST.
 FAST = [
-    "data.arithmetic_train_size=200", "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4", "rollout.n_per_prompt=4", "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40", "trainer.save_every=1", "algo.dynamic_sampling_rounds=2",
+    "data.arithmetic_train_size=200",
+    "data.arithmetic_eval_size=8",
+    "trainer.prompts_per_step=4",
+    "rollout.n_per_prompt=4",
+    "rollout.max_total_tokens=64",
+    "rollout.max_new_tokens_per_turn=40",
+    "trainer.save_every=1",
+    "algo.dynamic_sampling_rounds=2",
 ]
 SFT_FAST = ["sft.num_traces=96", "sft.train.epochs=3", "sft.train.batch_size=32"]
 
@@ -24,11 +29,42 @@ SFT_FAST = ["sft.num_traces=96", "sft.train.epochs=3", "sft.train.batch_size=32"
 @pytest.mark.slow
 def test_two_arms_two_steps_write_table_and_plot(tmp_path):
     out, docs = tmp_path / "runs", tmp_path / "docs"
-    cmd = [sys.executable, str(SCRIPT), "--seeds", "0", "--steps", "2", "--eval-every", "0",
-           "--arms", "grpo_ds", "stare_o1", "--target", "100", "--targets", "--jobs", "2", "--threads", "1",
-           "--out", str(out), "--docs", str(docs), "--set", *FAST, "--sft-set", *SFT_FAST]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--seeds",
+        "0",
+        "--steps",
+        "2",
+        "--eval-every",
+        "0",
+        "--arms",
+        "grpo_ds",
+        "stare_o1",
+        "--target",
+        "100",
+        "--targets",
+        "--jobs",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "--docs",
+        str(docs),
+        "--set",
+        *FAST,
+        "--sft-set",
+        *SFT_FAST,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     for name in ("grpo_ds_s0", "stare_o1_s0"):
         assert (out / name / "summary.json").is_file(), name

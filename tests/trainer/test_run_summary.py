@@ -15,8 +15,14 @@ def metrics_rows() -> list[dict]:
     """A run as metrics.jsonl holds it: eval rows at 0, 2, 4 (periodic) and 5 (final), gate from step 3."""
     rows: list[dict] = [{"step": 0, "eval/acc": 0.2, "eval/tool_calls": 0.4}]
     for step, gate in zip(range(1, 6), (0.0, 0.0, 1.0, 0.0, 1.0)):
-        row = {"step": step, "entropy/batch": 0.8 - 0.1 * step, "entropy/target": 0.3, "stare/gate_on": gate,
-               "reward/mean": 0.1 * step, "acc/train": 0.1 * step}
+        row = {
+            "step": step,
+            "entropy/batch": 0.8 - 0.1 * step,
+            "entropy/target": 0.3,
+            "stare/gate_on": gate,
+            "reward/mean": 0.1 * step,
+            "acc/train": 0.1 * step,
+        }
         if step in (2, 4):
             row["eval/acc"] = {2: 0.4, 4: 0.5}[step]
         rows.append(row)
@@ -38,10 +44,20 @@ def test_milestones_of_a_run_whose_gate_never_opened_and_that_was_never_evaluate
 
 
 def test_summary_table_prints_gate_step_and_best_accuracy():
-    s = {"acc_before_rl": 0.2, "acc_after_rl": 0.5, "tool_calls_before_rl": 0.4, "tool_calls_after_rl": 0.9,
-         "entropy_first_step": 0.7, "entropy_last_step": 0.3, "gate_on_fraction": 0.4, "steps": 5,
-         "seconds": {"sft": 10.0, "rl": 50.0}, "plot": "p.png", "final_model": "final",
-         **run_milestones(metrics_rows())}
+    s = {
+        "acc_before_rl": 0.2,
+        "acc_after_rl": 0.5,
+        "tool_calls_before_rl": 0.4,
+        "tool_calls_after_rl": 0.9,
+        "entropy_first_step": 0.7,
+        "entropy_last_step": 0.3,
+        "gate_on_fraction": 0.4,
+        "steps": 5,
+        "seconds": {"sft": 10.0, "rl": 50.0},
+        "plot": "p.png",
+        "final_model": "final",
+        **run_milestones(metrics_rows()),
+    }
     text = format_summary(s)
     assert "best held-out accuracy 0.500 at step 4" in text
     assert "gate on: 40% of 5 steps, first open at step 3" in text

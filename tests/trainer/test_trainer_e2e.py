@@ -19,11 +19,19 @@ SCRIPT = ROOT / "scripts" / "train_tir.py"
 # Small budgets so a step takes a second or two on a 2-core CPU. A short SFT from the shipped tiny
 # base makes rewards differ inside groups, so dynamic sampling keeps groups and STARE has work.
 FAST = [
-    "sft.num_traces=96", "sft.train.epochs=3", "sft.train.batch_size=32",
-    "data.arithmetic_train_size=200", "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4", "rollout.n_per_prompt=4", "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40", "trainer.eval_every=0", "trainer.save_every=1",
-    "algo.dynamic_sampling_rounds=2", "algo.stare.target_entropy=100",  # gate always on: exercise STARE
+    "sft.num_traces=96",
+    "sft.train.epochs=3",
+    "sft.train.batch_size=32",
+    "data.arithmetic_train_size=200",
+    "data.arithmetic_eval_size=8",
+    "trainer.prompts_per_step=4",
+    "rollout.n_per_prompt=4",
+    "rollout.max_total_tokens=64",
+    "rollout.max_new_tokens_per_turn=40",
+    "trainer.eval_every=0",
+    "trainer.save_every=1",
+    "algo.dynamic_sampling_rounds=2",
+    "algo.stare.target_entropy=100",  # gate always on: exercise STARE
 ]
 
 
@@ -70,8 +78,9 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
 
     killed = tmp_path / "killed"
     cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={killed}", *FAST, "trainer.steps=3"]
-    child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    child = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 400
     while time.time() < deadline and child.poll() is None:
@@ -94,8 +103,18 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
 @pytest.mark.slow
 def test_two_process_data_parallel_run_under_torchrun(tmp_path):
     run_dir = tmp_path / "dp2"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(SCRIPT),
-           f"trainer.run_dir={run_dir}", *FAST, "trainer.steps=2", "learner.zero_stage=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        str(SCRIPT),
+        f"trainer.run_dir={run_dir}",
+        *FAST,
+        "trainer.steps=2",
+        "learner.zero_stage=2",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

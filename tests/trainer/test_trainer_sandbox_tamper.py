@@ -7,6 +7,7 @@ flood of them from a thread that outlives the cell), tries to kill the worker an
 own session: every such trajectory must come back as failed code (reward -1, kept for the
 update), never as sandbox_error (which the update would exclude, i.e. an escape from -1).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,29 +25,36 @@ from stare_tir.trainer import AlgoConfig, drop_for_update
 pytestmark = pytest.mark.xdist_group("sandbox-local")
 
 _spec = importlib.util.spec_from_file_location(
-    "rollout_fakes", Path(__file__).resolve().parents[1] / "rollout" / "conftest.py")
+    "rollout_fakes", Path(__file__).resolve().parents[1] / "rollout" / "conftest.py"
+)
 _fakes = sys.modules.setdefault("rollout_fakes", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(_fakes)  # registered first: its dataclasses look their module up
 
 PROBLEM = {"id": "t0", "problem": "What is 6 * 7?", "answer": "42"}
-FORGE = ("import os, json, struct, threading\n"
-         "def frame(cell):\n"
-         "    h = json.dumps({'op': 'done', 'cell': cell, 'exit_code': 0, 'exc': None}).encode()\n"
-         "    os.write(3, struct.pack('!II', len(h), 0) + h)\n"
-         "def flood():\n"
-         "    for n in range(10 ** 7):\n"
-         "        frame(2 + n % 5)\n"
-         "frame(1)\n"
-         "threading.Thread(target=flood, daemon=True).start()\n"
-         "raise ValueError('the real outcome')\n")
-KILL = ("import os, signal, ctypes\n"
-        "for pid in (-1, 0, 1, os.getppid()):\n"
-        "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
-        "ctypes.string_at(0)\n")
-TURNS = [f"<code>\n```python\n{FORGE}```\n</code>",
-         f"<code>\n```python\n{KILL}```\n</code>",
-         "<code>\n```python\nprint(6 * 7)\n```\n</code>",
-         "I am not sure: \\boxed{41}.<EOS>"]
+FORGE = (
+    "import os, json, struct, threading\n"
+    "def frame(cell):\n"
+    "    h = json.dumps({'op': 'done', 'cell': cell, 'exit_code': 0, 'exc': None}).encode()\n"
+    "    os.write(3, struct.pack('!II', len(h), 0) + h)\n"
+    "def flood():\n"
+    "    for n in range(10 ** 7):\n"
+    "        frame(2 + n % 5)\n"
+    "frame(1)\n"
+    "threading.Thread(target=flood, daemon=True).start()\n"
+    "raise ValueError('the real outcome')\n"
+)
+KILL = (
+    "import os, signal, ctypes\n"
+    "for pid in (-1, 0, 1, os.getppid()):\n"
+    "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+    "ctypes.string_at(0)\n"
+)
+TURNS = [
+    f"<code>\n```python\n{FORGE}```\n</code>",
+    f"<code>\n```python\n{KILL}```\n</code>",
+    "<code>\n```python\nprint(6 * 7)\n```\n</code>",
+    "I am not sure: \\boxed{41}.<EOS>",
+]
 
 
 def _rss_mb() -> float:
@@ -60,8 +68,12 @@ def engine(qwen_tok):
         pytest.skip("the local sandbox's rootless mode is tested in tests/sandbox/test_sandbox_rootless.py")
     sandbox = make_sandbox(SandboxConfig(workers=2, preload=[]))
     backend = _fakes.ScriptedBackend(qwen_tok, TURNS)
-    eng = RolloutEngine(backend, qwen_tok, make_retool_env_factory(sandbox, RetoolConfig(code_timeout_s=5.0)),
-                        RolloutConfig(n_per_prompt=3, max_total_tokens=2048, max_turns=6, progress=False))
+    eng = RolloutEngine(
+        backend,
+        qwen_tok,
+        make_retool_env_factory(sandbox, RetoolConfig(code_timeout_s=5.0)),
+        RolloutConfig(n_per_prompt=3, max_total_tokens=2048, max_turns=6, progress=False),
+    )
     eng.run_coroutine(sandbox.__aenter__())
     yield eng, sandbox
     try:

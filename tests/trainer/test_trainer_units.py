@@ -21,10 +21,17 @@ from stare_tir.trainer import (
 )
 
 
-def traj(group: int, reward: float, *, sandbox_error: bool = False, void: int = 0, finish: str = "answer",
-         n_model: int = 3) -> Trajectory:
-    t = Trajectory(prompt_ids=[1, 2], group_id=group, reward=reward, sandbox_error=sandbox_error,
-                   void_turns=void, finish_reason=finish)
+def traj(
+    group: int, reward: float, *, sandbox_error: bool = False, void: int = 0, finish: str = "answer", n_model: int = 3
+) -> Trajectory:
+    t = Trajectory(
+        prompt_ids=[1, 2],
+        group_id=group,
+        reward=reward,
+        sandbox_error=sandbox_error,
+        void_turns=void,
+        finish_reason=finish,
+    )
     t.append([5] * n_model, [-0.5] * n_model, "model")
     t.append([7, 7], None, "obs")
     t.append([6], [-1.0], "model")
@@ -50,8 +57,13 @@ class OneRankLearner:
 
 
 def test_sandbox_errors_and_filters_are_dropped_and_counted():
-    trajs = [traj(0, 1.0), traj(0, -1.0, sandbox_error=True), traj(1, -1.0, void=1),
-             traj(1, 1.0, finish="max_tokens"), traj(2, 0.0, finish="error")]
+    trajs = [
+        traj(0, 1.0),
+        traj(0, -1.0, sandbox_error=True),
+        traj(1, -1.0, void=1),
+        traj(1, 1.0, finish="max_tokens"),
+        traj(2, 0.0, finish="error"),
+    ]
     kept, counts = drop_for_update(trajs, AlgoConfig(filter_void_turns=True, filter_overlong=True))
     assert kept == [trajs[0]]
     assert counts == {"sandbox_error": 1, "rollout_error": 1, "void_turn": 1, "overlong": 1}
@@ -140,13 +152,21 @@ def test_dynamic_sampling_refills_and_never_keeps_sandbox_errors():
     cfg = TrainConfig()
     cfg.trainer.prompts_per_step = 2
     cfg.rollout.n_per_prompt = 2
-    first = [traj(0, 1.0), traj(0, 1.0),  # equal rewards: not informative
-             traj(1, 1.0), traj(1, -1.0, sandbox_error=True)]  # one left after the drop
+    first = [
+        traj(0, 1.0),
+        traj(0, 1.0),  # equal rewards: not informative
+        traj(1, 1.0),
+        traj(1, -1.0, sandbox_error=True),
+    ]  # one left after the drop
     second = [traj(0, 1.0), traj(0, -1.0), traj(1, -1.0), traj(1, 1.0)]
     engine = FakeEngine([first, second])
     engine.cfg = cfg.rollout
-    run = SimpleNamespace(cfg=cfg, learner=OneRankLearner(), engine=engine,
-                          sampler=PromptSampler([{"id": str(i)} for i in range(10)], seed=0))
+    run = SimpleNamespace(
+        cfg=cfg,
+        learner=OneRankLearner(),
+        engine=engine,
+        sampler=PromptSampler([{"id": str(i)} for i in range(10)], seed=0),
+    )
     batch, rolled, metrics = collect_batch(run, step=1)
     assert len(engine.calls) == 2 and engine.calls[0][0] == 2 and engine.calls[1][0] == 2
     assert engine.calls[0][2] != engine.calls[1][2]  # every round samples with its own seed
@@ -189,10 +209,16 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
     engine = FakeEngine(batches)
     engine.cfg = cfg.rollout
     learner = SkippingLearner()
-    run = Run(cfg=cfg, run_dir=tmp_path, learner=learner,
-              parts=SimpleNamespace(engine=engine, backend=None, tokenizer=None),
-              controller=StareController.from_config(cfg.algo.stare),
-              sampler=PromptSampler([{"id": "a"}], seed=0), eval_problems=[], log=None)
+    run = Run(
+        cfg=cfg,
+        run_dir=tmp_path,
+        learner=learner,
+        parts=SimpleNamespace(engine=engine, backend=None, tokenizer=None),
+        controller=StareController.from_config(cfg.algo.stare),
+        sampler=PromptSampler([{"id": "a"}], seed=0),
+        eval_problems=[],
+        log=None,
+    )
     metrics = rl_step(run, 1)
     assert metrics["update/nonfinite_in_row"] == 1.0 and run.nonfinite_in_row == 1
     assert learner.exports == 0 and metrics["update/synced"] == 0  # unchanged weights are not synced

@@ -75,18 +75,14 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"token_ids has {len(self.token_ids)} ids but logprobs has {len(self.logprobs)}"
-            )
+            raise ValueError(f"token_ids has {len(self.token_ids)} ids but logprobs has {len(self.logprobs)}")
 
 
 @runtime_checkable
 class Backend(Protocol):
     """What the rollout engine needs from an inference backend."""
 
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]
-    ) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
         """Sample a continuation of `prompt_ids` until EOS, a stop string or max_new_tokens."""
         ...
 
@@ -154,8 +150,9 @@ class StopChecker:
         return min(found)[1]
 
 
-def finish_after_token(tokens: list[int], eos_ids: Collection[int], checker: StopChecker | None,
-                       max_new_tokens: int) -> tuple[FinishReason | None, str | None]:
+def finish_after_token(
+    tokens: list[int], eos_ids: Collection[int], checker: StopChecker | None, max_new_tokens: int
+) -> tuple[FinishReason | None, str | None]:
     """The one finish rule of every backend, applied after each sampled token.
 
     Order: EOS, then a stop string completed by the newest token, then the budget. A turn whose
@@ -174,10 +171,15 @@ def finish_after_token(tokens: list[int], eos_ids: Collection[int], checker: Sto
     return None, None
 
 
-def classify_finish(tokens: list[int], stops: list[str], eos_ids: Collection[int],
-                    decode: Callable[[list[int]], str] | None, reported: str,
-                    matched: Any = None, text: str | None = None
-                    ) -> tuple[FinishReason, str | None]:
+def classify_finish(
+    tokens: list[int],
+    stops: list[str],
+    eos_ids: Collection[int],
+    decode: Callable[[list[int]], str] | None,
+    reported: str,
+    matched: Any = None,
+    text: str | None = None,
+) -> tuple[FinishReason, str | None]:
     """Finish of a whole answer from a server: `finish_after_token` on its last token, then the
     server's own report, accepted only where it names an EOS or one of the request's stops.
 
@@ -203,6 +205,8 @@ def classify_finish(tokens: list[int], stops: list[str], eos_ids: Collection[int
         if isinstance(matched, int) and tokens and matched == tokens[-1]:
             # the server's EOS set (generation_config, stop_token_ids) can be wider than ours
             return "eos", None
-    raise FinishError(f"finish_reason type={reported!r} matched={matched!r} is neither an EOS id "
-                      f"ending the output nor one of the request's stop strings {stops}; the "
-                      "answer is dropped (a NaN or out-of-vocabulary token on the server?)")
+    raise FinishError(
+        f"finish_reason type={reported!r} matched={matched!r} is neither an EOS id "
+        f"ending the output nor one of the request's stop strings {stops}; the "
+        "answer is dropped (a NaN or out-of-vocabulary token on the server?)"
+    )

@@ -76,8 +76,7 @@ class HFBackendConfig:
 
 
 class _Request:
-    __slots__ = ("prompt", "sampling", "stop", "future", "tokens", "logprobs", "max_new",
-                 "finish", "stop_text")
+    __slots__ = ("prompt", "sampling", "stop", "future", "tokens", "logprobs", "max_new", "finish", "stop_text")
 
     def __init__(self, prompt, sampling, stop, future, max_new):
         self.prompt: list[int] = prompt
@@ -164,8 +163,9 @@ class HFBackend:
         if gen_eos is not None:
             eos.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
         self.eos_token_ids: frozenset[int] = frozenset(int(e) for e in eos)
-        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                                else min(self.eos_token_ids))
+        self.pad_token_id = int(
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids)
+        )
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -186,9 +186,7 @@ class HFBackend:
 
     # ------------------------------------------------------------------ public API
 
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]
-    ) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
         if self._closed:
             raise RuntimeError("HFBackend is closed")
         if not prompt_ids:
@@ -217,14 +215,15 @@ class HFBackend:
             state = self.model.state_dict()  # shares storage with the parameters
             unknown, loaded = [], 0
             for name, tensor in named_tensors:
-                key = name[len("module."):] if name.startswith("module.") else name
+                key = name[len("module.") :] if name.startswith("module.") else name
                 target = state.get(key)
                 if target is None:
                     unknown.append(name)
                     continue
                 if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not match the "
-                                     f"model's {tuple(target.shape)}")
+                    raise ValueError(
+                        f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(target.shape)}"
+                    )
                 target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
                 loaded += 1
             if unknown:
@@ -321,8 +320,7 @@ class HFBackend:
             steps_since_join += 1
             for req in finished:
                 if not req.future.done():
-                    req.future.set_result(
-                        Generation(req.tokens, req.logprobs, req.finish, req.stop_text))
+                    req.future.set_result(Generation(req.tokens, req.logprobs, req.finish, req.stop_text))
             await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ model work (worker thread)
@@ -364,8 +362,8 @@ class HFBackend:
         ids = torch.full((len(reqs), length), self.pad_token_id, dtype=torch.long)  # [b, L]
         mask = torch.zeros((len(reqs), length), dtype=torch.long)  # [b, L]
         for i, r in enumerate(reqs):
-            ids[i, length - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
-            mask[i, length - len(r.prompt):] = 1
+            ids[i, length - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
+            mask[i, length - len(r.prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L] positions over real tokens only
         cache = _make_cache([])
@@ -392,11 +390,14 @@ class HFBackend:
             widths = [0, 0] * (dim_from_end - 1) + [t - have, 0]
             return F.pad(x, widths)
 
-        kv = [(torch.cat([pad(ka, ta, 2), pad(kb, tb, 2)]), torch.cat([pad(va, ta, 2), pad(vb, tb, 2)]))
-              for (ka, va), (kb, vb) in zip(_cache_layers(a.cache), _cache_layers(b.cache))]
+        kv = [
+            (torch.cat([pad(ka, ta, 2), pad(kb, tb, 2)]), torch.cat([pad(va, ta, 2), pad(vb, tb, 2)]))
+            for (ka, va), (kb, vb) in zip(_cache_layers(a.cache), _cache_layers(b.cache))
+        ]
         mask = torch.cat([pad(a.mask, ta, 1), pad(b.mask, tb, 1)])
-        return _Batch(a.reqs + b.reqs, _make_cache(kv), mask, torch.cat([a.next_pos, b.next_pos]),
-                      torch.cat([a.logits, b.logits]))
+        return _Batch(
+            a.reqs + b.reqs, _make_cache(kv), mask, torch.cat([a.next_pos, b.next_pos]), torch.cat([a.logits, b.logits])
+        )
 
     def _decode_step(self) -> list[_Request]:
         import torch
@@ -412,8 +413,7 @@ class HFBackend:
             tok = tokens[i]
             req.tokens.append(tok)
             req.logprobs.append(logprobs[i])
-            req.finish, req.stop_text = finish_after_token(req.tokens, self.eos_token_ids,
-                                                           req.stop, req.max_new)
+            req.finish, req.stop_text = finish_after_token(req.tokens, self.eos_token_ids, req.stop, req.max_new)
             if req.finish:
                 finished.append(req)
             else:
@@ -429,10 +429,11 @@ class HFBackend:
             mask = b.mask.index_select(0, idx)
             start = int(mask.any(0).nonzero()[0])  # drop columns that are padding in every row
             mask = mask[:, start:]
-            kv = [(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:])
-                  for k, v in _cache_layers(b.cache)]
-            b = _Batch([b.reqs[i] for i in keep], _make_cache(kv), mask,
-                       b.next_pos.index_select(0, idx), None)
+            kv = [
+                (k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:])
+                for k, v in _cache_layers(b.cache)
+            ]
+            b = _Batch([b.reqs[i] for i in keep], _make_cache(kv), mask, b.next_pos.index_select(0, idx), None)
         mask = torch.cat([b.mask, b.mask.new_ones((len(keep), 1))], dim=1)  # [B, T+1]
         b.logits = self._forward(next_ids, mask, b.next_pos, b.cache, keep_last=False)
         b.mask, b.next_pos = mask, b.next_pos + 1
@@ -522,8 +523,11 @@ def sample_tokens(
     if seeds is not None and any(s is not None for s in seeds):
         rows = [i for i, s in enumerate(seeds) if s is not None]
         idx = torch.tensor(rows, device=dev)
-        u[idx] = seeded_uniform(torch.tensor([seeds[i] for i in rows], device=dev),
-                                torch.tensor([counters[i] for i in rows], device=dev), vocab)
+        u[idx] = seeded_uniform(
+            torch.tensor([seeds[i] for i in rows], device=dev),
+            torch.tensor([counters[i] for i in rows], device=dev),
+            vocab,
+        )
     race = logp - torch.log(-torch.log(u))  # Gumbel-max == exponential race
     sampled = race.argmax(-1)  # [B]
     if any(greedy):

@@ -158,6 +158,7 @@ def prepare_trainer_env(cfg: SGLangConfig) -> None:
 
 # ---------------------------------------------------------------------------------- wire format
 
+
 def sampling_payload(sampling: SamplingParams, stop: list[str], send_seed: bool = True) -> dict:
     """SGLang `sampling_params` for one request (stop strings kept in the output)."""
     params: dict[str, Any] = {
@@ -175,8 +176,9 @@ def sampling_payload(sampling: SamplingParams, stop: list[str], send_seed: bool 
     return params
 
 
-def parse_generate_output(out: dict, stop: list[str] | None = None,
-                          eos_ids: Iterable[int] = (), decode=None) -> Generation:
+def parse_generate_output(
+    out: dict, stop: list[str] | None = None, eos_ids: Iterable[int] = (), decode=None
+) -> Generation:
     """A `Generation` from one SGLang /generate (or Engine.async_generate) answer.
 
     stop: the request's stop strings; eos_ids / decode (ids -> text) from the policy's tokenizer
@@ -185,29 +187,37 @@ def parse_generate_output(out: dict, stop: list[str] | None = None,
     meta = out.get("meta_info") or {}
     pairs = meta.get("output_token_logprobs")
     if pairs is None:
-        raise ValueError("SGLang answer has no meta_info.output_token_logprobs "
-                         "(was return_logprob set?)")
+        raise ValueError("SGLang answer has no meta_info.output_token_logprobs (was return_logprob set?)")
     ids = [int(p[1]) for p in pairs]
     logprobs = [float(p[0]) for p in pairs]
     out_ids = out.get("output_ids")
     if out_ids is not None and list(out_ids) != ids:
         # 0.5.0-0.5.4 prefix output_ids with prompt ids (see module docstring): the sampled ids
         # must still end it; anything else is a real disagreement.
-        if not ids or list(out_ids[-len(ids):]) != ids:
-            raise ValueError(f"SGLang output_ids ({len(out_ids)} ids) do not end with the "
-                             f"{len(ids)} ids of output_token_logprobs: they disagree")
+        if not ids or list(out_ids[-len(ids) :]) != ids:
+            raise ValueError(
+                f"SGLang output_ids ({len(out_ids)} ids) do not end with the "
+                f"{len(ids)} ids of output_token_logprobs: they disagree"
+            )
     reason = meta.get("finish_reason") or {}
     kind = reason.get("type") if isinstance(reason, dict) else str(reason)
     if kind not in ("stop", "length"):
         message = reason.get("message", "") if isinstance(reason, dict) else ""
         raise RuntimeError(f"SGLang request ended with finish_reason={reason!r} {message}")
-    finish, stop_text = classify_finish(ids, list(stop or []), frozenset(eos_ids), decode, kind,
-                                        reason.get("matched") if isinstance(reason, dict) else None,
-                                        out.get("text"))
+    finish, stop_text = classify_finish(
+        ids,
+        list(stop or []),
+        frozenset(eos_ids),
+        decode,
+        kind,
+        reason.get("matched") if isinstance(reason, dict) else None,
+        out.get("text"),
+    )
     return Generation(ids, logprobs, finish, stop_text)
 
 
 # ---------------------------------------------------------------------------------- HTTP backend
+
 
 class SGLangBackend:
     """Client of one or more SGLang HTTP servers (see module docstring).
@@ -221,8 +231,13 @@ class SGLangBackend:
     # One set of servers serves every trainer rank: exactly one rank pushes weights.
     shared_by_ranks = True
 
-    def __init__(self, urls: list[str] | None = None, cfg: SGLangConfig | None = None,
-                 tokenizer: Any = None, eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        urls: list[str] | None = None,
+        cfg: SGLangConfig | None = None,
+        tokenizer: Any = None,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
         self.cfg = cfg or SGLangConfig()
         urls = list(urls if urls is not None else self.cfg.urls)
         if not urls:
@@ -231,8 +246,9 @@ class SGLangBackend:
         # control calls (weights, cache, memory) go to the workers, even behind a router
         self.control_urls = [u.rstrip("/") for u in (self.cfg.weight_urls or self.urls)]
         SGLangConfig(urls=self.urls, weight_urls=self.control_urls)  # validates the URLs
-        self._client = AsyncJSONClient(connect_timeout_s=self.cfg.connect_timeout_s,
-                                       read_timeout_s=self.cfg.generate_timeout_s)
+        self._client = AsyncJSONClient(
+            connect_timeout_s=self.cfg.connect_timeout_s, read_timeout_s=self.cfg.generate_timeout_s
+        )
         # EOS ids: the tokenizer's plus `eos_token_ids` (e.g. the model's generation_config ones,
         # which SGLang also stops on: schedule_batch.py `eos_token_ids`)
         eos = set(eos_token_ids)
@@ -250,10 +266,12 @@ class SGLangBackend:
         self.weight_version = 0
 
     # -- data path
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       stop: list[str]) -> Generation:
-        payload = {"input_ids": list(prompt_ids), "return_logprob": True,
-                   "sampling_params": sampling_payload(sampling, stop, self.cfg.send_seed)}
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
+        payload = {
+            "input_ids": list(prompt_ids),
+            "return_logprob": True,
+            "sampling_params": sampling_payload(sampling, stop, self.cfg.send_seed),
+        }
         tried: set[int] = set()
         for attempt in range(self.cfg.retries + 1):
             i = self._pick(tried)
@@ -309,15 +327,13 @@ class SGLangBackend:
                     break
                 except HTTPError as exc:
                     if exc.status != 400 or attempt == tries - 1:
-                        raise RuntimeError(f"{url}/flush_cache refused {attempt + 1} times: "
-                                           f"{exc}") from exc
+                        raise RuntimeError(f"{url}/flush_cache refused {attempt + 1} times: {exc}") from exc
                     time.sleep(wait_s)
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         tags = list(tags or ["weights", "kv_cache"])
         for url in self.control_urls:
-            request_sync("POST", url + "/release_memory_occupation", {"tags": tags},
-                         self.cfg.timeout_s)
+            request_sync("POST", url + "/release_memory_occupation", {"tags": tags}, self.cfg.timeout_s)
         self._released |= set(tags)
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
@@ -326,8 +342,7 @@ class SGLangBackend:
         if not todo:
             return
         for url in self.control_urls:
-            request_sync("POST", url + "/resume_memory_occupation", {"tags": todo},
-                         self.cfg.timeout_s)
+            request_sync("POST", url + "/resume_memory_occupation", {"tags": todo}, self.cfg.timeout_s)
         self._released -= set(todo)
 
     def update_weights_from_disk(self, path: str, load_format: str | None = None) -> None:
@@ -335,12 +350,12 @@ class SGLangBackend:
         self.weight_version += 1
 
     def _load_from_disk(self, path: str, load_format: str | None = None) -> None:
-        payload: dict[str, Any] = {"model_path": str(path),
-                                   "weight_version": str(self.weight_version + 1)}
+        payload: dict[str, Any] = {"model_path": str(path), "weight_version": str(self.weight_version + 1)}
         if load_format is not None:
             payload["load_format"] = load_format
-        posts = Posts(self.control_urls, "/update_weights_from_disk",
-                       [payload] * len(self.control_urls), self.cfg.timeout_s)
+        posts = Posts(
+            self.control_urls, "/update_weights_from_disk", [payload] * len(self.control_urls), self.cfg.timeout_s
+        )
         for t in posts.threads:
             t.join()
         # 0.5.23 loads the weights, then fails the call if the flush after it is refused (a
@@ -410,14 +425,17 @@ class SGLangBackend:
             raise ValueError(
                 "rollout.sglang.sync_dir is not set: weight_sync=disk writes the learner's weights "
                 "there for the servers to load. Set rollout.sglang.sync_dir to a directory every "
-                "SGLang server can read (a shared file system when they run on other nodes).")
+                "SGLang server can read (a shared file system when they run on other nodes)."
+            )
         out = Path(self.cfg.sync_dir).resolve()  # the servers get an absolute path
         out.mkdir(parents=True, exist_ok=True)
         foreign = sorted(p.name for p in out.glob("*.safetensors") if p.name != SYNC_FILE)
         if foreign:
-            raise ValueError(f"rollout.sglang.sync_dir={str(out)!r} holds other checkpoint files "
-                             f"{foreign[:3]}: the servers would load them too. Point sync_dir at "
-                             "an empty directory that only the trainer writes.")
+            raise ValueError(
+                f"rollout.sglang.sync_dir={str(out)!r} holds other checkpoint files "
+                f"{foreign[:3]}: the servers would load them too. Point sync_dir at "
+                "an empty directory that only the trainer writes."
+            )
         # clone: tied weights share storage, which safetensors refuses to save twice
         state = {name: t.detach().to("cpu").clone() for name, t in named_tensors}
         tmp = out / f".{SYNC_FILE}.{os.getpid()}.tmp"  # not *.safetensors: never loaded half-written
@@ -431,10 +449,15 @@ class SGLangBackend:
     def _update_via_tensor(self, named_tensors) -> None:
         for bucket, _last in buckets(named_tensors, self.cfg.bucket_mb << 20):
             blob = serialize_named_tensors(bucket)
-            payload = {"serialized_named_tensors": [blob] * self.cfg.tp_size, "load_format": None,
-                       "flush_cache": False, "weight_version": str(self.weight_version + 1)}
-            Posts(self.control_urls, "/update_weights_from_tensor",
-                   [payload] * len(self.control_urls), self.cfg.timeout_s).join()
+            payload = {
+                "serialized_named_tensors": [blob] * self.cfg.tp_size,
+                "load_format": None,
+                "flush_cache": False,
+                "weight_version": str(self.weight_version + 1),
+            }
+            Posts(
+                self.control_urls, "/update_weights_from_tensor", [payload] * len(self.control_urls), self.cfg.timeout_s
+            ).join()
 
     def init_weight_update_group(self) -> None:
         """Create the weight-update group with every server's TP ranks; this process is rank 0.
@@ -448,18 +471,25 @@ class SGLangBackend:
         cfg = self.cfg
         port = cfg.master_port or free_port()
         world = 1 + cfg.tp_size * len(self.control_urls)
-        payloads = [{"master_address": cfg.master_address, "master_port": port,
-                     "rank_offset": 1 + i * cfg.tp_size, "world_size": world,
-                     "group_name": cfg.group_name, "backend": cfg.dist_backend}
-                    for i in range(len(self.control_urls))]
+        payloads = [
+            {
+                "master_address": cfg.master_address,
+                "master_port": port,
+                "rank_offset": 1 + i * cfg.tp_size,
+                "world_size": world,
+                "group_name": cfg.group_name,
+                "backend": cfg.dist_backend,
+            }
+            for i in range(len(self.control_urls))
+        ]
         posts = Posts(self.control_urls, "/init_weights_update_group", payloads, cfg.timeout_s)
         box: dict[str, Any] = {}
 
         def rendezvous() -> None:
             try:
                 box["group"] = init_weight_update_group(
-                    cfg.dist_backend, f"tcp://{cfg.master_address}:{port}", world, 0,
-                    cfg.group_name, cfg.timeout_s)
+                    cfg.dist_backend, f"tcp://{cfg.master_address}:{port}", world, 0, cfg.group_name, cfg.timeout_s
+                )
             except BaseException as exc:
                 box["error"] = exc
 
@@ -473,13 +503,20 @@ class SGLangBackend:
 
     def _update_via_distributed(self, named_tensors) -> None:
         for bucket, _last in buckets(named_tensors, self.cfg.bucket_mb << 20):
-            payload = {"names": [n for n, _ in bucket],
-                       "dtypes": [dtype_name(t) for _, t in bucket],
-                       "shapes": [list(t.shape) for _, t in bucket],
-                       "group_name": self.cfg.group_name, "flush_cache": False,
-                       "weight_version": str(self.weight_version + 1)}
-            posts = Posts(self.control_urls, "/update_weights_from_distributed",
-                           [payload] * len(self.control_urls), self.cfg.timeout_s)
+            payload = {
+                "names": [n for n, _ in bucket],
+                "dtypes": [dtype_name(t) for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "group_name": self.cfg.group_name,
+                "flush_cache": False,
+                "weight_version": str(self.weight_version + 1),
+            }
+            posts = Posts(
+                self.control_urls,
+                "/update_weights_from_distributed",
+                [payload] * len(self.control_urls),
+                self.cfg.timeout_s,
+            )
             try:
                 for _, t in bucket:  # same order as `names`: the servers receive in that order
                     work = broadcast_from_rank0(self._group, t.detach().contiguous())
@@ -493,9 +530,12 @@ class SGLangBackend:
     def destroy_weight_update_group(self) -> None:
         if self._group is None:
             return
-        Posts(self.control_urls, "/destroy_weights_update_group",
-               [{"group_name": self.cfg.group_name}] * len(self.control_urls),
-               self.cfg.timeout_s).join()
+        Posts(
+            self.control_urls,
+            "/destroy_weights_update_group",
+            [{"group_name": self.cfg.group_name}] * len(self.control_urls),
+            self.cfg.timeout_s,
+        ).join()
         import torch.distributed as dist
 
         dist.destroy_process_group(self._group)
@@ -509,13 +549,16 @@ class SGLangBackend:
 
 
 def _flush_refused(result: Any) -> bool:
-    text = result.body if isinstance(result, HTTPError) else (
-        str(result.get("message", "")) if isinstance(result, dict) and not result.get("success", True)
-        else "")
+    text = (
+        result.body
+        if isinstance(result, HTTPError)
+        else (str(result.get("message", "")) if isinstance(result, dict) and not result.get("success", True) else "")
+    )
     return "cache was not flushed" in text
 
 
 # ---------------------------------------------------------------------------------- in-process
+
 
 class SGLangEngineBackend:
     """An in-process `sglang.Engine` (GPU only; sglang is imported when this is built).
@@ -530,23 +573,24 @@ class SGLangEngineBackend:
         try:
             import sglang
         except ImportError as exc:
-            raise ImportError("the in-process SGLang backend needs sglang on a CUDA machine: "
-                              "pip install 'stare-tir[sglang]'") from exc
+            raise ImportError(
+                "the in-process SGLang backend needs sglang on a CUDA machine: pip install 'stare-tir[sglang]'"
+            ) from exc
         self.cfg = cfg or SGLangConfig()
         self.engine = sglang.Engine(model_path=model_path, **engine_kwargs)
         self.weight_version = 0
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       stop: list[str]) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
         out = await self.engine.async_generate(
-            input_ids=list(prompt_ids), return_logprob=True,
-            sampling_params=sampling_payload(sampling, stop, self.cfg.send_seed))
+            input_ids=list(prompt_ids),
+            return_logprob=True,
+            sampling_params=sampling_payload(sampling, stop, self.cfg.send_seed),
+        )
         return parse_generate_output(out, stop)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         for bucket, last in buckets(named_tensors, self.cfg.bucket_mb << 20):
-            res = self.engine.update_weights_from_tensor(named_tensors=bucket, load_format=None,
-                                                         flush_cache=last)
+            res = self.engine.update_weights_from_tensor(named_tensors=bucket, load_format=None, flush_cache=last)
             _check_engine_result(res)
         self.weight_version += 1
 
