@@ -62,7 +62,7 @@ def test_bf16_nonfinite_micro_batch_is_skipped_and_leaves_no_trace(tiny_path, wo
     a = _learner(tiny_path, zero_stage=stage)
     assert a.bf16 and next(a.model.parameters()).dtype == torch.bfloat16
     # fp32 accumulation reached DeepSpeed and the ZeRO optimizer that sums the micro-batches.
-    assert a.ds_config["data_types"]["grad_accum_dtype"] == "fp32"
+    assert a.engine.config["data_types"]["grad_accum_dtype"] == "fp32"
     assert a.engine.get_data_types() == (torch.bfloat16, torch.float32)
     assert a.engine.optimizer.gradient_accumulation_dtype == torch.float32
 

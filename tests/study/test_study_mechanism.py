@@ -62,7 +62,15 @@ def test_group_contributions_add_up_and_real_steps_follow_the_first_order_predic
     # P=0.1 in the sweep selects the same L+ as the main table.
     assert b["p_sweep"]["0.1"]["tokens"] == groups["L+"]["tokens"]
     assert b["p_sweep"]["0.1"]["sgd_dH_per_lr"] == pytest.approx(groups["L+"]["sgd_dH_per_lr"], rel=1e-4)
-    # A real small SGD step changes the entropy by about lr * the first-order prediction.
+    # A real small SGD step changes the entropy by about lr * the first-order prediction, where that
+    # prediction is not a near-cancellation of the groups' terms (then the second-order term of the
+    # same step dominates: seen on a batch whose W=1 groups summed to 7% of their absolute sum).
+    checked = 0
     for w in ("1.0", "4.0"):
+        scale = sum(abs(groups[k]["sgd_dH_per_lr"]) * (float(w) if k == "L+" else 1.0) for k in GROUPS)
+        if abs(pred[w]["sgd_dH_per_lr"]) < 0.2 * scale:
+            continue
+        checked += 1
         expected = b["sgd_lr"] * pred[w]["sgd_dH_per_lr"]
         assert b["real"][w]["sgd_dH"] == pytest.approx(expected, rel=0.5, abs=1e-6), w
+    assert checked >= 1  # W=4 puts L+'s term well above the rest
