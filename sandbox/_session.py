@@ -9,7 +9,7 @@ from collections import deque
 from typing import Awaitable, Callable
 
 from ._client import TAMPERED, Proc
-from .base import ExecResult, ExecStatus, Limits, SandboxError
+from .base import ExecResult, Limits, SandboxError
 
 
 class Slots:
@@ -90,33 +90,16 @@ class ProcSession:
                     if state == "tampered":  # it wrote into its channel after its last reply
                         self.proc.client.stats["tampered"] += 1
                         await self._drop()
-                        return ExecResult(
-                            ExecStatus.ERROR,
-                            None,
-                            None,
-                            "",
-                            "",
-                            False,
-                            False,
-                            time.monotonic() - t0,
-                            TAMPERED + " after its previous cell",
-                        )
+                        return ExecResult.cell_failure(TAMPERED + " after its previous cell", time.monotonic() - t0)
                     if state == "dead" and self.proc is not None and not (self.proc.restarted or self.proc.client.dead):
                         # it ended after its last reply although it was stopped: that cell's doing
                         # (e.g. it closed the control socket). Failed code, never sandbox_error.
                         self.proc.client.stats["died_between_cells"] += 1
                         await self._drop()
-                        return ExecResult(
-                            ExecStatus.ERROR,
-                            None,
-                            None,
-                            "",
-                            "",
-                            False,
-                            False,
-                            time.monotonic() - t0,
+                        return ExecResult.cell_failure(
                             "the session's interpreter ended after its previous cell returned; "
                             "this cell did not run, the next one gets a fresh interpreter",
+                            time.monotonic() - t0,
                         )
                     if state == "dead":  # replaced, with fresh state (like a notebook kernel restart)
                         await self._drop()

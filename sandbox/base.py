@@ -64,6 +64,11 @@ class ExecResult:
     def infra_failure(cls, error: str, duration_s: float = 0.0) -> ExecResult:
         return cls(ExecStatus.SANDBOX_ERROR, None, None, "", "", False, False, duration_s, error)
 
+    @classmethod
+    def cell_failure(cls, error: str, duration_s: float = 0.0) -> ExecResult:
+        """The session's own code broke it (tampering, ending itself): failed code, never sandbox_error."""
+        return cls(ExecStatus.ERROR, None, None, "", "", False, False, duration_s, error)
+
 
 class SandboxError(Exception):
     """The infrastructure failed (worker, engine, transport). At the API boundary it becomes
