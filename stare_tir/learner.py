@@ -235,7 +235,9 @@ class Learner:
         optimizer = torch.optim.AdamW(
             self._module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(cfg.warmup_steps, cfg.total_steps, cfg.lr_scheduler, cfg.min_lr_ratio)
+        )
         try:
             self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config

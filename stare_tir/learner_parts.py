@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-    from stare_tir.learner import LearnerConfig
-
 
 def token_logprob_model(lm: nn.Module, temperature: float, chunk_size: int) -> nn.Module:
     """Wrap a causal LM as a module returning log pi(target) (and entropy) at selected positions.
@@ -55,16 +53,17 @@ def token_logprob_model(lm: nn.Module, temperature: float, chunk_size: int) -> n
     return TokenLogprobModel()
 
 
-def lr_lambda(cfg: LearnerConfig) -> Callable[[int], float]:
-    """Multiplier of cfg.lr at optimizer step k (0-based): linear warm-up, then the schedule."""
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> Callable[[int], float]:
+    """Multiplier of the peak lr at optimizer step k (0-based): linear warm-up, then `schedule`
+    (constant, linear or cosine decay to min_lr_ratio at total_steps)."""
 
     def f(k: int) -> float:
-        if k < cfg.warmup_steps:
-            return (k + 1) / cfg.warmup_steps
-        if cfg.lr_scheduler == "constant":
+        if k < warmup_steps:
+            return (k + 1) / warmup_steps
+        if schedule == "constant":
             return 1.0
-        frac = min(1.0, (k - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
-        decay = 1.0 - frac if cfg.lr_scheduler == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+        frac = min(1.0, (k - warmup_steps) / max(1, total_steps - warmup_steps))
+        decay = 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * decay
 
     return f
