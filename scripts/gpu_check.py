@@ -291,7 +291,7 @@ class PlainTorchLearner:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from stare_tir.learner_parts import token_logprob_model
+        from stare_tir.learner.parts import token_logprob_model
 
         lm = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).to(device)
         self.module = token_logprob_model(lm, 1.0, 1024)
@@ -299,7 +299,7 @@ class PlainTorchLearner:
         self.device, self.budget = torch.device(device), micro_batch_tokens
 
     def _mbs(self, trajs):
-        from stare_tir.micro_batch import build_micro_batch, plan_micro_batches
+        from stare_tir.learner.micro_batch import build_micro_batch, plan_micro_batches
 
         plan = plan_micro_batches([len(t.prompt_ids) + len(t.response_ids) for t in trajs], self.budget)
         return [build_micro_batch(trajs, idx, 0) for idx in plan]

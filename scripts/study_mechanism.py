@@ -45,7 +45,7 @@ def batch_tensors(model, batch, advantages, pad_id: int):
     """Per loss token: log pi, entropy (both with grad), advantage, and the STARE group masks."""
     import torch
 
-    from stare_tir.micro_batch import build_micro_batch
+    from stare_tir.learner.micro_batch import build_micro_batch
 
     mb = build_micro_batch(batch, list(range(len(batch))), pad_id)
     logits = model(

@@ -266,7 +266,7 @@ def test_preflight_names_the_problem_and_the_fix(tmp_path):
 
 
 def test_deepspeed_overrides_merge_deeply_and_owned_keys_are_refused():
-    from stare_tir.deepspeed_config import merge_deepspeed_config
+    from stare_tir.learner.deepspeed_config import merge_deepspeed_config
 
     generated = {"zero_optimization": {"stage": 3, "contiguous_gradients": True}, "gradient_clipping": 1.0}
     merged = merge_deepspeed_config(generated, {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})

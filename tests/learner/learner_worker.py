@@ -83,8 +83,8 @@ def run(
     import torch
     from transformers import AutoConfig
 
-    from stare_tir.distributed import process_group_timeout
     from stare_tir.learner import Learner, LearnerConfig
+    from stare_tir.learner.distributed import process_group_timeout
 
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
     learner = Learner(

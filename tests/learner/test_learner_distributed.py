@@ -96,7 +96,7 @@ def test_one_process_group_gets_the_configured_timeout():
     interpreter, since a test process may already hold a group from another test."""
     code = (
         "from datetime import timedelta\n"
-        "from stare_tir.distributed import init_process_group, process_group_timeout\n"
+        "from stare_tir.learner.distributed import init_process_group, process_group_timeout\n"
         "init_process_group('gloo', timedelta(minutes=123))\n"
         "print(process_group_timeout().total_seconds())\n"
     )

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stare_tir.micro_batch import build_micro_batch, empty_micro_batch, plan_micro_batches
+from stare_tir.learner.micro_batch import build_micro_batch, empty_micro_batch, plan_micro_batches
 
 
 def test_plan_respects_the_budget_keeps_every_index_once_and_puts_long_rows_first():

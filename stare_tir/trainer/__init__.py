@@ -1,0 +1,51 @@
+"""The RL loop: rollouts -> rewards -> filters -> advantages -> recompute -> STARE -> update -> sync.
+
+`loop.train_rl` is the stage; `step.rl_step` one step; `batch` collects a step's trajectories;
+`weight_sync` pushes weights to the rollout servers; `checkpoint` saves and resumes; `run` builds
+the parts once. The names below are the package's public surface.
+"""
+
+from stare_tir.train_config import AlgoConfig, TrainConfig
+from stare_tir.trainer.batch import collect_batch, drop_for_update, informative_groups, rollout_seed
+from stare_tir.trainer.checkpoint import latest_checkpoint, resume_from, save_checkpoint
+from stare_tir.trainer.loop import evaluate_heldout, train_rl
+from stare_tir.trainer.run import Run, build_run, close_run
+from stare_tir.trainer.step import (
+    batch_entropy,
+    check_empty_steps,
+    global_means,
+    group_advantages,
+    logprob_mismatch,
+    lplus_entropy_raising_frac,
+    rl_step,
+    stare_weights,
+)
+from stare_tir.trainer.weight_sync import release_rollout_memory, resume_rollout_memory, sync_weights
+
+__all__ = [
+    "AlgoConfig",
+    "Run",
+    "TrainConfig",
+    "batch_entropy",
+    "build_run",
+    "check_empty_steps",
+    "close_run",
+    "collect_batch",
+    "drop_for_update",
+    "evaluate_heldout",
+    "global_means",
+    "group_advantages",
+    "informative_groups",
+    "latest_checkpoint",
+    "logprob_mismatch",
+    "lplus_entropy_raising_frac",
+    "release_rollout_memory",
+    "resume_from",
+    "resume_rollout_memory",
+    "rl_step",
+    "rollout_seed",
+    "save_checkpoint",
+    "stare_weights",
+    "sync_weights",
+    "train_rl",
+]

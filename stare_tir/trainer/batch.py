@@ -1,0 +1,92 @@
+"""Collecting one step's batch: rollouts, drops by reason, dynamic sampling over rounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from stare_tir.rollout.trajectory import Trajectory
+from stare_tir.train_config import AlgoConfig
+from stare_tir.trainer.run import Run
+
+
+def rollout_seed(seed: int, step: int, rnd: int, rank: int) -> int:
+    """The engine's base seed for one sampling round of one rank (it derives per-turn seeds)."""
+    return ((seed * 100_003 + step) * 1_009 + rnd) * 65_537 + rank
+
+
+def drop_for_update(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[list[Trajectory], dict]:
+    """Remove trajectories that must not reach the loss; every drop is counted by reason.
+
+    sandbox_error: the infrastructure failed, the code did not; scoring it would bias advantages.
+    rollout_error: the env or backend raised; the trajectory is incomplete, its reward meaningless.
+    void turns / overlong: optional DAPO-style filters.
+    """
+    kept, counts = [], {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0}
+    for t in trajs:
+        if t.sandbox_error:
+            counts["sandbox_error"] += 1
+        elif t.finish_reason == "error":
+            counts["rollout_error"] += 1
+        elif algo.filter_void_turns and t.void_turns > 0:
+            counts["void_turn"] += 1
+        elif algo.filter_overlong and t.finish_reason == "max_tokens":
+            counts["overlong"] += 1
+        else:
+            kept.append(t)
+    return kept, counts
+
+
+def informative_groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
+    """Groups (same group_id) with at least two members and non-equal rewards."""
+    groups: dict[Any, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(t)
+    return [g for g in groups.values() if len(g) >= 2 and len({t.reward for t in g}) > 1]
+
+
+def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajectory], dict]:
+    """Roll out prompts until the batch holds `prompts_per_step` usable groups (dynamic sampling).
+
+    Returns (trajectories for the update, every trajectory rolled out, metrics). Every rank takes
+    the same prompts from the sampler and keeps its own round-robin share, so the data position
+    is identical on all ranks and in checkpoints.
+    """
+    cfg, algo = run.cfg, run.cfg.algo
+    want = cfg.trainer.prompts_per_step
+    groups: list[list[Trajectory]] = []
+    rolled: list[Trajectory] = []
+    drops = {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0, "equal_reward_groups": 0}
+    rounds = algo.dynamic_sampling_rounds if algo.dynamic_sampling else 1
+    for rnd in range(rounds):
+        need = want - int(run.learner.all_reduce_sum(torch.tensor([float(len(groups))])).item())
+        if need <= 0:
+            break
+        problems = run.learner.shard(run.sampler.take(need))
+        # Seeds derive from (step, round, rank): a resumed run samples exactly what an uninterrupted
+        # one would, and no two ranks share the sampling streams of their k-th problem.
+        with run.engine.configured(seed=rollout_seed(cfg.trainer.seed, step, rnd, run.learner.rank)):
+            trajs, _ = run.engine.run(problems, cfg.rollout.n_per_prompt)
+        for t in trajs:  # unique group ids across rounds and ranks
+            t.group_id = (rnd * want + t.group_id) * run.learner.world_size + run.learner.rank
+        rolled += trajs
+        kept, counts = drop_for_update(trajs, algo)
+        for k, v in counts.items():
+            drops[k] += v
+        if algo.dynamic_sampling:
+            good = informative_groups(kept)
+            drops["equal_reward_groups"] += len({t.group_id for t in kept}) - len(good)
+            groups += good
+        else:
+            by_gid: dict[int, list[Trajectory]] = {}
+            for t in kept:
+                by_gid.setdefault(t.group_id, []).append(t)
+            groups += list(by_gid.values())
+    share = -(-want // run.learner.world_size)  # ceil: at most this many groups per rank
+    batch = [t for g in groups[:share] for t in g]
+    metrics = {f"dropped/{k}": v for k, v in drops.items()}
+    metrics["batch/groups"] = float(len(groups[:share]))
+    metrics["batch/trajectories"] = float(len(batch))
+    metrics["batch/sampling_rounds"] = float(rnd + 1)
+    return batch, rolled, metrics

@@ -1,0 +1,100 @@
+"""The RL stage: `train_rl` builds a run, evaluates, loops over `rl_step`, saves, evaluates.
+
+It reads top to bottom: one step is `rl_step` (`trainer/step.py`); everything it calls is a
+small function or a component built once in `build_run` (`trainer/run.py`). The config
+dataclasses live in `stare_tir.train_config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+from tqdm import tqdm
+
+from stare_tir.evaluate import evaluate_problems
+from stare_tir.train_config import TrainConfig
+from stare_tir.trainer.checkpoint import latest_checkpoint, resume_from, save_checkpoint
+from stare_tir.trainer.run import Run, build_run, close_run
+from stare_tir.trainer.step import global_means, rl_step
+from stare_tir.trainer.weight_sync import sync_weights
+
+
+def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
+    """Accuracy and tool use on the held-out problems with the live rollout backend."""
+    problems = run.learner.shard(run.eval_problems)
+    n = run.cfg.trainer.eval_n
+    with run.engine.configured(seed=run.cfg.trainer.seed + 7, progress=False):
+        metrics, _ = evaluate_problems(run.engine, problems, n, dataset="heldout", pass_ks=[1])
+    out = {
+        "eval/acc": metrics[f"avg@{n}"],
+        "eval/tool_calls": metrics["mean_tool_calls"],
+        "eval/response_len": metrics["mean_generated_tokens"],
+        "eval/answer_rate": metrics["answer_rate"],
+    }
+    out = global_means(run.learner, out, len(problems))  # weighted by each rank's share of problems
+    logger.info(f"eval ({tag}): acc={out['eval/acc']:.3f} tool_calls={out['eval/tool_calls']:.2f}")
+    return out
+
+
+def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """The RL stage: returns {"eval_before", "eval_after", "steps"}."""
+    run = build_run(cfg, model_path, run_dir, resume=resume)
+    try:
+        ckpt = latest_checkpoint(run_dir) if resume else None
+        if ckpt is not None:
+            resume_from(run, ckpt)
+        elif getattr(run.backend, "shared_by_ranks", False):
+            sync_weights(run)  # servers start from whatever they loaded: serve the learner's weights
+        eval_before = None
+        if run.step == 0:
+            eval_before = evaluate_heldout(run, "before RL")
+            run.log.log(0, eval_before)
+        bar = tqdm(total=cfg.trainer.steps, initial=run.step, desc="RL", unit="step", disable=run.learner.rank != 0)
+        while run.step < cfg.trainer.steps:
+            step = run.step + 1
+            metrics = rl_step(run, step)
+            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.steps:
+                metrics.update(evaluate_heldout(run, f"step {step}"))
+            run.step = step
+            for k, v in metrics.items():
+                if k.startswith("dropped/"):
+                    run.dropped_total[k] = run.dropped_total.get(k, 0) + v
+            run.log.log(step, metrics)
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{metrics.get('reward/mean', float('nan')):.2f}",
+                H=f"{metrics.get('entropy/batch', float('nan')):.3f}",
+                gate=int(metrics.get("stare/gate_on", 0)),
+            )
+            if run.learner.rank == 0:
+                logger.info(_step_line(step, metrics))
+            if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps:
+                save_checkpoint(run, step)
+            if cfg.trainer.save_hf_every and step % cfg.trainer.save_hf_every == 0 and step < cfg.trainer.steps:
+                run.learner.save_hf(run_dir / "hf" / f"step_{step:06d}")  # collective under ZeRO-3
+        bar.close()
+        eval_after = evaluate_heldout(run, "after RL")
+        run.log.log(run.step, eval_after)
+        run.learner.save_hf(run_dir / "final")
+        return {
+            "eval_before": eval_before,
+            "eval_after": eval_after,
+            "steps": run.step,
+            "dropped": dict(run.dropped_total),
+        }
+    finally:
+        close_run(run)
+
+
+def _step_line(step: int, m: dict) -> str:
+    g = lambda k: m.get(k, float("nan"))  # noqa: E731
+    gate = int(m.get("stare/gate_on", 0.0))
+    return (
+        f"step {step}: reward {g('reward/mean'):+.3f} acc {g('acc/train'):.3f} "
+        f"H {g('entropy/batch'):.3f} gate {gate} "
+        f"tools {g('rollout/tool_calls'):.2f} len {g('rollout/response_len'):.0f} "
+        f"groups {int(m.get('batch/groups', 0))} loss {g('update/loss'):+.4f} "
+        f"t {g('time/step'):.1f}s"
+    )

@@ -1,0 +1,257 @@
+"""One RL step (`rl_step`) and the small functions it calls, in the order it calls them."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from loguru import logger
+
+from stare_tir.algos.advantage import get_advantage_estimator
+from stare_tir.algos.policy_loss import get_policy_loss
+from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights, stare_token_weights_scoped
+from stare_tir.learner import Learner
+from stare_tir.rollout.engine import rollout_stats
+from stare_tir.rollout.trajectory import Trajectory
+from stare_tir.trainer.batch import collect_batch
+from stare_tir.trainer.run import Run
+from stare_tir.trainer.weight_sync import release_rollout_memory, resume_rollout_memory, sync_weights
+
+
+def group_advantages(trajs: list[Trajectory], estimator: str) -> tuple[list[float], dict]:
+    """Group advantages by the registered estimator `estimator` (algo.advantage), one scalar per
+    trajectory: grpo normalises rewards inside each group by its std, drgrpo only centres them."""
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)  # [N]
+    group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)  # [N]
+    adv, metrics = get_advantage_estimator(estimator)(rewards, group_ids)
+    return adv.tolist(), metrics
+
+
+def batch_entropy(learner: Learner, trajs: list[Trajectory], entropies: list[torch.Tensor]) -> float:
+    """Token-mean entropy over model-written tokens of the whole global batch (all ranks)."""
+    total = torch.zeros(2, dtype=torch.float64)  # [sum of entropy, token count]
+    for t, ent in zip(trajs, entropies):
+        mask = torch.tensor(t.loss_mask, dtype=torch.float64)
+        total[0] += float((ent.double() * mask).sum())
+        total[1] += float(mask.sum())
+    total = learner.all_reduce_sum(total)
+    return float(total[0] / total[1].clamp(min=1))
+
+
+def lplus_entropy_raising_frac(
+    learner: Learner,
+    trajs: list[Trajectory],
+    advantages: list[float],
+    omegas: list[torch.Tensor],
+    old_logprobs: list[torch.Tensor],
+    entropies: list[torch.Tensor],
+    w: float,
+) -> float | None:
+    """Share of L+ tokens (weight w, A > 0) whose surprisal exceeds their position's entropy.
+
+    Reinforcing a token raises its position's entropy only if -log p > H there
+    (dH/dz_a = p_a (-log p_a - H)). Near 0, STARE's W on L+ sharpens instead of exploring: the
+    "surprising" correct tokens are still the modal choice. None when w == 1 (L+ not marked).
+    """
+    if w == 1.0:
+        return None
+    counts = torch.zeros(2, dtype=torch.float64)  # [raising, |L+|]
+    for t, a, om, lp, ent in zip(trajs, advantages, omegas, old_logprobs, entropies):
+        if a <= 0:
+            continue
+        sel = (om == w) & torch.tensor(t.loss_mask, dtype=torch.bool)
+        counts[0] += float(((-lp > ent) & sel).sum())
+        counts[1] += float(sel.sum())
+    counts = learner.all_reduce_sum(counts)
+    return float(counts[0] / counts[1]) if counts[1] > 0 else None
+
+
+def stare_weights(
+    learner: Learner,
+    trajs: list[Trajectory],
+    advantages: list[float],
+    old_logprobs: list[torch.Tensor],
+    controller: StareController,
+    cfg: StareConfig,
+) -> tuple[list[torch.Tensor] | None, dict]:
+    """omega per trajectory (None while the gate is off: the update is then exactly GRPO's).
+
+    Surprisal is -log pi from this step's recompute pass; selection runs over every model token of
+    the global batch (all micro-batches, all ranks) or, with scope=micro_batch, inside each
+    micro-batch of the update plan, as in the reference implementation.
+    """
+    if not controller.gate_on:
+        return None, {"stare/reweighted_frac": 0.0, "stare/mean_weight": 1.0}
+    masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]
+    surprisal = [-lp for lp in old_logprobs]
+    adv_tok = [torch.full_like(lp, a) for lp, a in zip(old_logprobs, advantages)]
+    kw = dict(top_p=cfg.top_p, w=controller.w, m=controller.m, variant=cfg.variant)
+    if cfg.scope == "batch":
+        flat = lambda xs: torch.cat([x.reshape(-1) for x in xs]) if xs else torch.zeros(0)  # noqa: E731
+        s_all, mine = learner.all_gather_flat(flat(surprisal))
+        a_all, _ = learner.all_gather_flat(flat(adv_tok))
+        m_all, _ = learner.all_gather_flat(flat(masks).float())
+        omega_all, metrics = stare_token_weights(s_all, a_all, mask=m_all > 0.5, **kw)
+        omega_flat = omega_all[mine]
+        return list(torch.split(omega_flat, [len(t.response_ids) for t in trajs])), metrics
+    plan = learner.micro_batch_plan(trajs)
+    omegas: list[torch.Tensor | None] = [None] * len(trajs)
+    parts, metrics = stare_token_weights_scoped(
+        [torch.cat([surprisal[i] for i in idx]) for idx in plan],
+        [torch.cat([adv_tok[i] for i in idx]) for idx in plan],
+        masks=[torch.cat([masks[i] for i in idx]) for idx in plan],
+        scope="micro_batch",
+        **kw,
+    )
+    for idx, part in zip(plan, parts):
+        for i, w in zip(idx, torch.split(part, [len(trajs[i].response_ids) for i in idx])):
+            omegas[i] = w
+    return omegas, metrics  # type: ignore[return-value]
+
+
+def global_means(learner: Learner, means: dict[str, float], count: int) -> dict[str, float]:
+    """Per-rank means -> means over all ranks, weighted by `count`; every rank must pass the same keys."""
+    keys = sorted(means)
+    if learner.world_size == 1 or not keys:
+        return means
+    red = learner.all_reduce_sum(torch.tensor([means[k] * count for k in keys] + [float(count)], dtype=torch.float64))
+    return {**means, **{k: float(red[i] / red[-1].clamp(min=1)) for i, k in enumerate(keys)}}
+
+
+def logprob_mismatch(trajs: list[Trajectory], old_logprobs: list[torch.Tensor]) -> dict[str, float]:
+    """Rollout (sampler) vs recomputed (learner) log-probs on model tokens: drift to watch."""
+    diffs = []
+    for t, lp in zip(trajs, old_logprobs):
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        diffs.append((torch.tensor(t.rollout_logprobs) - lp)[mask])
+    d = torch.cat(diffs) if diffs else torch.zeros(0)
+    if d.numel() == 0:
+        return {}
+    return {
+        "mismatch/abs_mean": float(d.abs().mean()),
+        "mismatch/max": float(d.abs().max()),
+        "mismatch/k3": float((torch.exp(d) - 1 - d).mean()),
+    }
+
+
+def rl_step(run: Run, step: int) -> dict:
+    """One RL step; returns its metrics row."""
+    cfg, algo, learner = run.cfg, run.cfg.algo, run.learner
+    t0 = time.perf_counter()
+    batch, rolled, metrics = collect_batch(run, step)
+    metrics.update(global_means(learner, rollout_stats(rolled), len(rolled)))
+    t_rollout = time.perf_counter() - t0
+
+    # Decided over all ranks: a rank with an empty share still joins every collective below.
+    if learner.all_reduce_sum(torch.tensor([float(len(batch))])).item() == 0:
+        logger.warning(f"step {step}: no usable group in {len(rolled)} trajectories; no update")
+        metrics.update({"time/rollout": t_rollout, "update/skipped_empty": 1.0})
+        check_empty_steps(run, step, rolled, metrics)
+        return metrics
+    run.empty_in_row = 0
+    release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
+
+    advantages, adv_metrics = group_advantages(batch, algo.advantage)
+    metrics.update(adv_metrics)
+
+    t1 = time.perf_counter()
+    old_logprobs, entropies = learner.compute_logprobs_entropy(batch)
+    entropy = batch_entropy(learner, batch, entropies)
+    metrics.update({"entropy/batch": entropy, "entropy/target": algo.stare.target_entropy})
+    metrics.update(logprob_mismatch(batch, old_logprobs))
+    t_recompute = time.perf_counter() - t1
+
+    omega = None
+    if algo.use_stare:
+        run.controller.update(entropy)
+        omega, stare_metrics = stare_weights(learner, batch, advantages, old_logprobs, run.controller, algo.stare)
+        metrics.update(run.controller.metrics())
+        metrics.update(stare_metrics)
+        metrics["stare/gate_on"] = float(run.controller.gate_on)
+        if omega is not None:
+            metrics["stare/lplus_s_gt_h_frac"] = lplus_entropy_raising_frac(
+                learner, batch, advantages, omega, old_logprobs, entropies, run.controller.w
+            )
+
+    t2 = time.perf_counter()
+    applied = 0  # optimizer steps that changed the weights (a skipped one leaves them bit-identical)
+    for _ in range(algo.ppo_epochs):
+        update = learner.train_step(
+            batch,
+            advantages,
+            omega,
+            old_logprobs,
+            clip_low=algo.clip_low,
+            clip_high=algo.effective_clip_high,
+            dual_clip_c=algo.dual_clip_c,
+            loss_agg=algo.loss_agg,
+            tis_cap=algo.tis_cap,
+            loss_fn=get_policy_loss(algo.policy_loss),
+        )
+        metrics.update({f"update/{k}": v for k, v in update.items()})
+        if update["step_skipped"]:
+            break
+        applied += 1
+    t_update = time.perf_counter() - t2
+
+    if update["step_skipped"]:
+        run.nonfinite_in_row += 1
+        metrics["update/nonfinite_in_row"] = float(run.nonfinite_in_row)
+        logger.warning(
+            f"step {step}: non-finite loss or gradient, update skipped "
+            f"({run.nonfinite_in_row} in a row, limit {cfg.trainer.max_nonfinite_steps})"
+        )
+        if run.nonfinite_in_row >= cfg.trainer.max_nonfinite_steps:
+            raise FloatingPointError(
+                f"{run.nonfinite_in_row} consecutive steps had a non-finite loss or gradient; stopping. "
+                "Lower learner.lr, raise learner.grad_clip, or check the data; the last good checkpoint "
+                f"is under {run.run_dir / 'checkpoints'}"
+            )
+    else:
+        run.nonfinite_in_row = 0
+
+    t3 = time.perf_counter()
+    if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
+        sync_weights(run)
+    resume_rollout_memory(run)
+    metrics["update/synced"] = float(applied > 0)
+    t_sync = time.perf_counter() - t3
+
+    n_tokens = sum(len(t.response_ids) for t in rolled)
+    metrics.update(
+        {
+            "time/rollout": t_rollout,
+            "time/recompute": t_recompute,
+            "time/update": t_update,
+            "time/sync": t_sync,
+            "time/step": time.perf_counter() - t0,
+            "throughput/rollout_tokens_per_s": n_tokens / max(t_rollout, 1e-9),
+        }
+    )
+    return metrics
+
+
+def check_empty_steps(run: Run, step: int, rolled: list[Trajectory], metrics: dict) -> None:
+    """Stop after trainer.max_empty_steps consecutive steps without a usable group, naming why:
+    a run that never updates the model must not end as if it had trained."""
+    run.empty_in_row += 1
+    limit = run.cfg.trainer.max_empty_steps
+    if run.empty_in_row < limit:
+        return
+    d = {k.removeprefix("dropped/"): int(v) for k, v in metrics.items() if k.startswith("dropped/")}
+    n = len(rolled)
+    if n and d.get("rollout_error", 0) == n:
+        cause = "all rollouts failed (the env or inference backend raised)"
+    elif n and d.get("sandbox_error", 0) + d.get("rollout_error", 0) == n:
+        cause = "all rollouts failed (sandbox or backend errors)"
+    elif d.get("equal_reward_groups", 0):
+        cause = "every remaining group had equal rewards (no learning signal)"
+    else:
+        cause = "every trajectory was dropped by the filters"
+    example = next((t.info.get("error") for t in rolled if t.info.get("error")), None)
+    raise RuntimeError(
+        f"{run.empty_in_row} consecutive steps (up to step {step}) updated nothing "
+        f"(trainer.max_empty_steps={limit}): {cause}. Last step on this rank: {n} trajectories, "
+        + ", ".join(f"{k}={v}" for k, v in sorted(d.items()))
+        + (f"; first error: {example}" if example else "")
+    )
