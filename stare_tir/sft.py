@@ -87,8 +87,9 @@ class ColdStartConfig:
     # Share of synthetic traces that call the tool (the rest answer directly, often wrongly for a
     # tiny model): leaves RL room to learn when the tool pays off.
     tool_fraction: float = 0.5
-    # Directory of the SFT checkpoint; "" = <trainer.run_dir>/sft/model. An existing checkpoint
-    # there is reused (delete it to train again).
+    # Directory of the SFT checkpoint; "" = <trainer.run_dir>/sft/model. A checkpoint is reused
+    # only when made from the same inputs (base model, tokenizer, traces, sft.train; its
+    # sft_key.json), also from a sibling run directory; a named one made from other inputs is refused.
     output: str = ""
     # Optimisation settings of the SFT stage.
     train: SFTConfig = field(default_factory=SFTConfig)
