@@ -42,21 +42,19 @@ from stare_tir.preflight import (
 from stare_tir.run_dir import check_run_dir, clear_run_dir
 from stare_tir.tracking import first_gate_step, plot_runs, read_metrics, setup_run_logging
 from stare_tir.train_config import TrainConfig
-from stare_tir.trainer import train_rl
-from stare_tir.trainer.loop import Interrupted
 
 
 def preflight(cfg: TrainConfig) -> None:
     """Every check that can fail cheaply, before any model is loaded (see stare_tir.preflight)."""
     check_model(cfg.model)
-    check_registry_names(cfg.algo.advantage, cfg.algo.policy_loss)
     check_trackers(cfg.trainer.tensorboard, cfg.trainer.wandb_project)
     check_backend(cfg.trainer.backend, cfg.rollout.sglang)
     if cfg.trainer.backend == "sglang":
         check_sync_dir(cfg.rollout.sglang)
+    info = check_sandbox(cfg.sandbox)
     check_sft_traces(cfg)
     check_data(cfg.data)
-    info = check_sandbox(cfg.sandbox)
+    check_registry_names(cfg.algo.advantage, cfg.algo.policy_loss)  # imports torch: last
     logger.info(
         f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
     )
@@ -85,6 +83,10 @@ def start_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False
 def run_pipeline(cfg: TrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """SFT -> RL -> summary table and plots."""
     run_dir = start_run(cfg, resume=resume, overwrite=overwrite)
+    # The learner's stack (torch, DeepSpeed: seconds to import) only once the start-up checks passed.
+    from stare_tir.trainer import train_rl
+    from stare_tir.trainer.loop import Interrupted
+
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()

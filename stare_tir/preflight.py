@@ -76,13 +76,18 @@ def _offline() -> bool:
 
 
 def check_hub_repo(
-    name: str, key: str, repo_type: Literal["model", "dataset"] = "model", timeout_s: float = REMOTE_TIMEOUT_S
+    name: str,
+    key: str,
+    repo_type: Literal["model", "dataset"] = "model",
+    timeout_s: float = REMOTE_TIMEOUT_S,
+    value: str | None = None,
 ) -> None:
     """A Hugging Face hub id exists and can be fetched: found in the local cache, or confirmed by
     one hub request with a short timeout. Otherwise one line says why (no such repository, gated,
     hub unreachable, offline) and what to do, instead of minutes of download retries."""
     from huggingface_hub import HfApi, try_to_load_from_cache
 
+    setting = f"{key}={value or repr(name)}"
     probe = "config.json" if repo_type == "model" else "README.md"
     if isinstance(try_to_load_from_cache(name, probe, repo_type=repo_type), str):
         return  # already downloaded: loading needs no network
@@ -92,10 +97,10 @@ def check_hub_repo(
         if repo_type == "dataset":
             return  # the datasets library keeps its own offline cache; loading it will tell
         raise StartupError(
-            f"{key}={name!r}: HF_HUB_OFFLINE is set and this {repo_type} is not in the local Hugging Face "
+            f"{setting}: HF_HUB_OFFLINE is set and this {repo_type} is not in the local Hugging Face "
             f"cache: download it where there is network ({fetch}) and set {key} to {local}"
         )
-    api = HfApi()
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now: tests and mirrors set it late
     info = api.model_info if repo_type == "model" else api.dataset_info
     try:
         info(name, timeout=timeout_s)
@@ -103,19 +108,19 @@ def check_hub_repo(
         kind = type(e).__name__
         if kind == "GatedRepoError":
             raise StartupError(
-                f"{key}={name!r} is a gated {repo_type}: accept its terms on its hub page and log in "
+                f"{setting} is a gated {repo_type}: accept its terms on its hub page and log in "
                 "(`hf auth login`), or download it and set a local path"
             ) from None
         if kind == "RepositoryNotFoundError":
             raise StartupError(
-                f"{key}={name!r}: no such {repo_type} on the Hugging Face hub (check the spelling; a private "
+                f"{setting}: no such {repo_type} on the Hugging Face hub (check the spelling; a private "
                 f"one needs `hf auth login`), and no such local path either"
             ) from None
         status = getattr(getattr(e, "response", None), "status_code", None)
         if status is not None:
-            raise StartupError(f"{key}={name!r}: the Hugging Face hub answered HTTP {status}: {e}") from None
+            raise StartupError(f"{setting}: the Hugging Face hub answered HTTP {status}: {e}") from None
         raise StartupError(
-            f"{key}={name!r} is not a local path and the Hugging Face hub is unreachable ({kind}: "
+            f"{setting} is not a local path and the Hugging Face hub is unreachable ({kind}: "
             f"{str(e).splitlines()[0] if str(e) else 'no answer'}): download it where there is network "
             f"({fetch}) and set {key} to {local}, or set HF_ENDPOINT to a reachable mirror"
         ) from None
@@ -134,7 +139,7 @@ def check_hub_dataset(source: str, key: str) -> None:
     """An `hf:` (or owner/name) data source exists on the hub, before `datasets` retries for minutes."""
     name = _hub_dataset(source)
     if name is not None:
-        check_hub_repo(name, key, "dataset")
+        check_hub_repo(name, key, "dataset", value=repr(source))
 
 
 def check_data(data: DataConfig) -> dict[str, int]:
