@@ -192,7 +192,7 @@ def sft_traces(cfg: TrainConfig, run_dir: Path) -> list[dict] | Path:
     if own.is_file() and stored is not None and stored["key"] == key:
         logger.info(f"sft: reusing the traces in {own} (made from the same inputs)")
         return own
-    other = _sibling_output(run_dir, f"sft/{TRACES_KEY_FILE}", key)
+    other = _sibling_output(run_dir, f"sft/{TRACES_KEY_FILE}", key) if cfg.sft.reuse else None
     if other is not None and (other.parent / "traces.jsonl").is_file():
         source = other.parent / "traces.jsonl"
         logger.info(f"sft: reusing the traces of {source} (made from the same inputs)")
@@ -232,7 +232,7 @@ def sft_stage(
         logger.warning(f"sft: replacing {out}, made from other inputs (changed: {', '.join(changed)})")
         if _rank() == 0:
             shutil.rmtree(out)
-    if not named:
+    if not named and cfg.sft.reuse:
         other = _sibling_output(run_dir, f"sft/model/{KEY_FILE}", key)
         if other is not None:
             source = other.parent

@@ -120,9 +120,10 @@ def check_hub_repo(
         if status is not None:
             raise StartupError(f"{setting}: the Hugging Face hub answered HTTP {status}: {e}") from None
         raise StartupError(
-            f"{setting} is not a local path and the Hugging Face hub is unreachable ({kind}: "
-            f"{str(e).splitlines()[0] if str(e) else 'no answer'}): download it where there is network "
-            f"({fetch}) and set {key} to {local}, or set HF_ENDPOINT to a reachable mirror"
+            f"{setting} is no local path, and the Hugging Face hub is unreachable ({kind}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no answer'}): if it is a directory, check the path; "
+            f"if it is a hub id, download it where there is network ({fetch}) and set {key} to {local}, "
+            "or set HF_ENDPOINT to a reachable mirror"
         ) from None
 
 

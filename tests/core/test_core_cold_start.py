@@ -102,3 +102,35 @@ def test_a_model_fingerprint_changes_with_its_weights(tmp_path):
     (model / "model.safetensors").write_bytes(b"b" * 1000)  # retrained at the same path
     assert model_fingerprint(str(model)) != first
     assert model_fingerprint("Qwen/Qwen2.5-7B") == "hub:Qwen/Qwen2.5-7B"
+
+
+def test_parquet_traces_load_like_jsonl(tmp_path):
+    """ReTool-SFT ships as train_2000.parquet with a `messages` column: usable as sft.traces as is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stare_tir.sft import load_records
+
+    rows = [{"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}]}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    (tmp_path / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert load_records(tmp_path / "train.parquet") == load_records(tmp_path / "train.jsonl") == rows
+
+
+def test_sibling_reuse_can_be_turned_off(tmp_path, monkeypatch):
+    base = resolve_model_path(ModelConfig(path="tiny"))
+    first = tmp_path / "runs" / "first"
+    stored_model(first / "sft" / "model", cfg_for(first), base)
+    trained = []
+    monkeypatch.setattr(cold_start, "sft_traces", lambda cfg, run_dir: [])
+    monkeypatch.setattr(cold_start, "load_tokenizer", lambda model, path: None)
+
+    def fake_sft(cfg, base_model, data, out, **kwargs):
+        trained.append(out)
+        Path(out).mkdir(parents=True)
+        return {}
+
+    monkeypatch.setattr("stare_tir.sft.run_sft", fake_sft)
+    second = tmp_path / "runs" / "second"
+    sft_stage(cfg_for(second, "sft.reuse=false"), base, second)
+    assert trained == [second / "sft" / "model"]

@@ -108,7 +108,10 @@ def test_an_unreachable_or_offline_hub_is_one_line_with_the_download_command(mon
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
     t0 = time.monotonic()
-    with pytest.raises(StartupError, match=r"hub is unreachable .*`hf download Qwen/Qwen2.5-0.5B --local-dir DIR`"):
+    with pytest.raises(
+        StartupError,
+        match=r"is no local path, and the Hugging Face hub is unreachable .*`hf download Qwen/Qwen2.5-0.5B --local-dir DIR`",
+    ):
         check_hub_repo("Qwen/Qwen2.5-0.5B", "model.path")
     assert time.monotonic() - t0 < 10
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
