@@ -251,20 +251,22 @@ def train_main(argv: list[str] | None = None) -> int:
     def interrupted(e: KeyboardInterrupt) -> str:
         where = run_dir[0] if run_dir else "RUN_DIR"
         step, saved = getattr(e, "step", None), getattr(e, "checkpoint_step", None)
+        if saved is not None or args.resume:  # a checkpoint exists: continue from it
+            at = f"at step {step}" if step is not None else "before RL went on"
+            restart = "" if saved in (None, step) else f" (it restarts after step {saved}, the last checkpoint)"
+            return f"interrupted {at}; resume with: stare-train --resume trainer.run_dir={where}{restart}"
+        if not run_dir:
+            return "interrupted before the run started; nothing was written"
         if getattr(e, "stage", None) == "sft":
-            return (
-                f"interrupted during the SFT stage, before RL step 1; start again with: stare-train --overwrite "
-                f"trainer.run_dir={where} (traces already made there are reused)"
-            )
-        if step is None:
-            return f"interrupted before RL started; start again with: stare-train --overwrite trainer.run_dir={where}"
-        if saved is None:
-            return (
-                f"interrupted at step {step}, before the first checkpoint (trainer.save_every); start again with: "
-                f"stare-train --overwrite trainer.run_dir={where}"
-            )
-        restart = "" if saved == step else f" (it restarts after step {saved}, the last checkpoint)"
-        return f"interrupted at step {step}; resume with: stare-train --resume trainer.run_dir={where}{restart}"
+            where_stopped = "during the SFT stage, before RL step 1"
+        elif step is None:
+            where_stopped = "before RL started"
+        else:
+            where_stopped = f"at step {step}, before the first checkpoint"
+        return (
+            f"interrupted {where_stopped}; start again with: stare-train --overwrite trainer.run_dir={where} "
+            "(SFT traces and a finished SFT model there are reused)"
+        )
 
     return run_cli(main, args, interrupted)
 

@@ -13,6 +13,7 @@ dotted key, the bad value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -264,9 +265,13 @@ def _check_path(schema: Any, keys: list[str]) -> None:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (into every run directory)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (into every run directory), atomically: another rank or
+    a resumed run reading it never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp.replace(path)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

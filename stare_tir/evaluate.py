@@ -225,6 +225,7 @@ def evaluate_problems(
     pass_ks: Sequence[int] = DEFAULT_PASS_KS,
     chunk_size: int = 512,
     equivalent: Callable[[str, str], bool] = answers_equivalent,
+    stop_on_infra_failure: bool = True,
 ) -> tuple[dict[str, Any], list[dict]]:
     """Sample `n` responses per problem with `engine` and score them.
 
@@ -232,6 +233,9 @@ def evaluate_problems(
         `cfg`), used with its current sampling settings (`evaluate` sets the eval's).
     out_path: JSONL file of per-sample rows. Samples already in it are skipped (resume), new ones
         are appended after every chunk of `chunk_size` samples. None: nothing is written.
+    stop_on_infra_failure: raise `EvalInfraError` when every sample of a chunk failed for
+        infrastructure reasons (the trainer's held-out evaluation passes False: a transient outage
+        must not end a long run; its RL steps have their own guard, trainer.max_empty_steps).
     Returns (metrics, rows) with one row per (problem, sample index < n), sorted.
     """
     ids = [str(p["id"]) for p in problems]
@@ -267,11 +271,12 @@ def evaluate_problems(
         if path is not None:
             _append_rows(path, rows)
         new_rows += rows
-        if rows and all(infra_failed(r) for r in rows):
+        if stop_on_infra_failure and rows and all(infra_failed(r) for r in rows):
             first = next((r["error"] for r in rows if r.get("error")), None) or "the sandbox failed (sandbox_error)"
             raise EvalInfraError(
-                f"{dataset}: all {len(rows)} samples of a chunk failed for infrastructure reasons, first: {first}. "
-                "Fix the backend or sandbox and rerun: failed samples are retried, finished ones kept"
+                f"{dataset}: all {len(rows)} samples of a chunk failed for infrastructure reasons (backend or "
+                f"sandbox), first: {first}"
+                + ("; fix it and rerun: failed samples are retried, finished ones kept" if path is not None else "")
             )
         logger.info(f"{dataset}: {start + len(chunk)}/{len(todo)} samples ({time.time() - t0:.1f}s)")
 

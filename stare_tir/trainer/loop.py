@@ -75,13 +75,19 @@ def evaluate_heldout(run: Run, tag: str) -> dict[str, float]:
     problems = run.learner.shard(run.eval_problems)
     n = run.cfg.trainer.eval_n
     with run.engine.configured(seed=run.cfg.trainer.seed + 7, progress=False):
-        metrics, _ = evaluate_problems(run.engine, problems, n, dataset="heldout", pass_ks=[1])
+        metrics, _ = evaluate_problems(
+            run.engine, problems, n, dataset="heldout", pass_ks=[1], stop_on_infra_failure=False
+        )
     out = {
         "eval/acc": metrics[f"avg@{n}"],
         "eval/tool_calls": metrics["mean_tool_calls"],
         "eval/response_len": metrics["mean_generated_tokens"],
         "eval/answer_rate": metrics["answer_rate"],
     }
+    if problems and metrics["samples"] == 0:  # every sample failed (backend or sandbox): no number
+        failed = metrics["sandbox_error_samples"] + metrics["rollout_error_samples"]
+        logger.warning(f"eval ({tag}): none of {failed} samples could be graded (backend or sandbox failures)")
+        out = dict.fromkeys(out, float("nan"))  # written as null: never a 0.0 that looks measured
     out = global_means(run.learner, out, len(problems))  # weighted by each rank's share of problems
     logger.info(f"eval ({tag}): acc={out['eval/acc']:.3f} tool_calls={out['eval/tool_calls']:.2f}")
     return out

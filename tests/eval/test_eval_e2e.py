@@ -289,3 +289,22 @@ def test_console_table_shows_fractions_like_training(tokenizer, problems, tmp_pa
         "infra_err",
     ]
     assert row.split()[3] == "0.500"  # a fraction, as in summary.json and eval/acc; never 50.0
+
+
+def test_the_trainers_held_out_evaluation_records_an_outage_instead_of_stopping(tokenizer, problems, tmp_path):
+    """A long training run must not die because one held-out evaluation met a server restart;
+    its RL steps have their own guard (trainer.max_empty_steps). Nothing is graded, nothing scored."""
+    from stare_tir.evaluate import evaluate_problems
+
+    sandbox = make_sandbox(SandboxConfig(workers=1))
+    rollout = RolloutConfig(max_turns=2, max_total_tokens=256, max_new_tokens_per_turn=128, progress=False)
+    backend = DeadServerBackend(tokenizer)
+    engine = RolloutEngine(
+        backend, tokenizer, make_retool_env_factory(sandbox, RetoolConfig()), rollout, sandbox=sandbox
+    )
+    try:
+        metrics, rows = evaluate_problems(engine, problems[:2], 1, chunk_size=2, stop_on_infra_failure=False)
+    finally:
+        engine.close()
+    assert backend.calls == 2 and metrics["samples"] == 0 and metrics["rollout_error_samples"] == 2
+    assert all(r["rollout_error"] for r in rows)
