@@ -30,7 +30,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from envs.retool import RetoolConfig, RetoolEnv
 
@@ -204,8 +204,10 @@ async def amake_sft_traces(
     seed: int = 0,
     cfg: RetoolConfig | None = None,
     max_concurrency: int = 8,
+    on_trace: Callable[[], None] | None = None,
 ) -> list[dict]:
-    """Async version of make_sft_traces (use it inside a running event loop)."""
+    """Async version of make_sft_traces (use it inside a running event loop). on_trace: called
+    after each finished trace (progress)."""
     if not 0.0 <= tool_fraction <= 1.0:
         raise ValueError(f"tool_fraction={tool_fraction!r}: must be in [0, 1]")
     cfg = cfg or sft_env_config()
@@ -239,6 +241,8 @@ async def amake_sft_traces(
         finally:
             await env.close()
         messages = env.initial_messages() + [{"role": "assistant", "content": text}]
+        if on_trace is not None:
+            on_trace()
         return {"id": problem["id"], "messages": messages, "uses_tool": use_tool, "answer": problem["answer"]}
 
     return list(await asyncio.gather(*(one(p, t) for p, t in zip(problems, plan))))

@@ -38,6 +38,7 @@ def main() -> None:
         "--config",
         args.config,
         f"trainer.run_dir={run_dir}",
+        "sft.reuse=false",  # time the whole pipeline: never borrow a sibling run's SFT
         *args.overrides,
     ]
     t0 = time.perf_counter()

@@ -1,19 +1,24 @@
 """One command-line convention for every entry point: a config file plus dotted KEY=VALUE overrides.
 
-    stare-train [--config FILE] [--resume] [--print-config] [--debug] [KEY=VALUE ...]
-    stare-sft   [--config FILE] [--print-config] [--debug] [KEY=VALUE ...]
+    stare-train [--config FILE] [--resume [--accept-changes] | --overwrite] [--print-config] [--debug] [KEY=VALUE ...]
+    stare-sft   [--config FILE] [--overwrite] [--print-config] [--debug] [KEY=VALUE ...]
     stare-eval  [--config FILE] [--print-config] [--debug] [flag aliases] [KEY=VALUE ...]
 
 Keys are the same everywhere: `model.path`, `model.tokenizer`, `sft.traces`, `sft.train.epochs`,
 `learner.*`, `rollout.*`, `env.*`, `sandbox.*`, `eval.*`. `stare-train` and `stare-sft` read the same
 training config (the SFT command runs only its `sft` stage); `stare-eval` reads an evaluation
-config whose sections reuse the training ones. `--help` lists every key with its default.
-Historical flags (`--model`, `--data`, `--output`; the evaluation flags) remain as documented
+config whose sections reuse the training ones. Layers, each over the one before: the schema's
+defaults, the command's default config (`stare-train`/`stare-sft`: configs/tiny_cpu.yaml; a
+`--config FILE` is layered over it unless the file names another `base:`), the KEY=VALUE
+overrides. `--help` lists every key with the value a plain run uses and the comment that explains
+it. Historical flags (`--model`, `--data`, `--output`; the evaluation flags) remain as documented
 aliases of dotted keys.
 
-Errors a user can fix (a bad key or value, a missing file or model, a bad data row, a sandbox that
-cannot start) print one line naming the problem and the fix, exit status 2; `--debug` shows the
-traceback instead. The scripts in scripts/ are thin wrappers around these functions.
+Errors a user can fix (a bad key or value, a missing file or model, an unreachable server or hub,
+a bad data row, a sandbox that cannot start, a used run directory) print one line naming the
+problem and the fix, exit status 2; `--debug` shows the traceback instead. Ctrl-C ends with one
+line saying where the run stopped and how to resume it (exit status 130). The scripts in
+scripts/ are thin wrappers around these functions.
 """
 
 from __future__ import annotations
@@ -28,17 +33,18 @@ from typing import Any, Callable, Sequence
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu.yaml"
 
 
-def config_keys(schema: Any, prefix: str = "") -> list[str]:
-    """`  key=default` for every leaf of a config dataclass, nested sections as dotted keys."""
+def config_keys(schema: Any, defaults: Any = None) -> list[str]:
+    """`  key=value  # comment` for every leaf of a config dataclass: the value is the one a plain
+    run uses (`defaults`, e.g. the resolved default config; else the schema's), the comment the
+    first sentence of the field's comment in its dataclass."""
+    from stare_tir.config import field_comments, first_sentence, flatten
+
+    comments = field_comments(schema if isinstance(schema, type) else type(schema))
     lines = []
-    obj = schema() if isinstance(schema, type) else schema
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            lines += config_keys(value, f"{prefix}{f.name}.")
-        else:
-            shown = repr(value) if isinstance(value, str) else json.dumps(value)
-            lines.append(f"  {prefix}{f.name}={shown}")
+    for key, value in flatten(defaults if defaults is not None else schema()).items():
+        shown = repr(value) if isinstance(value, str) else json.dumps(value)
+        note = first_sentence(comments.get(key, ""))
+        lines.append(f"  {key}={shown}" + (f"  # {note}" if note else ""))
     return lines
 
 
@@ -66,9 +72,23 @@ def build_parser(
     aliases: Sequence[Alias] = (),
     default_config: str | None = None,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> argparse.ArgumentParser:
-    epilog = ["Config keys (KEY=VALUE overrides, applied after --config; defaults shown):"]
-    epilog += config_keys(schema)
+    from stare_tir.config import load_config
+
+    defaults = load_config(schema, None, (), default_base=default_config)
+    where = f"{Path(default_config).parent.name}/{Path(default_config).name}" if default_config else None
+    epilog = [
+        "Config keys, with the value a plain run uses"
+        + (f" (the defaults with {where} over them)" if where else " (the defaults)")
+        + ". Override any with KEY=VALUE after the flags.",
+        "A --config FILE is layered over "
+        + (f"{where}" if where else "the defaults")
+        + " (it changes only what it sets) unless it names another base with a top-level `base: PATH` "
+        "(relative to the file) or `base: null` (the defaults alone).",
+        "",
+    ]
+    epilog += config_keys(schema, defaults)
     if aliases:
         epilog += [
             "",
@@ -82,15 +102,27 @@ def build_parser(
     )
     p.add_argument(
         "--config",
-        default=default_config,
-        help="YAML config file"
-        + (f" (default: {Path(default_config).parent.name}/{Path(default_config).name})" if default_config else ""),
+        default=None,
+        help="YAML config file" + (f", layered over {where}" if where else ""),
     )
     if resume:
         p.add_argument(
             "--resume",
             action="store_true",
-            help="continue from the latest checkpoint in trainer.run_dir (SFT is reused)",
+            help="continue the run in trainer.run_dir from its latest checkpoint, with its own config.yaml as "
+            "the base (KEY=VALUE overrides that change it are shown and must be accepted)",
+        )
+        p.add_argument(
+            "--accept-changes",
+            action="store_true",
+            help="with --resume: continue with the overrides that change the run's saved settings",
+        )
+    if overwrite:
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace what the output directory holds (for stare-train: the run in trainer.run_dir, deleted "
+            "once the start-up checks pass)",
         )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
@@ -128,13 +160,19 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from envs.data import DataError
     from sandbox import SandboxError
     from stare_tir.config import ConfigError
+    from stare_tir.evaluate import EvalInfraError
     from stare_tir.preflight import StartupError
 
-    return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError)
+    return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError, EvalInfraError)
 
 
-def run_cli(main: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Call `main(args)`; a user-fixable error becomes one line on stderr and exit status 2."""
+def run_cli(
+    main: Callable[[argparse.Namespace], int],
+    args: argparse.Namespace,
+    on_interrupt: Callable[[KeyboardInterrupt], str] | None = None,
+) -> int:
+    """Call `main(args)`; a user-fixable error becomes one line on stderr and exit status 2, Ctrl-C
+    one line from `on_interrupt` (where the run stopped, how to go on) and exit status 130."""
     errors = _user_errors()
     try:
         return main(args)
@@ -144,12 +182,17 @@ def run_cli(main: Callable[[argparse.Namespace], int], args: argparse.Namespace)
         print(f"error: {e}", file=sys.stderr)
         print("(rerun with --debug for the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        if args.debug:
+            raise
+        print("\n" + (on_interrupt(e) if on_interrupt is not None else "interrupted"), file=sys.stderr)
+        return 130
 
 
-def _load(schema: type, args: argparse.Namespace, extra: Sequence[str] = ()) -> Any:
+def _load(schema: type, args: argparse.Namespace, extra: Sequence[str] = (), default: str | None = None) -> Any:
     from stare_tir.config import load_config
 
-    return load_config(schema, args.config, [*extra, *args.overrides])
+    return load_config(schema, args.config, [*extra, *args.overrides], default_base=default)
 
 
 def _print_config(cfg: Any) -> None:
@@ -170,24 +213,68 @@ def train_main(argv: list[str] | None = None) -> int:
     parser = build_parser(
         "stare-train",
         "Train a tool-integrated reasoning agent: cold-start SFT -> RL (GRPO / GRPO-ds / "
-        "STARE) -> evaluation. With no arguments: the CPU default (configs/tiny_cpu.yaml).",
+        "STARE) -> evaluation. With no arguments: the CPU default (configs/tiny_cpu.yaml). "
+        "A run directory (trainer.run_dir) holds one run: a new run into a used one is refused "
+        "unless --resume or --overwrite.",
         TrainConfig,
         default_config=str(DEFAULT_TRAIN_CONFIG),
         resume=True,
+        overwrite=True,
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    run_dir: list[str] = []  # where the run is, for the Ctrl-C message
 
     def main(args: argparse.Namespace) -> int:
-        cfg = _load(TrainConfig, args)
+        cfg = _load(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
+        if args.resume:
+            from stare_tir.run_dir import ask_on_terminal, resume_config
+
+            cfg = resume_config(
+                TrainConfig,
+                Path(cfg.trainer.run_dir),
+                list(args.overrides),
+                cfg if args.config else None,
+                accept_changes=args.accept_changes,
+                confirm=ask_on_terminal,
+            )
+        elif args.accept_changes:
+            raise _config_error("--accept-changes only applies with --resume")
         if args.print_config:
             _print_config(cfg)
             return 0
+        run_dir.append(cfg.trainer.run_dir)
         from stare_tir.pipeline import run_pipeline
 
-        run_pipeline(cfg, resume=args.resume)
+        run_pipeline(cfg, resume=args.resume, overwrite=args.overwrite)
         return 0
 
-    return run_cli(main, args)
+    def interrupted(e: KeyboardInterrupt) -> str:
+        where = run_dir[0] if run_dir else "RUN_DIR"
+        step, saved = getattr(e, "step", None), getattr(e, "checkpoint_step", None)
+        if saved is not None or args.resume:  # a checkpoint exists: continue from it
+            at = f"at step {step}" if step is not None else "before RL went on"
+            restart = "" if saved in (None, step) else f" (it restarts after step {saved}, the last checkpoint)"
+            return f"interrupted {at}; resume with: stare-train --resume trainer.run_dir={where}{restart}"
+        if not run_dir:
+            return "interrupted before the run started; nothing was written"
+        if getattr(e, "stage", None) == "sft":
+            where_stopped = "during the SFT stage, before RL step 1"
+        elif step is None:
+            where_stopped = "before RL started"
+        else:
+            where_stopped = f"at step {step}, before the first checkpoint"
+        return (
+            f"interrupted {where_stopped}; start again with: stare-train --overwrite trainer.run_dir={where} "
+            "(SFT traces and a finished SFT model there are reused)"
+        )
+
+    return run_cli(main, args, interrupted)
+
+
+def _config_error(message: str) -> Exception:
+    from stare_tir.config import ConfigError
+
+    return ConfigError(message)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,20 +294,23 @@ def sft_main(argv: list[str] | None = None) -> int:
         "stare-sft",
         "Supervised cold start: fine-tune a causal LM on Retool-style tool-use traces (loss on "
         "model-written tokens only; interpreter output masked exactly as in RL). Reads a training config "
-        "and runs its sft stage: sft.traces, sft.output, sft.train.* (epochs, batch_size, learner.*).",
+        "and runs its sft stage: sft.traces, sft.output, sft.train.* (epochs, batch_size, learner.*). "
+        "An existing sft.output made from the same inputs is reused; one made from other inputs is refused "
+        "unless --overwrite.",
         TrainConfig,
         aliases=SFT_ALIASES,
         default_config=str(DEFAULT_TRAIN_CONFIG),
+        overwrite=True,
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
 
     def main(args: argparse.Namespace) -> int:
-        cfg = _load(TrainConfig, args, alias_overrides(args, SFT_ALIASES))
+        cfg = _load(TrainConfig, args, alias_overrides(args, SFT_ALIASES), default=str(DEFAULT_TRAIN_CONFIG))
         if args.print_config:
             _print_config(cfg)
             return 0
+        from stare_tir.cold_start import check_sft_traces, sft_output, sft_stage
         from stare_tir.components import resolve_model_path
-        from stare_tir.pipeline import check_sft_traces, sft_output, sft_stage
         from stare_tir.preflight import check_model, check_sandbox
         from stare_tir.tracking import setup_run_logging
 
@@ -229,19 +319,18 @@ def sft_main(argv: list[str] | None = None) -> int:
         if cfg.sft.traces == "arithmetic":
             check_sandbox(cfg.sandbox)  # the synthetic traces run their code
         out = sft_output(cfg)
-        run_dir = out.parent
-        setup_run_logging(run_dir)
-        _, summary = sft_stage(cfg, resolve_model_path(cfg.model), Path(cfg.trainer.run_dir))
+        setup_run_logging(out.parent)
+        _, summary = sft_stage(cfg, resolve_model_path(cfg.model), Path(cfg.trainer.run_dir), overwrite=args.overwrite)
         if summary.get("rank", 0) == 0 and not summary.get("reused"):
             print(
                 f"RESULT steps={summary['steps']} first_loss={summary['first_loss']:.4f} "
                 f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={out}"
             )
         elif summary.get("reused"):
-            print(f"RESULT reused={out}")
+            print(f"RESULT reused={summary['from']} key={summary['key']}")
         return 0
 
-    return run_cli(main, args)
+    return run_cli(main, args, lambda e: "interrupted during SFT; nothing was saved to sft.output")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,47 +376,66 @@ EVAL_ALIASES = (
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    from stare_tir.evaluate import EvalRunConfig
+    from stare_tir.eval_run import EvalRunConfig
 
     return build_parser(
         "stare-eval",
         "Evaluate a tool-integrated reasoning model on AIME and other math benchmarks, with "
-        "tool calls. Writes <out_dir>/<dataset>.jsonl, summary.json and config.yaml; rerunning resumes.",
+        "tool calls. model.path may be a training run directory (its final/ model with its env, rollout "
+        "and data settings); eval.datasets may name arithmetic (the training task's held-out split). "
+        "Writes <out_dir>/<dataset>.jsonl, summary.json and config.yaml; out_dir defaults to one "
+        "directory per model and settings, and rerunning resumes there.",
         EvalRunConfig,
         aliases=EVAL_ALIASES,
     )
 
 
 def eval_main(argv: list[str] | None = None) -> int:
-    from stare_tir.evaluate import EvalRunConfig
-
-    args = eval_parser().parse_args(argv)
+    args = eval_parser().parse_intermixed_args(argv)
     given = alias_overrides(args, EVAL_ALIASES) + list(args.overrides)
     if not (args.config or any(o.startswith("model.path=") for o in given)):
         print(
             "error: name the model to evaluate: model.path=PATH_OR_HF_ID (alias --model; 'tiny' for the "
-            "shipped tiny base)",
+            "shipped tiny base; a training run directory for its final/ model)",
             file=sys.stderr,
         )
         return 2
+    out_dir: list[str] = []
 
     def main(args: argparse.Namespace) -> int:
-        cfg = _load(EvalRunConfig, args, alias_overrides(args, EVAL_ALIASES))
+        from stare_tir.config import read_config_layers
+        from stare_tir.eval_run import is_run_dir, resolve_eval_config
+
+        tree = read_config_layers(args.config) if args.config else {}
+        cfg = resolve_eval_config(tree, given)
         if args.print_config:
             _print_config(cfg)
             return 0
         from envs.data import load_problems
-        from stare_tir.evaluate import run_eval
-        from stare_tir.preflight import StartupError, check_model, check_sandbox
+        from stare_tir.eval_run import TRAINING_TASK, run_eval
+        from stare_tir.preflight import StartupError, check_backend, check_hub_dataset, check_model, check_sandbox
 
+        model_arg = next((o.split("=", 1)[1] for o in reversed(given) if o.startswith("model.path=")), "")
         check_model(cfg.model)
+        check_backend(cfg.backend, cfg.rollout.sglang, key="backend")
         for name in cfg.eval.datasets:  # a missing or malformed dataset fails before the model loads
+            if name == TRAINING_TASK:
+                continue
+            check_hub_dataset(name, "eval.datasets")
             try:
                 load_problems(name, limit=1)
             except (FileNotFoundError, ValueError) as e:
                 raise StartupError(f"eval.datasets: {name!r}: {e}") from None
         check_sandbox(cfg.sandbox)
-        run_eval(cfg)
+        out_dir.append(cfg.out_dir or "its output directory")
+        run_eval(cfg, run_dir=model_arg if model_arg and is_run_dir(model_arg) else None)
         return 0
 
-    return run_cli(main, args)
+    return run_cli(
+        main,
+        args,
+        lambda e: (
+            f"interrupted; finished samples are kept in {out_dir[0] if out_dir else 'the output directory'}: "
+            "rerun the same command to resume"
+        ),
+    )

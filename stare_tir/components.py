@@ -181,3 +181,28 @@ def build_components(
         back.close()
         raise
     return Components(model_path=path, tokenizer=tok, backend=back, engine=engine)
+
+
+def model_fingerprint(model_path: str) -> str:
+    """What identifies a model's weights: for a local directory, a hash of its files' names, sizes
+    and first and last MiB (a retrained model at the same path gets a new fingerprint; reading a
+    7B checkpoint this way takes milliseconds); for a hub id, the id."""
+    import hashlib
+
+    path = Path(model_path).expanduser()
+    if not path.is_dir():
+        return f"hub:{model_path}"
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and p.name not in FINGERPRINT_SKIP):
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path)}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(-(1 << 20), 2)
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+# Bookkeeping files written next to a model's weights; not part of what the model is.
+FINGERPRINT_SKIP = frozenset({"sft_key.json"})

@@ -13,6 +13,7 @@ dotted key, the bad value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -168,19 +169,58 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def load_config(schema: type[T], yaml_path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Defaults of `schema`, then the YAML file, then each `key=value` override, validated."""
-    loaded: dict = {}
-    if yaml_path is not None:
-        path = Path(yaml_path)
+BASE_KEY = "base"
+
+
+def read_config_layers(yaml_path: str | Path, default_base: str | Path | None = None) -> dict:
+    """The values of a YAML config file, layered over its base (deep-merged, the file wins).
+
+    A file names its base with a top-level `base:` key: a path (relative to the file's own
+    directory) or null (the schema's defaults alone). A file without one is layered over
+    `default_base`, the command's default config (`stare-train`: configs/tiny_cpu.yaml), so an
+    empty or partial user YAML changes only what it sets.
+    """
+    chain: list[Path] = []
+    path: Path | None = Path(yaml_path)
+    layers: list[dict] = []
+    while path is not None:
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} not found (pass --config with an existing YAML)")
+        if path.resolve() in chain:
+            raise ConfigError(f"config file {str(path)!r}: its `base:` chain loops back to itself")
+        chain.append(path.resolve())
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        if BASE_KEY in loaded:
+            base = loaded.pop(BASE_KEY)
+            if base is not None and not isinstance(base, str):
+                raise ConfigError(f"config file {str(path)!r}: base={base!r}: expected a path or null")
+            path = (path.parent / base) if base else None
+        elif default_base is not None and path.resolve() != Path(default_base).resolve():
+            path = Path(default_base)
+        else:
+            path = None
+        layers.append(loaded)
+    tree: dict = {}
+    for values in reversed(layers):  # the deepest base first
+        _merge(tree, values)
+    return tree
+
+
+def load_config(
+    schema: type[T],
+    yaml_path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    default_base: str | Path | None = None,
+) -> T:
+    """Defaults of `schema`, then the YAML file over its base (`read_config_layers`), then each
+    `key=value` override, validated. No file: `default_base` alone, if given."""
+    path = yaml_path if yaml_path is not None else default_base
+    loaded = read_config_layers(path, default_base) if path is not None else {}
     return resolve_config(schema, loaded, overrides)
 
 
@@ -225,6 +265,103 @@ def _check_path(schema: Any, keys: list[str]) -> None:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (into every run directory)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (into every run directory), atomically: another rank or
+    a resumed run reading it never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp.replace(path)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config (dataclass tree or nested dict) as {dotted key: leaf value}; free-form mappings
+    (e.g. learner.deepspeed) stay one leaf."""
+    if dataclasses.is_dataclass(tree):
+        tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            if dataclasses.is_dataclass(value):
+                out.update(flatten(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = to_dict(value)
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def config_changes(old: Any, new: Any) -> list[str]:
+    """`key: old -> new` for every leaf that differs between two configs of one schema."""
+    a, b = flatten(old), flatten(new)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def field_comments(schema: type) -> dict[str, str]:
+    """{dotted key: its comment} for every field of a config dataclass tree.
+
+    The comment is the block of `#` lines right above the field, or the comment on its own line,
+    in the dataclass's source: where the defaults and their reasons are written down.
+    """
+    out: dict[str, str] = {}
+    hints = typing.get_type_hints(schema)
+    own = _own_comments(schema)
+    for f in dataclasses.fields(schema):
+        tp = hints[f.name]
+        while _is_union(tp):
+            tp = next(a for a in get_args(tp) if a is not type(None))
+        if dataclasses.is_dataclass(tp):
+            for key, text in field_comments(tp).items():
+                out[f"{f.name}.{key}"] = text
+        else:
+            out[f.name] = own.get(f.name, "")
+    return out
+
+
+def _own_comments(schema: type) -> dict[str, str]:
+    import ast
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    try:
+        source = textwrap.dedent(inspect.getsource(schema))
+    except (OSError, TypeError):  # no source (a frozen or generated class): no comments
+        return {}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    lines = source.splitlines()
+    cls = ast.parse(source).body[0]
+    fields = [n for n in getattr(cls, "body", []) if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    texts: dict[str, list[str]] = {}
+    for i, node in enumerate(fields):
+        above, row = [], node.lineno - 1
+        while row >= 1 and row in comments and lines[row - 1].lstrip().startswith("#"):
+            above.insert(0, comments[row])
+            row -= 1
+        trailing = [comments[r] for r in range(node.lineno, node.end_lineno + 1) if r in comments]
+        prev = fields[i - 1] if i else None
+        if above and trailing and prev is not None and prev.end_lineno == row and texts.get(prev.target.id):
+            # `a: int = 1  # text that goes on` / `# continues here` / `b: int = 2  # b's own`
+            texts[prev.target.id] += above
+            above = []
+        texts[node.target.id] = above + trailing
+    return {name: " ".join(t for t in parts if t) for name, parts in texts.items()}
+
+
+def first_sentence(text: str, width: int = 110) -> str:
+    """The leading sentences of a comment that fit in `width` characters (at least the first one,
+    cut at a word boundary when it alone is longer)."""
+    import re
+
+    sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(`])", text.strip())
+    out = sentences[0]
+    for sentence in sentences[1:]:
+        if len(out) + 1 + len(sentence) > width:
+            break
+        out += " " + sentence
+    if len(out) > width:
+        out = out[:width].rsplit(" ", 1)[0] + " ..."
+    return out

@@ -18,6 +18,7 @@ class DataConfig:
     eval: str = "arithmetic"
     # Sizes of the synthetic task's splits (ignored for other sources).
     arithmetic_train_size: int = 4000
+    # Held-out problems of the synthetic task (its "test" split; also eval.datasets=[arithmetic]).
     arithmetic_eval_size: int = 100
     # Keep only the first N eval problems (None: all).
     eval_limit: int | None = None

@@ -15,8 +15,13 @@ Metrics (per dataset, accuracies are fractions in [0, 1]):
   maj@N      majority vote over the extracted answers, grouped by the grader's equivalence.
   tool use   mean tool calls per sample, code error and timeout rates per tool call, mean
              response length (all tokens, and model-written tokens only), finish reasons.
-A sample whose sandbox failed for infrastructure reasons is written (for the record) but counts
-neither as right nor as wrong, and a rerun retries it, just as training excludes such samples.
+A sample that failed for infrastructure reasons (its sandbox failed, or the backend or env raised:
+`sandbox_error` / `rollout_error` in its row) is written for the record but counts neither as
+right nor as wrong, and a rerun retries it, just as training excludes such samples. A chunk whose
+samples all failed so stops the evaluation (`EvalInfraError`, naming the first error): a dead
+server or sandbox must not produce a table of zeros. The console table and docs/metrics.md use
+the same fractions as summary.json and training's eval/* metrics.
+`stare_tir.eval_run` is the command around this: config, output directory, model resolution.
 """
 
 from __future__ import annotations
@@ -28,13 +33,10 @@ import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from loguru import logger
 
-from envs.retool import RetoolConfig
-from sandbox import SandboxConfig
-from stare_tir.components import ModelConfig, build_components
 from stare_tir.eval_metrics import (  # noqa: F401 (re-exported: the metrics are part of this API)
     DEFAULT_PASS_KS,
     SIX_BENCHMARKS,
@@ -46,7 +48,11 @@ from stare_tir.eval_metrics import (  # noqa: F401 (re-exported: the metrics are
     pass_at_k,
     summary_metrics,
 )
-from stare_tir.rollout.engine import RolloutConfig
+
+
+class EvalInfraError(RuntimeError):
+    """Every sample of a chunk failed for infrastructure reasons: the backend or sandbox is down."""
+
 
 # Small competition sets get many samples (their avg@N is noisy otherwise), as in DAPO/ReTool.
 MANY_SAMPLE_DATASETS: frozenset[str] = frozenset({"aime24", "aime25", "amc23"})
@@ -138,6 +144,9 @@ def trajectory_row(traj: Any, problem: dict, sample_idx: int, dataset: str) -> d
         "timeouts": int(traj.timeouts),
         "void_turns": int(traj.void_turns),
         "sandbox_error": bool(traj.sandbox_error),
+        # The backend or env raised: the sample is incomplete, its grade meaningless.
+        "rollout_error": traj.finish_reason == "error",
+        "error": info.get("error"),
         "response_tokens": len(traj.response_ids),
         "generated_tokens": int(sum(traj.loss_mask)),
         "text": traj.text,
@@ -161,6 +170,11 @@ def read_rows(path: Path) -> list[dict]:
                 continue
             raise ValueError(f"{path}:{i + 1}: not valid JSON; delete or fix the file") from None
     return rows
+
+
+def infra_failed(row: dict) -> bool:
+    """The sample failed for infrastructure reasons (never the model's fault): never done, never graded."""
+    return bool(row.get("sandbox_error") or row.get("rollout_error") or row.get("finish_reason") == "error")
 
 
 def _latest_by_key(rows: Iterable[dict]) -> dict[tuple[str, int], dict]:
@@ -211,6 +225,7 @@ def evaluate_problems(
     pass_ks: Sequence[int] = DEFAULT_PASS_KS,
     chunk_size: int = 512,
     equivalent: Callable[[str, str], bool] = answers_equivalent,
+    stop_on_infra_failure: bool = True,
 ) -> tuple[dict[str, Any], list[dict]]:
     """Sample `n` responses per problem with `engine` and score them.
 
@@ -218,6 +233,9 @@ def evaluate_problems(
         `cfg`), used with its current sampling settings (`evaluate` sets the eval's).
     out_path: JSONL file of per-sample rows. Samples already in it are skipped (resume), new ones
         are appended after every chunk of `chunk_size` samples. None: nothing is written.
+    stop_on_infra_failure: raise `EvalInfraError` when every sample of a chunk failed for
+        infrastructure reasons (the trainer's held-out evaluation passes False: a transient outage
+        must not end a long run; its RL steps have their own guard, trainer.max_empty_steps).
     Returns (metrics, rows) with one row per (problem, sample index < n), sorted.
     """
     ids = [str(p["id"]) for p in problems]
@@ -234,7 +252,7 @@ def evaluate_problems(
         _append_rows(tmp, old_rows)
         tmp.replace(path)
     latest = _latest_by_key(old_rows)
-    done = {key for key, row in latest.items() if not row.get("sandbox_error")}
+    done = {key for key, row in latest.items() if not infra_failed(row)}
 
     todo = [(p, i) for p in problems for i in range(n) if (str(p["id"]), i) not in done]
     skipped = len(problems) * n - len(todo)
@@ -253,6 +271,13 @@ def evaluate_problems(
         if path is not None:
             _append_rows(path, rows)
         new_rows += rows
+        if stop_on_infra_failure and rows and all(infra_failed(r) for r in rows):
+            first = next((r["error"] for r in rows if r.get("error")), None) or "the sandbox failed (sandbox_error)"
+            raise EvalInfraError(
+                f"{dataset}: all {len(rows)} samples of a chunk failed for infrastructure reasons (backend or "
+                f"sandbox), first: {first}"
+                + ("; fix it and rerun: failed samples are retried, finished ones kept" if path is not None else "")
+            )
         logger.info(f"{dataset}: {start + len(chunk)}/{len(todo)} samples ({time.time() - t0:.1f}s)")
 
     latest.update(_latest_by_key(new_rows))
@@ -261,7 +286,11 @@ def evaluate_problems(
     rows = sorted(
         (r for k, r in latest.items() if k in wanted), key=lambda r: (order[str(r["problem_id"])], r["sample_idx"])
     )
-    metrics = dataset_metrics(rows, n, pass_ks, equivalent)
+    # Rows whose backend or env raised are dropped here (a sandbox failure is dropped by
+    # dataset_metrics itself), so that neither kind counts as a wrong answer.
+    graded = [r for r in rows if not (r.get("rollout_error") or r.get("finish_reason") == "error")]
+    metrics = dataset_metrics(graded, n, pass_ks, equivalent)
+    metrics["rollout_error_samples"] = len(rows) - len(graded)
     metrics["resumed_samples"] = skipped
     metrics["new_samples"] = len(new_rows)
     metrics["seconds"] = time.time() - t0
@@ -327,118 +356,36 @@ def evaluate(
 
 
 def format_table(summary: dict) -> str:
-    """A fixed-width console table of the summary (accuracies in percent)."""
+    """A fixed-width console table of the summary: fractions in [0, 1], as in summary.json and in
+    training's eval/* metrics (columns: docs/metrics.md)."""
     per = summary["datasets"]
     ks = sorted({int(k[5:]) for m in per.values() for k in m if k.startswith("pass@")})
     head = (
         ["dataset", "probs", "N", "avg@N"]
         + [f"pass@{k}" for k in ks]
-        + ["maj@N", "tools", "err%", "tmo%", "len", "sbx_err"]
+        + ["maj@N", "tools", "err", "tmo", "len", "infra_err"]
     )
     lines = []
     for name, m in per.items():
         n = m["n"]
         lines.append(
-            [name, str(m["problems"]), str(n), f"{100 * m[f'avg@{n}']:.1f}"]
-            + [f"{100 * m[f'pass@{k}']:.1f}" if f"pass@{k}" in m else "-" for k in ks]
+            [name, str(m["problems"]), str(n), f"{m[f'avg@{n}']:.3f}"]
+            + [f"{m[f'pass@{k}']:.3f}" if f"pass@{k}" in m else "-" for k in ks]
             + [
-                f"{100 * m[f'maj@{n}']:.1f}",
+                f"{m[f'maj@{n}']:.3f}",
                 f"{m['mean_tool_calls']:.2f}",
-                f"{100 * m['code_error_rate']:.1f}",
-                f"{100 * m['timeout_rate']:.1f}",
+                f"{m['code_error_rate']:.3f}",
+                f"{m['timeout_rate']:.3f}",
                 f"{m['mean_response_tokens']:.0f}",
-                str(m["sandbox_error_samples"]),
+                str(m["sandbox_error_samples"] + m.get("rollout_error_samples", 0)),
             ]
         )
     six = summary.get("six_benchmark_avg")
     if six:
-        lines.append(["six-avg", "", "", f"{100 * six['avg@n']:.1f}"] + [""] * (len(head) - 4))
+        lines.append(["six-avg", "", "", f"{six['avg@n']:.3f}"] + [""] * (len(head) - 4))
     widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(head)]
 
     def fmt(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
-
-
-# ----------------------------------------------------------------------------------------------
-# The eval script: build everything from one config, run, close
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EvalRunConfig:
-    """Everything `scripts/eval_aime.py` needs (sections reuse the training components' configs)."""
-
-    # The model, with the same keys as in training: model.path (an HF directory such as a training
-    # run's final/, a hub id, "tiny" for the shipped tiny base, "tiny-random"), model.tokenizer,
-    # model.chat_template, model.trust_remote_code.
-    model: ModelConfig = field(default_factory=ModelConfig)
-    # Rollout backend: hf (in-process transformers, CPU or one GPU) or sglang (running servers at
-    # rollout.sglang.urls; the model is whatever they serve, `model` then only names the run).
-    backend: Literal["hf", "sglang"] = "hf"
-    # Output directory; "" = runs/eval/<model name>. Rerunning into the same directory resumes.
-    out_dir: str = ""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    # Engine settings (concurrency, backend tuning); eval.* sampling settings override its own.
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    env: RetoolConfig = field(default_factory=RetoolConfig)
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-
-    def __post_init__(self) -> None:
-        if self.backend == "sglang" and not self.rollout.sglang.urls:
-            raise ValueError("backend='sglang': set rollout.sglang.urls (--sglang-url) to the servers' URLs")
-
-
-def default_out_dir(model: str) -> Path:
-    """runs/eval/<last path part of the model>, so the same command resumes the same run."""
-    name = Path(model.rstrip("/")).name or "model"
-    return Path("runs") / "eval" / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys += _config_changes(a, b, f"{prefix}{k}.")
-        elif a != b:
-            keys.append(f"{prefix}{k}: {a!r} -> {b!r}")
-    return keys
-
-
-def run_eval(cfg: EvalRunConfig) -> dict[str, Any]:
-    """Build tokenizer, backend, sandbox and engine from `cfg`, evaluate, close; return the summary."""
-    from stare_tir.config import save_config, to_dict
-
-    out = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.model.path)
-    out.mkdir(parents=True, exist_ok=True)
-    saved = out / "config.yaml"
-    if saved.exists():
-        import yaml
-
-        changes = _config_changes(yaml.safe_load(saved.read_text()) or {}, to_dict(cfg))
-        if changes:
-            logger.warning(
-                f"{out}: settings differ from the run being resumed; rows already "
-                f"written keep the old ones: " + "; ".join(changes)
-            )
-    save_config(cfg, saved)
-
-    parts = build_components(cfg.model, cfg.backend, cfg.rollout, cfg.env, cfg.sandbox)
-    try:
-        summary = evaluate(
-            parts.engine,
-            cfg.eval,
-            out,
-            meta={
-                "model": cfg.model.path,
-                "backend": cfg.backend,
-                "sandbox": getattr(parts.engine.sandbox, "info", {}),
-                "grader": cfg.env.grader,
-            },
-        )
-    finally:
-        parts.close()
-    logger.info(f"wrote {out / 'summary.json'} and per-sample rows in {out}")
-    return summary

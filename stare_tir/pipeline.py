@@ -1,13 +1,17 @@
 """The whole job behind `scripts/train_tir.py`: cold-start SFT -> RL -> evaluation -> summary.
 
-Each stage leaves its output in the run directory, so a rerun (or `--resume`) skips what is done:
-  <run_dir>/config.yaml          the resolved config
+The run directory belongs to this run (`stare_tir.run_dir`): a new run refuses one that holds
+another run unless told to `--overwrite` it, and `--resume` continues the run that is there.
+Start-up checks run before anything is written; then:
+  <run_dir>/config.yaml          the resolved config (written once the start-up checks passed)
   <run_dir>/sft/traces.jsonl     cold-start traces (the synthetic task's are made by the sandbox)
-  <run_dir>/sft/model/           SFT checkpoint (HF format), the RL stage's starting point
+  <run_dir>/sft/model/           SFT checkpoint (HF format), the RL stage's starting point; reused
+                                 from this or a sibling run directory when made from the same
+                                 inputs (`stare_tir.cold_start`)
   <run_dir>/checkpoints/         RL checkpoints (DeepSpeed: model, optimizer, scheduler, state)
   <run_dir>/hf/step_NNNNNN/      intermediate HF exports (trainer.save_hf_every)
   <run_dir>/train.log            log of rank 0 (other ranks: train.rank<N>.log), lines rank-tagged
-  <run_dir>/metrics.jsonl        one row per RL step (+ evaluation rows)
+  <run_dir>/metrics.jsonl        one row per RL step (+ evaluation rows); keys: docs/metrics.md
   <run_dir>/final/               final policy (HF format)
   <run_dir>/plots/curves.png     reward/accuracy, entropy with target band, gate, tools, length
   <run_dir>/summary.json         before/after accuracy, entropy, tool use, seconds per phase
@@ -15,7 +19,6 @@ Each stage leaves its output in the run directory, so a rerun (or `--resume`) sk
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -24,99 +27,66 @@ from typing import Any
 
 from loguru import logger
 
-from envs.arithmetic import amake_sft_traces, make_problems
-from sandbox import make_sandbox
-from stare_tir.components import load_tokenizer, resolve_model_path
+from stare_tir.cold_start import check_sft_traces, sft_stage
+from stare_tir.components import resolve_model_path
 from stare_tir.config import save_config
 from stare_tir.preflight import (
-    StartupError,
     check_backend,
     check_data,
     check_model,
     check_registry_names,
     check_sandbox,
+    check_sync_dir,
+    check_trackers,
 )
-from stare_tir.sft import run_sft
+from stare_tir.run_dir import check_run_dir, clear_run_dir
 from stare_tir.tracking import first_gate_step, plot_runs, read_metrics, setup_run_logging
 from stare_tir.train_config import TrainConfig
-from stare_tir.trainer import train_rl
-
-
-def make_synthetic_traces(cfg: TrainConfig, out_path: Path) -> list[dict]:
-    """Cold-start traces of the arithmetic task, their code run in a real sandbox session."""
-    problems = make_problems(cfg.sft.num_traces, seed=cfg.data.seed + 1, split="train")
-
-    async def go() -> list[dict]:
-        async with make_sandbox(cfg.sandbox) as sandbox:
-            return await amake_sft_traces(
-                problems, sandbox, tool_fraction=cfg.sft.tool_fraction, seed=cfg.data.seed, cfg=cfg.env
-            )
-
-    traces = asyncio.run(go())
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text("".join(json.dumps(t) + "\n" for t in traces))
-    logger.info(
-        f"sft: wrote {len(traces)} traces ({sum(t['uses_tool'] for t in traces)} with a tool call) to {out_path}"
-    )
-    return traces
-
-
-def sft_output(cfg: TrainConfig) -> Path:
-    """Where the SFT checkpoint goes: sft.output, or <trainer.run_dir>/sft/model."""
-    return Path(cfg.sft.output) if cfg.sft.output else Path(cfg.trainer.run_dir) / "sft" / "model"
-
-
-def check_sft_traces(cfg: TrainConfig) -> None:
-    if cfg.sft.enabled and cfg.sft.traces != "arithmetic" and not Path(cfg.sft.traces).is_file():
-        raise StartupError(
-            f"sft.traces={cfg.sft.traces!r}: no such JSONL file (use 'arithmetic' for the "
-            'synthetic task, or a path to {"messages": [...]} rows)'
-        )
 
 
 def preflight(cfg: TrainConfig) -> None:
     """Every check that can fail cheaply, before any model is loaded (see stare_tir.preflight)."""
     check_model(cfg.model)
-    check_registry_names(cfg.algo.advantage, cfg.algo.policy_loss)
-    check_backend(cfg.trainer.backend, cfg.rollout.sglang.urls)
+    check_trackers(cfg.trainer.tensorboard, cfg.trainer.wandb_project)
+    check_backend(cfg.trainer.backend, cfg.rollout.sglang)
+    if cfg.trainer.backend == "sglang":
+        check_sync_dir(cfg.rollout.sglang)
+    info = check_sandbox(cfg.sandbox)
     check_sft_traces(cfg)
     check_data(cfg.data)
-    info = check_sandbox(cfg.sandbox)
+    check_registry_names(cfg.algo.advantage, cfg.algo.policy_loss)  # imports torch: last
     logger.info(
         f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
     )
 
 
-def sft_stage(cfg: TrainConfig, base_model: str, run_dir: Path) -> tuple[str, dict]:
-    """Cold-start SFT (skipped when its checkpoint exists); returns (model path, summary)."""
-    out = sft_output(cfg)
-    if (out / "config.json").is_file():
-        logger.info(f"sft: reusing {out}")
-        return str(out), {"reused": True}
-    check_sft_traces(cfg)
-    if cfg.sft.traces == "arithmetic":
-        data: list[dict] | Path = make_synthetic_traces(cfg, run_dir / "sft" / "traces.jsonl")
-    else:
-        data = Path(cfg.sft.traces)
-    # The policy's tokenizer (model.tokenizer, model.chat_template) is saved with the checkpoint.
-    summary = run_sft(
-        cfg.sft.train,
-        base_model,
-        data,
-        out,
-        tokenizer=load_tokenizer(cfg.model, base_model),
-        trust_remote_code=cfg.model.trust_remote_code,
-    )
-    return str(out), summary
-
-
-def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
-    """SFT -> RL -> summary table and plots."""
+def start_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> Path:
+    """Claim the run directory: refuse a used one (unless resuming or overwriting), run the
+    start-up checks, then clear an overwritten run and write config.yaml. Rank 0 alone checks and
+    writes the directory (the other ranks may start a moment later and would see rank 0's files)."""
     run_dir = Path(cfg.trainer.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    setup_run_logging(run_dir)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if rank == 0:
+        check_run_dir(run_dir, resume=resume, overwrite=overwrite)
     preflight(cfg)
+    if rank == 0:
+        if overwrite:
+            gone = clear_run_dir(run_dir, world_size=world)
+            if gone:
+                logger.info(f"--overwrite: deleted {', '.join(gone)} of the previous run in {run_dir}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    setup_run_logging(run_dir, fresh=not resume)
+    return run_dir
+
+
+def run_pipeline(cfg: TrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """SFT -> RL -> summary table and plots."""
+    run_dir = start_run(cfg, resume=resume, overwrite=overwrite)
+    # The learner's stack (torch, DeepSpeed: seconds to import) only once the start-up checks passed.
+    from stare_tir.trainer import train_rl
+    from stare_tir.trainer.loop import Interrupted
+
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -126,7 +96,10 @@ def run_pipeline(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
     sft_summary: dict | None = None
     if cfg.sft.enabled:
         t0 = time.perf_counter()
-        model_path, sft_summary = sft_stage(cfg, model_path, run_dir)
+        try:
+            model_path, sft_summary = sft_stage(cfg, model_path, run_dir, resume=resume)
+        except KeyboardInterrupt:
+            raise Interrupted(step=0, checkpoint_step=None, stage="sft") from None
         times["sft"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

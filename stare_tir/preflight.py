@@ -1,22 +1,33 @@
 """Start-up checks that run before any expensive work (model loading, SFT, DeepSpeed).
 
 A new user's mistakes should end in one line that names the problem and the fix, not in a
-traceback after the model has loaded: a model path that does not exist, a data file that is
-missing or has a bad row, a sandbox backend that cannot start (no Docker engine, no e2b key), a
-registry name that does not exist. `check_*` functions raise `StartupError`; the console entry
-points (`stare_tir.cli`) print its message alone unless `--debug` is given.
+traceback after the model has loaded: a model path that does not exist, a hub id that does not
+exist or a hub that cannot be reached, a data file that is missing or has a bad row, an SGLang
+server that does not answer, a `sync_dir` that cannot be written, a sandbox backend that cannot
+run one cell (no Docker engine, no e2b key), a registry name that does not exist, a requested
+tracker that is not installed. Every remote piece is asked once, with a short timeout.
+`check_*` functions raise `StartupError`; the console entry points (`stare_tir.cli`) print its
+message alone unless `--debug` is given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
+import re
+import urllib.error
+import urllib.request
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from envs.data import DataError
+from envs.data import SHIPPED, DataError
 from sandbox import SandboxConfig, SandboxError, make_sandbox
 from stare_tir.components import TINY_MODELS, ModelConfig
 from stare_tir.data import DataConfig, load_split
+
+# Seconds a start-up check waits for a remote piece (hub, SGLang server) before reporting it.
+REMOTE_TIMEOUT_S = 10.0
 
 
 class StartupError(RuntimeError):
@@ -44,10 +55,14 @@ def check_model(model: ModelConfig, key: str = "model.path") -> None:
             f"{key}={model.path!r}: no such directory; point it at a Hugging Face model "
             "directory (e.g. a run's final/ or sft/model/), a hub id, or 'tiny'"
         )
-    if model.tokenizer and _looks_like_a_path(model.tokenizer) and not Path(model.tokenizer).expanduser().exists():
-        raise StartupError(
-            f"model.tokenizer={model.tokenizer!r}: no such directory; leave it empty to use the model's own tokenizer"
-        )
+    else:
+        check_hub_repo(model.path, key, "model")
+    if model.tokenizer and not Path(model.tokenizer).expanduser().exists():
+        if _looks_like_a_path(model.tokenizer):
+            raise StartupError(
+                f"model.tokenizer={model.tokenizer!r}: no such directory; leave it empty to use the model's own tokenizer"
+            )
+        check_hub_repo(model.tokenizer, "model.tokenizer", "model")
     template = model.chat_template
     if template and "{" not in template and not Path(template).is_file():
         raise StartupError(
@@ -56,10 +71,84 @@ def check_model(model: ModelConfig, key: str = "model.path") -> None:
         )
 
 
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_hub_repo(
+    name: str,
+    key: str,
+    repo_type: Literal["model", "dataset"] = "model",
+    timeout_s: float = REMOTE_TIMEOUT_S,
+    value: str | None = None,
+) -> None:
+    """A Hugging Face hub id exists and can be fetched: found in the local cache, or confirmed by
+    one hub request with a short timeout. Otherwise one line says why (no such repository, gated,
+    hub unreachable, offline) and what to do, instead of minutes of download retries."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    setting = f"{key}={value or repr(name)}"
+    probe = "config.json" if repo_type == "model" else "README.md"
+    if isinstance(try_to_load_from_cache(name, probe, repo_type=repo_type), str):
+        return  # already downloaded: loading needs no network
+    fetch = f"`hf download {name}{' --repo-type dataset' if repo_type == 'dataset' else ''} --local-dir DIR`"
+    local = "a local directory" if repo_type == "model" else "a local .jsonl/.parquet file"
+    if _offline():
+        if repo_type == "dataset":
+            return  # the datasets library keeps its own offline cache; loading it will tell
+        raise StartupError(
+            f"{setting}: HF_HUB_OFFLINE is set and this {repo_type} is not in the local Hugging Face "
+            f"cache: download it where there is network ({fetch}) and set {key} to {local}"
+        )
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now: tests and mirrors set it late
+    info = api.model_info if repo_type == "model" else api.dataset_info
+    try:
+        info(name, timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - classified by name: the hub client's errors vary by version
+        kind = type(e).__name__
+        if kind == "GatedRepoError":
+            raise StartupError(
+                f"{setting} is a gated {repo_type}: accept its terms on its hub page and log in "
+                "(`hf auth login`), or download it and set a local path"
+            ) from None
+        if kind == "RepositoryNotFoundError":
+            raise StartupError(
+                f"{setting}: no such {repo_type} on the Hugging Face hub (check the spelling; a private "
+                f"one needs `hf auth login`), and no such local path either"
+            ) from None
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if status is not None:
+            raise StartupError(f"{setting}: the Hugging Face hub answered HTTP {status}: {e}") from None
+        raise StartupError(
+            f"{setting} is no local path, and the Hugging Face hub is unreachable ({kind}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no answer'}): if it is a directory, check the path; "
+            f"if it is a hub id, download it where there is network ({fetch}) and set {key} to {local}, "
+            "or set HF_ENDPOINT to a reachable mirror"
+        ) from None
+
+
+def _hub_dataset(source: str) -> str | None:
+    """The hub id of a data source that `envs.data.load_problems` would fetch from the hub."""
+    if source in SHIPPED or Path(source).expanduser().exists():
+        return None
+    if source.startswith("hf:") or re.fullmatch(r"[\w.-]+/[\w.-]+(?::[\w.\[\]%:-]+)?", source):
+        return source.removeprefix("hf:").partition(":")[0]
+    return None
+
+
+def check_hub_dataset(source: str, key: str) -> None:
+    """An `hf:` (or owner/name) data source exists on the hub, before `datasets` retries for minutes."""
+    name = _hub_dataset(source)
+    if name is not None:
+        check_hub_repo(name, key, "dataset", value=repr(source))
+
+
 def check_data(data: DataConfig) -> dict[str, int]:
     """Both splits load and validate (a missing file or a bad row is reported here, by name)."""
     counts = {}
     for split in ("train", "eval"):
+        if getattr(data, split) != "arithmetic":
+            check_hub_dataset(getattr(data, split), f"data.{split}")
         try:
             counts[split] = len(load_split(data, split))  # type: ignore[arg-type]
         except FileNotFoundError as e:
@@ -84,19 +173,34 @@ _SANDBOX_FIXES = {
 }
 
 
-def check_sandbox(cfg: SandboxConfig) -> dict:
-    """Start and stop the configured sandbox once: the cheapest proof that the backend works here."""
+def check_sandbox(cfg: SandboxConfig, timeout_s: float = 120.0) -> dict:
+    """Start the configured sandbox and run one cell in one session: the cheapest proof that the
+    backend works here (for e2b: that the key is accepted and a cloud sandbox starts)."""
+    fix = _SANDBOX_FIXES[cfg.backend]
+    if cfg.backend == "e2b" and not (cfg.e2b.api_key or os.environ.get("E2B_API_KEY") or cfg.e2b.debug):
+        raise StartupError(
+            "sandbox.backend=e2b needs an API key: set E2B_API_KEY (or sandbox.e2b.api_key; keys at "
+            "https://e2b.dev/dashboard), or set sandbox.backend=local"
+        )
 
-    async def start_stop() -> dict:
+    async def one_cell() -> tuple[dict, Any]:
         async with make_sandbox(cfg) as box:
-            return dict(getattr(box, "info", {}) or {})
+            async with box.session() as session:
+                result = await session.run("print(6 * 7)")
+            return dict(getattr(box, "info", {}) or {}), result
 
     try:
-        return asyncio.run(start_stop())
-    except (SandboxError, OSError, ImportError) as e:
+        info, result = asyncio.run(asyncio.wait_for(one_cell(), timeout_s))
+    except asyncio.TimeoutError:
         raise StartupError(
-            f"sandbox.backend={cfg.backend} cannot start: {e}. Fix: {_SANDBOX_FIXES[cfg.backend]}"
+            f"sandbox.backend={cfg.backend}: one cell did not finish within {timeout_s:.0f} s. Fix: {fix}"
         ) from None
+    except (SandboxError, OSError, ImportError) as e:
+        raise StartupError(f"sandbox.backend={cfg.backend} cannot start: {e}. Fix: {fix}") from None
+    if not result.ok or result.stdout.strip() != "42":
+        why = result.error or result.stderr.strip().splitlines()[-1:] or result.status.value
+        raise StartupError(f"sandbox.backend={cfg.backend} cannot run code ({result.status.value}: {why}). Fix: {fix}")
+    return info
 
 
 def check_registry_names(advantage: str, policy_loss: str) -> None:
@@ -114,9 +218,83 @@ def check_registry_names(advantage: str, policy_loss: str) -> None:
             raise StartupError(f"{key}={name!r}: {e}") from None
 
 
-def check_backend(kind: Literal["hf", "sglang"], urls: list[str]) -> None:
-    if kind == "sglang" and not urls:
+def check_backend(kind: Literal["hf", "sglang"], sglang: Any, key: str = "trainer.backend") -> None:
+    """With the SGLang backend: servers are named and every one answers GET /health."""
+    if kind != "sglang":
+        return
+    if not sglang.urls:
         raise StartupError(
-            "trainer.backend=sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
+            f"{key}=sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
             "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
         )
+    for name, urls in (("urls", sglang.urls), ("weight_urls", sglang.weight_urls)):
+        for i, url in enumerate(urls):
+            check_sglang_health(url, f"rollout.sglang.{name}[{i}]")
+
+
+def check_sglang_health(url: str, key: str, timeout_s: float = REMOTE_TIMEOUT_S) -> None:
+    """GET <url>/health: SGLang answers 200 once the model is loaded and the scheduler runs, 503
+    while it is not (python/sglang/srt/entrypoints/http_server.py, `health`); a router forwards
+    it to its workers."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise StartupError(
+            f"{key}={url!r}: no SGLang server answers there ({reason}): start one "
+            "(`python -m sglang.launch_server --model-path MODEL --port PORT`) or fix the URL"
+        ) from None
+    if status != 200:
+        raise StartupError(
+            f"{key}={url!r}: the server answered /health with HTTP {status} (still loading, or unhealthy): "
+            "wait until its log says it is ready, or check that log"
+        )
+
+
+def check_sync_dir(sglang: Any) -> None:
+    """`weight_sync=disk` writes each sync to rollout.sglang.sync_dir: it must be named and writable."""
+    if sglang.weight_sync != "disk":
+        return
+    if not sglang.sync_dir:
+        raise StartupError(
+            "rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the trainer writes "
+            "and every SGLang server reads (shared storage when servers run on other nodes)"
+        )
+    path = Path(sglang.sync_dir).expanduser()
+    probe = path / f".write-probe-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise StartupError(
+            f"rollout.sglang.sync_dir={sglang.sync_dir!r} cannot be written ({e.strerror or e}): point it at a "
+            "directory this process can write and every SGLang server can read"
+        ) from None
+
+
+# Optional mirrors of metrics.jsonl: (config key, module to import, package to install).
+_TRACKERS = (("trainer.tensorboard", "tensorboard", "tensorboard"), ("trainer.wandb_project", "wandb", "wandb"))
+
+
+def check_trackers(tensorboard: bool, wandb_project: str | None) -> None:
+    """A tracker that is asked for is installed (a run must not start and then log nowhere)."""
+    wanted = {"trainer.tensorboard": tensorboard, "trainer.wandb_project": bool(wandb_project)}
+    for key, module, package in _TRACKERS:
+        if wanted[key] and not _installed(module):
+            value = "true" if key == "trainer.tensorboard" else repr(wandb_project)
+            off = "trainer.tensorboard=false" if key == "trainer.tensorboard" else "trainer.wandb_project=null"
+            raise StartupError(
+                f"{key}={value} needs the {package} package, which is not installed: "
+                f"pip install 'stare-tir[tracking]' (or pip install {package}), or set {off}"
+            )
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules: blocked, i.e. absent
+        return False

@@ -80,16 +80,20 @@ class ColdStartConfig:
     # Run the cold-start SFT stage before RL (off when model.path already is an SFT checkpoint).
     enabled: bool = True
     # "arithmetic": make Retool traces of the synthetic task by running their code in the sandbox;
-    # otherwise a JSONL file of {"messages": [...]} or {"text": ...} rows.
+    # otherwise a JSONL (or parquet) file of {"messages": [...]} or {"text": ...} rows.
     traces: str = "arithmetic"
     # Number of synthetic traces to make.
     num_traces: int = 600
     # Share of synthetic traces that call the tool (the rest answer directly, often wrongly for a
     # tiny model): leaves RL room to learn when the tool pays off.
     tool_fraction: float = 0.5
-    # Directory of the SFT checkpoint; "" = <trainer.run_dir>/sft/model. An existing checkpoint
-    # there is reused (delete it to train again).
+    # Directory of the SFT checkpoint; "" = <trainer.run_dir>/sft/model. A checkpoint is reused
+    # only when made from the same inputs (base model, tokenizer, traces, sft.train; its
+    # sft_key.json), also from a sibling run directory; a named one made from other inputs is refused.
     output: str = ""
+    # Reuse the SFT model (or traces) of a sibling run directory (runs/a for runs/b) made from the
+    # same inputs; false makes this run's own (a benchmark of the whole pipeline, say).
+    reuse: bool = True
     # Optimisation settings of the SFT stage.
     train: SFTConfig = field(default_factory=SFTConfig)
 
@@ -175,9 +179,14 @@ def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajector
 
 
 def load_records(source: str | Path | Sequence[dict]) -> list[dict]:
-    """Rows from a JSONL file (blank lines skipped; a bad line is an error naming it) or a list."""
+    """Rows from a JSONL file (blank lines skipped; a bad line is an error naming it), a parquet
+    file (e.g. ReTool-SFT's train_2000.parquet, one row per conversation), or a list."""
     if not isinstance(source, (str, Path)):
         return list(source)
+    if str(source).lower().endswith(".parquet"):
+        import pyarrow.parquet as pq  # only parquet traces pay for pyarrow
+
+        return pq.read_table(source).to_pylist()
     rows = []
     with open(source, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):

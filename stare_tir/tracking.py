@@ -42,9 +42,10 @@ def wandb_run_id(run_dir: str | Path, resume: bool) -> str:
     return run_id
 
 
-def setup_run_logging(run_dir: str | Path, rank: int | None = None) -> Path:
+def setup_run_logging(run_dir: str | Path, rank: int | None = None, fresh: bool = False) -> Path:
     """Send log lines to <run_dir>/train.log (rank 0) or train.rank{N}.log (other ranks), each line
-    tagged with its rank; returns the file. Two ranks never write the same file."""
+    tagged with its rank; returns the file. Two ranks never write the same file. fresh: a new run
+    starts its log empty (a resumed one appends)."""
     if rank is None:
         rank = int(os.environ.get("RANK", "0"))
     path = Path(run_dir) / ("train.log" if rank == 0 else f"train.rank{rank}.log")
@@ -52,6 +53,7 @@ def setup_run_logging(run_dir: str | Path, rank: int | None = None) -> Path:
     logger.add(
         path,
         level="INFO",
+        mode="w" if fresh else "a",
         enqueue=False,
         format="{time:YYYY-MM-DD HH:mm:ss.SSS} | rank" + str(rank) + " | {level: <8} | {name}:{line} - {message}",
     )
@@ -74,22 +76,20 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None
         self._wandb = None
+        # A mirror that was asked for and cannot be made is an error, never a warning: the start-up
+        # checks (preflight.check_trackers) name the install command before anything runs.
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
-            except ImportError:
-                logger.warning("tensorboard is not installed (pip install tensorboard): mirror disabled")
+            except ImportError as e:
+                raise ImportError(f"trainer.tensorboard=true: {e}; pip install 'stare-tir[tracking]'") from None
+            self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
         if wandb_project:
             try:
                 import wandb
-
-                self._wandb = wandb.init(
-                    project=wandb_project, name=run_name, config=config, id=wandb_id, resume="allow"
-                )
-            except ImportError:
-                logger.warning("wandb is not installed (pip install wandb): mirror disabled")
+            except ImportError as e:
+                raise ImportError(f"trainer.wandb_project: {e}; pip install 'stare-tir[tracking]'") from None
+            self._wandb = wandb.init(project=wandb_project, name=run_name, config=config, id=wandb_id, resume="allow")
 
     def truncate_after(self, step: int) -> None:
         """Drop rows with step > `step` (written after the checkpoint a resumed run starts from)."""

@@ -88,8 +88,10 @@ class TrainerConfig:
     # Also export an HF-loadable model (weights + tokenizer, what AutoModelForCausalLM and SGLang
     # load) every N steps to <run_dir>/hf/step_NNNNNN; 0: only the final one (<run_dir>/final).
     save_hf_every: int = 0
-    # Output directory: config.yaml, metrics.jsonl, checkpoints/, plots/, logs.
+    # Output directory: config.yaml, metrics.jsonl, checkpoints/, plots/, logs. It holds one run:
+    # a new run into a used one is refused unless --resume (continue it) or --overwrite.
     run_dir: str = "runs/tiny_cpu"
+    # Seed of rollout sampling (per step, round and rank) and of the held-out evaluation.
     seed: int = 0
     # Rollout backend: hf (in-process, CPU or one GPU) or sglang (servers at rollout.sglang.urls).
     backend: Literal["hf", "sglang"] = "hf"
@@ -99,7 +101,10 @@ class TrainerConfig:
     # failed, every group had equal rewards, or the filters dropped everything): such a run
     # would otherwise "finish" without ever training.
     max_empty_steps: int = 3
+    # Mirror metrics.jsonl to TensorBoard (<run_dir>/tb); needs `pip install 'stare-tir[tracking]'`.
     tensorboard: bool = False
+    # Mirror metrics.jsonl to this W&B project (a resumed run continues its W&B run); needs the
+    # [tracking] extra and a W&B login.
     wandb_project: str | None = None
 
     def __post_init__(self) -> None:

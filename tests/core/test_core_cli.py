@@ -62,6 +62,7 @@ def test_train_start_up_errors_are_one_clean_line(tmp_path, monkeypatch, capsys,
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and "--debug" in err
     assert not (tmp_path / "run" / "sft").exists()  # nothing expensive started
+    assert not (tmp_path / "run" / "config.yaml").exists()  # written only once the checks passed
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -83,3 +84,61 @@ def test_eval_missing_dataset_is_reported_before_the_model_loads(tmp_path, capsy
     assert eval_main(["model.path=tiny", "eval.datasets=[nope.jsonl]", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "error: eval.datasets: 'nope.jsonl'" in err and "Traceback" not in err
+
+
+def help_values(text: str) -> dict[str, str]:
+    """`key=value  # comment` lines of a --help epilog -> {key: value text}."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("  ") and "=" in line and not line.lstrip().startswith("-"):
+            key, _, rest = line.strip().partition("=")
+            if "." in key or key in ("backend", "out_dir"):
+                out[key] = rest.split("  # ")[0]
+    return out
+
+
+def test_help_shows_the_values_a_plain_run_uses_with_one_comment_line_per_key():
+    import json
+
+    import yaml
+
+    from stare_tir.config import field_comments, flatten
+    from stare_tir.train_config import TrainConfig
+
+    shown = help_values(run("train", "--help").stdout)
+    assert yaml.safe_load(run("train", "--print-config").stdout)["trainer"]["steps"] == 40
+    plain = flatten(_resolved_plain())
+    assert set(shown) == set(plain)
+    for key, value in plain.items():
+        expected = repr(value) if isinstance(value, str) else json.dumps(value)
+        assert shown[key] == expected, (key, shown[key], expected)
+    # The defaults tiny_cpu.yaml sets, shown as a plain run uses them (not the schema's).
+    assert (
+        shown["trainer.steps"] == "40"
+        and shown["sft.num_traces"] == "16000"
+        and shown["data.arithmetic_eval_size"] == "512"
+    )
+    comments = field_comments(TrainConfig)
+    mine = ("model.", "data.", "sft.", "trainer.")  # sections whose dataclasses live in stare_tir
+    undocumented = [k for k in comments if k.startswith(mine) and not comments[k]]
+    assert not undocumented, f"add a comment above these fields in their dataclass: {undocumented}"
+    text = run("train", "--help").stdout
+    assert "  trainer.steps=40  # RL steps (one optimizer step per PPO epoch each)." in text.splitlines()
+
+
+def _resolved_plain():
+    from stare_tir.cli import DEFAULT_TRAIN_CONFIG
+    from stare_tir.config import load_config
+    from stare_tir.train_config import TrainConfig
+
+    return load_config(TrainConfig, None, (), default_base=DEFAULT_TRAIN_CONFIG)
+
+
+def test_an_empty_or_partial_yaml_keeps_the_default_config(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("trainer:\n  steps: 7\n")
+    plain = run("train", "--print-config").stdout
+    assert run("train", "--config", str(empty), "--print-config").stdout == plain
+    assert run("train", "--config", str(partial), "--print-config").stdout == plain.replace("steps: 40", "steps: 7")

@@ -81,3 +81,71 @@ def test_parse_override_values():
     assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
     assert parse_override("x=hello world") == (["x"], "hello world")
     assert parse_override("lr=3e-3") == (["lr"], 0.003)
+
+
+# ----------------------------------------------------------------------------- layered configs
+
+
+def test_a_partial_or_empty_yaml_is_layered_over_the_default_config(tmp_path):
+    default = tmp_path / "default.yaml"
+    default.write_text("base: null\nsteps: 40\ninner:\n  variant: C2\n")
+    partial = tmp_path / "mine.yaml"
+    partial.write_text("steps: 5\n")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    cfg = load_config(Outer, partial, default_base=default)
+    assert cfg.steps == 5 and cfg.inner.variant == "C2"  # the default config's value survives
+    assert load_config(Outer, empty, default_base=default) == load_config(Outer, None, default_base=default)
+    assert load_config(Outer, None, default_base=default).steps == 40
+
+
+def test_a_yaml_names_its_base_explicitly(tmp_path):
+    default = tmp_path / "default.yaml"
+    default.write_text("steps: 40\n")
+    (tmp_path / "sub").mkdir()
+    base = tmp_path / "sub" / "base.yaml"
+    base.write_text("base: null\nname: from-base\ninner:\n  variant: C2\n")
+    child = tmp_path / "sub" / "child.yaml"
+    child.write_text("base: base.yaml\nname: child\n")  # relative to the file itself
+    cfg = load_config(Outer, child, default_base=default)
+    assert (cfg.name, cfg.inner.variant, cfg.steps) == ("child", "C2", 10)  # 10: the schema's, not 40
+    alone = tmp_path / "alone.yaml"
+    alone.write_text("base: null\nname: alone\n")
+    assert load_config(Outer, alone, default_base=default).steps == 10
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match="chain loops back"):
+        load_config(Outer, loop)
+    with pytest.raises(ConfigError, match=r"base\.yaml2.*not found"):
+        (tmp_path / "bad.yaml").write_text("base: sub/base.yaml2\n")
+        load_config(Outer, tmp_path / "bad.yaml")
+
+
+@dataclass
+class Commented:
+    # Above the field,
+    # two lines.
+    a: int = 1
+    b: int = 2  # trailing
+    c: int = 3  # trailing that goes on
+    # on the next line
+    d: int = 4  # d's own
+    e: int = 5
+
+    def __post_init__(self) -> None:  # not a field
+        pass
+
+
+def test_field_comments_come_from_the_dataclass_source():
+    from stare_tir.config import field_comments, first_sentence
+
+    assert field_comments(Commented) == {
+        "a": "Above the field, two lines.",
+        "b": "trailing",
+        "c": "trailing that goes on on the next line",
+        "d": "d's own",
+        "e": "",
+    }
+    assert field_comments(Outer)["inner.target_entropy"] == ""  # nested sections get dotted keys
+    assert first_sentence("One. Two e.g. three. Four is long " + "x" * 200) == "One. Two e.g. three."
+    assert first_sentence("y " * 80, width=20).endswith(" ...")

@@ -16,7 +16,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 def schema_for(path: Path):
     if path.name.startswith("eval"):
-        from stare_tir.evaluate import EvalRunConfig
+        from stare_tir.eval_run import EvalRunConfig
 
         return EvalRunConfig
     from stare_tir.train_config import TrainConfig
@@ -79,3 +79,16 @@ def test_train_script_rejects_bad_key_with_exit_2():
         timeout=120,
     )
     assert proc.returncode == 2 and "unknown key 'trainer.stepz'" in proc.stderr
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_config_file_names_its_base(path):
+    """A YAML without `base:` is layered over configs/tiny_cpu.yaml: a complete config (a GPU
+    recipe, an eval config) would silently take tiny-model values for the keys it leaves out."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    assert "base" in data, (
+        f"{path.name}: add a top-level `base: null` (it stands on the schema's defaults) or "
+        "`base: tiny_cpu.yaml` (it changes the CPU default), see README 'One command-line convention'"
+    )

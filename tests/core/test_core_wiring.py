@@ -27,7 +27,7 @@ def traj(group: int, reward: float) -> Trajectory:
 
 def test_tiny_is_the_same_model_in_training_and_evaluation():
     from stare_tir.components import ModelConfig, resolve_model_path
-    from stare_tir.evaluate import EvalRunConfig
+    from stare_tir.eval_run import EvalRunConfig
     from stare_tir.tiny import pretrained_tiny_base
 
     train, ev = TrainConfig().model, EvalRunConfig().model
@@ -246,7 +246,7 @@ def test_preflight_names_the_problem_and_the_fix(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(StartupError, match="holds no config.json"):
         check_model(ModelConfig(path=str(tmp_path / "empty")))
-    check_model(ModelConfig(path="Qwen/Qwen2.5-7B"))  # a hub id: not checkable offline, accepted
+    # A hub id is asked of the hub (tests/core/test_core_preflight_remote.py covers the answers).
 
     with pytest.raises(StartupError, match=r"data.train=.*missing.jsonl"):
         check_data(DataConfig(train=str(tmp_path / "missing.jsonl")))
@@ -335,7 +335,7 @@ def test_configs_load_without_torch():
 
     code = (
         "import sys; from stare_tir.cli import config_keys; from stare_tir.train_config import TrainConfig; "
-        "from stare_tir.evaluate import EvalRunConfig; assert config_keys(TrainConfig); "
+        "from stare_tir.eval_run import EvalRunConfig; assert config_keys(TrainConfig); "
         "print(sorted({'torch', 'transformers', 'deepspeed'} & set(sys.modules)))"
     )
     out = subprocess.run(

@@ -223,3 +223,88 @@ def test_six_benchmark_average_when_all_six_ran(tokenizer, problems, tmp_path: P
     assert summary["six_benchmark_avg"] == {"avg@n": 1.0, "maj@n": 1.0}
     assert all((tmp_path / f"{name}.jsonl").is_file() for name in six)
     assert json.loads((tmp_path / "summary.json").read_text())["six_benchmark_avg"]["avg@n"] == 1.0
+
+
+class DeadServerBackend(ScriptedBackend):
+    """A backend whose server went away: every generate raises, as the SGLang client does when
+    its connection is refused (after its retries)."""
+
+    async def generate(self, prompt_ids, sampling, stop):
+        self.calls += 1
+        raise ConnectionError("Cannot connect to host 127.0.0.1:30000 [Connection refused]")
+
+
+class FlakyBackend(ScriptedBackend):
+    """Fails the first problem's samples (a backend error mid-run), serves the others."""
+
+    async def generate(self, prompt_ids, sampling, stop):
+        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        if "A stack of $n$ tokens" in prompt:
+            raise ConnectionError("server reset the connection")
+        return await super().generate(prompt_ids, sampling, stop)
+
+
+def test_a_chunk_whose_samples_all_failed_stops_the_evaluation_naming_the_cause(tokenizer, problems, tmp_path):
+    from stare_tir.evaluate import EvalInfraError
+
+    with pytest.raises(EvalInfraError, match=r"aime24: all 3 samples of a chunk failed .*Connection refused"):
+        run_eval(tokenizer, DeadServerBackend(tokenizer), problems, tmp_path, n=2)
+    rows = read_rows(tmp_path / "aime24.jsonl")  # written for the record, marked as failed
+    assert len(rows) == 3 and all(r["rollout_error"] and "Connection refused" in r["error"] for r in rows)
+    assert not (tmp_path / "summary.json").exists()  # no table of zeros
+
+    again = ScriptedBackend(tokenizer)  # the server is back: failed samples are retried, never "done"
+    m = run_eval(tokenizer, again, problems, tmp_path, n=2)["datasets"]["aime24"]
+    assert again.first_turns == 8 and m["resumed_samples"] == 0
+    assert m["avg@2"] == 1.0 and m["samples"] == 8 and m["rollout_error_samples"] == 0
+
+
+def test_backend_errors_count_neither_as_right_nor_wrong(tokenizer, problems, tmp_path):
+    m = run_eval(tokenizer, FlakyBackend(tokenizer), problems, tmp_path, n=1)["datasets"]["aime24"]
+    # aime2024-I-3 failed (backend error): 3 problems graded, all right, one sample not graded.
+    assert m["rollout_error_samples"] == 1 and m["samples"] == 3 and m["problems"] == 3
+    assert m["avg@1"] == 1.0
+    again = ScriptedBackend(tokenizer)
+    m = run_eval(tokenizer, again, problems, tmp_path, n=1)["datasets"]["aime24"]
+    assert again.first_turns == 1 and m["samples"] == 4 and m["rollout_error_samples"] == 0
+
+
+def test_console_table_shows_fractions_like_training(tokenizer, problems, tmp_path):
+    from stare_tir.evaluate import format_table
+
+    summary = run_eval(tokenizer, ScriptedBackend(tokenizer, offset=1), problems[:2], tmp_path, n=1)
+    summary["datasets"]["aime24"]["avg@1"] = 0.5  # as if one of two were right
+    head, _, row = format_table(summary).splitlines()
+    assert head.split() == [
+        "dataset",
+        "probs",
+        "N",
+        "avg@N",
+        "pass@1",
+        "maj@N",
+        "tools",
+        "err",
+        "tmo",
+        "len",
+        "infra_err",
+    ]
+    assert row.split()[3] == "0.500"  # a fraction, as in summary.json and eval/acc; never 50.0
+
+
+def test_the_trainers_held_out_evaluation_records_an_outage_instead_of_stopping(tokenizer, problems, tmp_path):
+    """A long training run must not die because one held-out evaluation met a server restart;
+    its RL steps have their own guard (trainer.max_empty_steps). Nothing is graded, nothing scored."""
+    from stare_tir.evaluate import evaluate_problems
+
+    sandbox = make_sandbox(SandboxConfig(workers=1))
+    rollout = RolloutConfig(max_turns=2, max_total_tokens=256, max_new_tokens_per_turn=128, progress=False)
+    backend = DeadServerBackend(tokenizer)
+    engine = RolloutEngine(
+        backend, tokenizer, make_retool_env_factory(sandbox, RetoolConfig()), rollout, sandbox=sandbox
+    )
+    try:
+        metrics, rows = evaluate_problems(engine, problems[:2], 1, chunk_size=2, stop_on_infra_failure=False)
+    finally:
+        engine.close()
+    assert backend.calls == 2 and metrics["samples"] == 0 and metrics["rollout_error_samples"] == 2
+    assert all(r["rollout_error"] for r in rows)

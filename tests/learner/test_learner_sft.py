@@ -141,7 +141,7 @@ def test_sft_cli_help_lists_keys_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
-    for key in ("--model", "--data", "--output", "--config", "learner.zero_stage", "learner.lr=1e-05", "epochs=3"):
+    for key in ("--model", "--data", "--output", "--config", "learner.zero_stage", "learner.lr=0.002", "epochs=3"):
         assert key in out.stdout
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -15,6 +16,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_tir.py"
+
+
+def missing_from_metrics_doc(keys) -> str:
+    """tests/core/test_core_metrics_doc.py's check (tests are no package: load it by path)."""
+    spec = importlib.util.spec_from_file_location("metrics_doc", ROOT / "tests" / "core" / "test_core_metrics_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.missing_from_doc(keys)
+
 
 # Small budgets so a step takes a second or two on a 2-core CPU. A short SFT from the shipped tiny
 # base makes rewards differ inside groups, so dynamic sampling keeps groups and STARE has work.
@@ -68,6 +78,18 @@ def test_short_rl_run_completes_with_finite_metrics_and_checkpoints(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["acc_after_rl"] is not None
     assert Path(summary["plot"]).is_file()
+    assert "sft traces: 100%" in proc.stderr and "96/96" in proc.stderr  # trace generation shows progress
+    assert summary["sft"]["key"] and (run_dir / "sft" / "model" / "sft_key.json").is_file()
+
+    # Every key the default run wrote is described in docs/metrics.md.
+    keys = {k for line in (run_dir / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
+    assert not missing_from_metrics_doc(keys), missing_from_metrics_doc(keys)
+
+    # A second run into the same directory is refused, and changes nothing there.
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    again = run_script(run_dir, "trainer.steps=2", "algo.name=grpo_ds", timeout=120)
+    assert again.returncode == 2 and "already holds a run" in again.stderr and "Traceback" not in again.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow
@@ -91,8 +113,19 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     os.killpg(child.pid, signal.SIGKILL)  # mid step 3 (or between steps): no chance to clean up
     child.wait()
 
-    proc = run_script(killed, "trainer.steps=3", "--resume")
+    # --resume alone: the run's own config.yaml brings back every setting (FAST, steps=3); the
+    # defaults (16000 SFT traces, 40 steps) would neither match the reference nor finish in time.
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--resume", f"trainer.run_dir={killed}"],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The killed run did not redo the reference's SFT: same inputs, sibling directory, reused.
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["sft"]["reused"] and summary["steps"] == 3
     ref, res = rows_by_step(reference), rows_by_step(killed)
     assert sorted(res) == [1, 2, 3]  # no step lost, none repeated
     for step in (1, 2, 3):
@@ -121,3 +154,43 @@ def test_two_process_data_parallel_run_under_torchrun(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]  # rank 0 alone writes the log
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_after_the_step_saves_it_and_says_how_to_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    # No SFT and GRPO without dynamic sampling: every step updates, a step takes about a second.
+    fast = ["model.path=tiny", "sft.enabled=false", "algo.name=grpo", "trainer.steps=30"]
+    cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={run_dir}", *FAST, *fast]
+    child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and child.poll() is None and not latest.exists():
+        time.sleep(0.05)
+    assert child.poll() is None, "the run ended before it could be interrupted"
+    child.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    step = int(latest.read_text().strip().removeprefix("step_"))
+    assert last == f"interrupted at step {step}; resume with: stare-train --resume trainer.run_dir={run_dir}", last
+    assert "Traceback" not in err
+    assert sorted(rows_by_step(run_dir)) == list(range(1, step + 1))  # the last step is saved, none lost
+
+    resumed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--resume", f"trainer.run_dir={run_dir}", "trainer.steps=" + str(step + 1)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert resumed.returncode == 2 and f"trainer.steps: 30 -> {step + 1}" in resumed.stderr  # a change: shown
+    resumed = subprocess.run(
+        [*cmd[:2], "--resume", "--accept-changes", f"trainer.run_dir={run_dir}", f"trainer.steps={step + 1}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(rows_by_step(run_dir)) == list(range(1, step + 2))
