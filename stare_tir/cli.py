@@ -128,15 +128,19 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from envs.data import DataError
     from sandbox import SandboxError
     from stare_tir.config import ConfigError
+    from stare_tir.learner.distributed import LaunchError
     from stare_tir.preflight import StartupError
 
-    return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError)
+    return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError, LaunchError)
 
 
 def run_cli(main: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Call `main(args)`; a user-fixable error becomes one line on stderr and exit status 2."""
+    from stare_tir.learner.distributed import export_launch_env
+
     errors = _user_errors()
     try:
+        export_launch_env()  # srun/mpirun ranks -> RANK, WORLD_SIZE, ... before any per-rank file is named
         return main(args)
     except errors as e:
         if args.debug:

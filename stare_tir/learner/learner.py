@@ -36,6 +36,7 @@ too at ZeRO-3. DeepSpeed versions: TESTED_DEEPSPEED (pyproject allows the same m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -182,10 +183,16 @@ class Learner:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(cfg.warmup_steps, cfg.total_steps, cfg.lr_scheduler, cfg.min_lr_ratio)
         )
+        # bf16 without ZeRO wraps the optimizer in FP16_UnfusedOptimizer, whose constructor takes a
+        # real optimizer step on zero gradients (runtime/fp16/unfused_optimizer.py
+        # `initialize_optimizer_states`): Adam's step count starts at 1 and weight decay shrinks the
+        # fp32 masters once before training. Frozen, that step does nothing.
+        frozen = frozen_update(optimizer) if cfg.zero_stage == 0 and self.bf16 else contextlib.nullcontext()
         try:
-            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-                model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
-            )
+            with frozen:
+                self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                    model=self._module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+                )
         except NotImplementedError as e:
             # Without ZeRO, bf16 supports one accumulation dtype, and which one depends on the
             # version (engine.py `_do_optimizer_sanity_check`: 0.16 wants fp32, 0.19 bf16).
