@@ -68,3 +68,13 @@ def test_a_changed_zero_stage_on_resume_is_refused_with_the_saved_one(tmp_path):
         (ds / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").touch()
     assert load_layout(tmp_path / "old") == {"world_size": 4, "zero_stage": None}
     assert needs_universal(load_layout(tmp_path / "old"), world_size=2, zero_stage=1)
+
+
+def test_a_failed_universal_conversion_stops_with_the_command_to_run(tmp_path):
+    from stare_tir.learner.checkpoint_layout import universal_checkpoint
+
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_text("not a checkpoint")
+    with pytest.raises(RuntimeError, match=r"saved by 2 ranks, this run has 1.*ds_to_universal --input_folder"):
+        universal_checkpoint(tmp_path, rank=0, saved_world=2, world_size=1, all_reduce_sum=lambda t: t)
+    assert not (tmp_path / "universal").exists()  # no half-written copy left to be loaded later

@@ -167,3 +167,15 @@ def test_train_cli_refuses_a_slurm_allocation_without_srun_in_one_line():
     assert res.returncode == 2, res.stderr[-2000:]
     first = res.stderr.splitlines()[0]
     assert first.startswith("error: this Slurm allocation has 4 tasks") and "srun" in first
+
+
+def test_a_rank_that_cannot_see_its_gpu_is_refused(monkeypatch):
+    """srun --gpus-per-task: each task sees one GPU, but DeepSpeed selects cuda:LOCAL_RANK."""
+    import torch
+
+    from stare_tir.learner.distributed import cuda_device_index
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cuda_device_index(launch_env({**SRUN, "SLURM_LOCALID": "0"})) == 0
+    with pytest.raises(LaunchError, match=r"LOCAL_RANK=3 but this process sees 1 CUDA device.*--gpus-per-node"):
+        cuda_device_index(launch_env(SRUN))
