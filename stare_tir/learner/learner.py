@@ -31,7 +31,7 @@ Supported DeepSpeed paths (each tested on CPU by tests/learner/test_learner_path
 normal step, an all-zero-gradient step, a skipped non-finite step and the recovery after it):
 ZeRO 0-3 in fp32 and bf16 (bf16 at stage 0 with learner.grad_accum_dtype=bf16, which DeepSpeed
 0.19 requires there), optimizer state offloaded to the CPU at ZeRO 1-3, and parameters offloaded
-too at ZeRO-3. DeepSpeed versions: TESTED_DEEPSPEED (pyproject allows the same minor release).
+too at ZeRO-3. DeepSpeed versions: deepspeed_config.TESTED_DEEPSPEED.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from stare_tir.learner.checkpoint_layout import (
     universal_checkpoint,
 )
 from stare_tir.learner.config import LearnerConfig
-from stare_tir.learner.deepspeed_config import merge_deepspeed_config, offload_devices
+from stare_tir.learner.deepspeed_config import merge_deepspeed_config, offload_devices, warn_if_untested
 from stare_tir.learner.distributed import (
     cuda_device_index,
     export_launch_env,
@@ -75,12 +75,6 @@ from stare_tir.learner.step_guard import GradNormBound, discard_partition_gradie
 if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: LearnerConfig
     from torch import Tensor, nn  # stays importable by light paths (CLI --help, config loading)
     from transformers import PreTrainedTokenizerBase
-
-# DeepSpeed releases the learner's tests ran on (every path above). Older ones have known bugs on
-# the advertised paths (BF16_Optimizer asserting on a zero or skipped norm before 0.19.8, ZeRO-2
-# offload keeping only the last micro-batch's gradient before 0.19.0), so pyproject requires
-# >=0.19.8,<0.20; another release within that range is used with a warning.
-TESTED_DEEPSPEED = ("0.19.8",)
 
 
 class Learner:
@@ -107,10 +101,7 @@ class Learner:
             raise ValueError(f"total_steps=0: lr_scheduler={cfg.lr_scheduler!r} needs the run length")
         self.cfg = cfg
         logging.getLogger("DeepSpeed").setLevel(cfg.deepspeed_log_level.upper())
-        if deepspeed.__version__ not in TESTED_DEEPSPEED:
-            logging.getLogger(__name__).warning(
-                f"DeepSpeed {deepspeed.__version__}: the learner was tested on {', '.join(TESTED_DEEPSPEED)}"
-            )
+        warn_if_untested(deepspeed.__version__)
         launch = export_launch_env()  # srun / mpirun variables -> RANK, WORLD_SIZE, LOCAL_RANK, ...
         on_cuda = torch.cuda.is_available()
         if on_cuda:
