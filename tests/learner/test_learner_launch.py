@@ -179,3 +179,24 @@ def test_a_rank_that_cannot_see_its_gpu_is_refused(monkeypatch):
     assert cuda_device_index(launch_env({**SRUN, "SLURM_LOCALID": "0"})) == 0
     with pytest.raises(LaunchError, match=r"LOCAL_RANK=3 but this process sees 1 CUDA device.*--gpus-per-node"):
         cuda_device_index(launch_env(SRUN))
+
+
+def test_entry_points_export_the_srun_rank_before_anything_names_a_per_rank_file(monkeypatch):
+    """Per-rank logs (train.rank<N>.log) and rank-0-only files read RANK: under srun it must be
+    there from the start, or every task would take itself for rank 0 and write train.log."""
+    import argparse
+
+    from stare_tir.cli import run_cli
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {**SRUN, "SLURM_PROCID": "5", "SLURM_LOCALID": "1"}.items():
+        monkeypatch.setenv(key, value)
+    seen = {}
+
+    def main(args):
+        seen.update({k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")})
+        return 0
+
+    assert run_cli(main, argparse.Namespace(debug=False)) == 0
+    assert seen == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu007"}
