@@ -4,7 +4,7 @@ Prepared for a GPU machine that has PyTorch (CUDA) and transformers but maybe no
 the project's other dependencies, and no network. It measures, on a randomly initialised Qwen2
 with Qwen2.5-0.5B's shape (24 layers, hidden 896, vocabulary 151,936; no download):
 
-1. bf16 learner throughput and MFU at ZeRO-0 and ZeRO-3: per step the recompute pass (chunked
+1. bf16 learner throughput and MFU at ZeRO-0, 1, 2 and 3: per step the recompute pass (chunked
    log-probs + entropy), STARE-O1 weights over the batch, and the clipped policy loss with
    backward and optimizer step, through `stare_tir.learner.Learner` (DeepSpeed). Tokens/s counts
    prompt + response tokens of the step. MFU = model FLOPs / time / peak: 6*N*T for the update
@@ -13,8 +13,14 @@ with Qwen2.5-0.5B's shape (24 layers, hidden 896, vocabulary 151,936; no downloa
    module, loss and micro-batches; bf16 weights and AdamW) and ZeRO-3 is not run; the output says so.
 2. HF-backend decode tokens/s (`stare_tir.rollout.backends.hf.HFBackend`, continuous batching,
    KV cache), stop strings off (the random model's ids have no tokenizer).
-3. bf16 ZeRO-3 non-finite skip on the device: a NaN advantage must leave the weights and the
-   optimizer state bit-identical, then a finite step must apply.
+3. bf16 non-finite skip on the device at every DeepSpeed stage measured: a NaN advantage must
+   leave the weights, the fp32 master weights (wherever the stage keeps them; at ZeRO-3 the torch
+   optimizer holds none between steps) and the Adam state bit-identical, then a finite step must
+   apply.
+4. An untied 7B-like shape, scaled down (Qwen2.5-7B's proportions: head dim 128, 7 query heads
+   per KV head, MLP 5.3x hidden, 152,064-token vocabulary, separate lm_head), at bf16 ZeRO-3 with
+   gradient checkpointing: tokens/s, and the first step's loss and gradient norm must equal those
+   of the same learner without checkpointing (recomputed activations are the same activations).
 
 The last line is `RESULT key=value ...`. Exit status 1 if a correctness check failed.
 
@@ -58,6 +64,31 @@ QWEN25_05B = dict(
     rope_theta=1_000_000.0,
     tie_word_embeddings=True,
     rms_norm_eps=1e-6,
+)
+# Qwen2.5-7B's shape (28 layers, hidden 3584, 28 heads / 4 KV heads, MLP 18944, untied) scaled
+# to 8 layers and hidden 1792 with the same head dim, GQA ratio, MLP ratio and vocabulary: ~1B
+# parameters, the lm_head separate from the embedding as in the 7B model.
+QWEN25_7B_SCALED = dict(
+    hidden_size=1792,
+    intermediate_size=9472,
+    num_hidden_layers=8,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=152_064,
+    max_position_embeddings=32_768,
+    rope_theta=1_000_000.0,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-6,
+)
+TINY_UNTIED = dict(
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
 )
 TINY = dict(
     hidden_size=64,
@@ -118,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--steps", type=int, default=3, help="timed learner steps per ZeRO stage, after 1 warm-up (default: 3)"
     )
-    ap.add_argument("--stages", default="0,3", help="comma-separated ZeRO stages to measure (default: 0,3)")
+    ap.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages to measure (default: 0,1,2,3)")
     ap.add_argument(
         "--decode-batch", type=int, default=None, help="concurrent HF-backend requests (default: 64; tiny: 4)"
     )
@@ -138,7 +169,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "WHEEL_DIR/site without network when deepspeed is not importable",
     )
     ap.add_argument("--skip-decode", action="store_true", help="do not measure the HF backend")
-    ap.add_argument("--skip-nonfinite", action="store_true", help="do not run the non-finite skip check")
+    ap.add_argument("--skip-nonfinite", action="store_true", help="do not run the non-finite skip checks")
+    ap.add_argument(
+        "--skip-untied",
+        action="store_true",
+        help="do not run the untied 7B-like shape with gradient checkpointing (ZeRO-3)",
+    )
     a = ap.parse_args(argv)
     small = a.tiny
     for name, big, tiny in (
@@ -199,7 +235,7 @@ def ensure_deepspeed(wheel_dir: Path | None) -> tuple[bool, str]:
     return True, "deepspeed available"
 
 
-def make_model_dir(shape: dict, root: Path) -> tuple[Path, int, int]:
+def make_model_dir(shape: dict, root: Path, name: str = "qwen2-random") -> tuple[Path, int, int]:
     """Save a random bf16 Qwen2 of the given shape; returns (dir, non-embedding params, vocab)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -207,7 +243,7 @@ def make_model_dir(shape: dict, root: Path) -> tuple[Path, int, int]:
     cfg = Qwen2Config(**shape, bos_token_id=0, eos_token_id=1, pad_token_id=0)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    path = root / "qwen2-random"
+    path = root / name
     model.save_pretrained(path)
     # The embedding lookup costs no FLOPs, the lm_head matmul does: with tied weights the one
     # vocab x hidden matrix counts once, as the head; untied, the input embedding is left out.
@@ -352,12 +388,14 @@ class PlainTorchLearner:
 
 
 def nonfinite_check(learner, trajs, advantages) -> str:
-    """bf16 ZeRO-3 on the device: a NaN advantage leaves weights and optimizer state bit-identical."""
+    """bf16 on the device: a NaN advantage leaves weights, fp32 masters and Adam state bit-identical."""
     import torch
 
+    from stare_tir.learner.step_guard import master_weights
+
     def opt_state():
+        out = master_weights(learner.engine.optimizer, learner.model.parameters())
         opt = learner._base_optimizer
-        out = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
         return out + [torch.as_tensor(v).clone() for st in opt.state.values() for _, v in sorted(st.items())]
 
     w0 = {k: v.clone() for k, v in learner.export_weights()}
@@ -373,10 +411,60 @@ def nonfinite_check(learner, trajs, advantages) -> str:
     finite = all(torch.isfinite(v).all() for _, v in learner.export_weights())
     ok = m["step_skipped"] == 1 and same_w and same_s and m2["step_skipped"] == 0 and finite
     print(
-        f"non-finite skip: skipped={m['step_skipped']:.0f} weights_identical={same_w} "
+        f"non-finite skip (ZeRO-{learner.cfg.zero_stage}): skipped={m['step_skipped']:.0f} weights_identical={same_w} "
         f"optimizer_identical={same_s} next_step_applied={m2['step_skipped'] == 0} finite={finite}"
     )
     return "pass" if ok else "FAIL"
+
+
+def untied_gradient_checkpointing(a: argparse.Namespace, root: Path, sync) -> dict[str, object]:
+    """ZeRO-3 bf16 on the untied 7B-like shape: one step with and one without gradient
+    checkpointing from the same weights must agree; then tokens/s with checkpointing."""
+
+    from stare_tir.learner import Learner, LearnerConfig
+
+    shape = TINY_UNTIED if a.tiny else QWEN25_7B_SCALED
+    model_path, n_matmul, vocab = make_model_dir(shape, root, "qwen2-untied")
+    trajs = make_batch(a.seqs, a.prompt_len, a.response_len, vocab, seed=1)
+    advantages = [1.0 if i % 2 else -1.0 for i in range(a.seqs)]
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    first = {}
+    for checkpointing in (False, True):
+        cfg = LearnerConfig(
+            zero_stage=3,
+            dtype="bf16",
+            lr=1e-6,
+            micro_batch_tokens=a.micro_batch_tokens,
+            gradient_checkpointing=checkpointing,
+        )
+        learner = Learner(model_path, cfg, tokenizer=tok)
+        assert learner.model.get_output_embeddings().weight is not learner.model.get_input_embeddings().weight
+        old, _ = learner.compute_logprobs_entropy(trajs)
+        first[checkpointing] = learner.train_step(trajs, advantages, None, old)
+        if checkpointing:
+            sec = learner_steps(learner, trajs, advantages, a.steps, sync)
+        del learner
+        gc_collect(a.device)
+    same = all(
+        first[True][k] == first[False][k] or abs(first[True][k] - first[False][k]) <= 1e-2 * abs(first[False][k])
+        for k in ("loss", "grad_norm")
+    )
+    tokens = a.seqs * (a.prompt_len + a.response_len)
+    print(
+        f"untied 7B-like ({n_matmul / 1e6:.0f}M matmul params) ZeRO-3 + gradient checkpointing: "
+        f"{sec:.3f} s/step {tokens / sec:,.0f} tokens/s; first step loss {first[True]['loss']:.6f} vs "
+        f"{first[False]['loss']:.6f}, grad norm {first[True]['grad_norm']:.6f} vs {first[False]['grad_norm']:.6f}"
+    )
+    return {"untied_gc_tok_s": round(tokens / sec, 1), "untied_gc_matches": "pass" if same else "FAIL"}
+
+
+def gc_collect(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def decode_throughput(model_path: Path, device: str, batch: int, new_tokens: int, vocab: int) -> float:
@@ -454,18 +542,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: {sec:.3f} s/step  {tok_s:,.0f} tokens/s  MFU {mfu:.3f}  peak mem {mem:.1f} GiB")
             results[f"zero{stage}_tok_s"] = round(tok_s, 1)
             results[f"zero{stage}_mfu"] = round(mfu, 4)
-            if stage == 3 and have_ds and not a.skip_nonfinite:
-                results["nonfinite_skip"] = nonfinite_check(
-                    learner, trajs[: max(2, a.seqs // 4)], advantages[: max(2, a.seqs // 4)]
-                )
-                failed |= results["nonfinite_skip"] != "pass"
+            if have_ds and not a.skip_nonfinite:
+                checked = nonfinite_check(learner, trajs[: max(2, a.seqs // 4)], advantages[: max(2, a.seqs // 4)])
+                results[f"nonfinite_zero{stage}"] = checked
+                failed |= checked != "pass"
             del learner
-            gc.collect()
-            if a.device == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-        if "nonfinite_skip" not in results:
+            gc_collect(a.device)
+        checks = [v for k, v in results.items() if k.startswith("nonfinite_zero")]
+        if checks:
+            results["nonfinite_skip"] = "pass" if all(v == "pass" for v in checks) else "FAIL"
+        else:
             results["nonfinite_skip"] = "not_run" + ("" if have_ds else "_no_deepspeed")
+        if have_ds and not a.skip_untied:
+            results.update(untied_gradient_checkpointing(a, Path(tmp), sync))
+            failed |= results["untied_gc_matches"] != "pass"
         if not a.skip_decode:
             dec = decode_throughput(model_path, a.device, a.decode_batch, a.decode_tokens, vocab)
             print(f"HF backend decode: {dec:,.0f} new tokens/s ({a.decode_batch} concurrent requests)")

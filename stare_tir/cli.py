@@ -161,9 +161,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from sandbox import SandboxError
     from stare_tir.config import ConfigError
     from stare_tir.evaluate import EvalInfraError
+    from stare_tir.learner.distributed import LaunchError
     from stare_tir.preflight import StartupError
 
-    return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError, EvalInfraError)
+    return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError, EvalInfraError, LaunchError)
 
 
 def run_cli(
@@ -173,8 +174,11 @@ def run_cli(
 ) -> int:
     """Call `main(args)`; a user-fixable error becomes one line on stderr and exit status 2, Ctrl-C
     one line from `on_interrupt` (where the run stopped, how to go on) and exit status 130."""
+    from stare_tir.learner.distributed import export_launch_env
+
     errors = _user_errors()
     try:
+        export_launch_env()  # srun/mpirun ranks -> RANK, WORLD_SIZE, ... before any per-rank file is named
         return main(args)
     except errors as e:
         if args.debug:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stare_tir.learner.deepspeed_config import check_deepspeed_overrides
+from stare_tir.learner.deepspeed_config import check_deepspeed_overrides, check_offload
 
 
 @dataclass
@@ -22,9 +22,10 @@ class LearnerConfig:
     # Without ZeRO (stage 0) DeepSpeed allows one of the two, depending on its version (0.16: fp32,
     # 0.19: bf16); the learner names the other if DeepSpeed refuses.
     grad_accum_dtype: Literal["fp32", "bf16"] = "fp32"
-    # Timeout of every collective (torch.distributed and DeepSpeed). Ranks roll out independently
-    # and meet in all-reduces: a rank whose 16k-token multi-turn rollouts, evaluation or weight
-    # sync run longer than the others' must not trip NCCL's default 10-minute watchdog.
+    # Timeout of every collective: the default process group's and every group DeepSpeed creates
+    # (its data-parallel and ZeRO groups). Ranks roll out independently and meet in all-reduces: a
+    # rank whose 16k-token multi-turn rollouts, evaluation or weight sync run longer than the
+    # others' must not trip NCCL's default 10-minute watchdog.
     dist_timeout_minutes: float = 120.0
     # AdamW peak learning rate (1e-6 is the usual value for 7B RL; tiny models want ~1e-3).
     lr: float = 1e-6
@@ -70,13 +71,15 @@ class LearnerConfig:
     # Level of DeepSpeed's own logger (its INFO lines drown the training log).
     deepspeed_log_level: Literal["debug", "info", "warning", "error"] = "warning"
     # Extra DeepSpeed settings, deep-merged over the generated config (e.g. CPU offload:
-    # {zero_optimization: {offload_optimizer: {device: cpu}}}); see stare_tir/deepspeed_config.py.
+    # {zero_optimization: {offload_optimizer: {device: cpu}}}; the offloaded optimizer steps with
+    # torch's fused CPU AdamW); see stare_tir/learner/deepspeed_config.py for what is refused.
     deepspeed: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_deepspeed_overrides(self.deepspeed)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r}: must be 0, 1, 2 or 3")
+        check_offload(self.zero_stage, self.deepspeed)
         if not self.dist_timeout_minutes > 0:
             raise ValueError(f"dist_timeout_minutes={self.dist_timeout_minutes!r}: must be > 0")
         if not self.lr > 0:

@@ -25,9 +25,10 @@ stage 1/2 their partition buffers, stage 0 `zero_grad()`), and copies the fp32 m
 which the no-op left untouched, back into the bf16 weights: bit-identical. The Adam moments and
 step count are untouched, and the learning-rate schedule does not advance (it counts applied
 updates; DeepSpeed likewise does not step the scheduler on an fp16 overflow). What this relies on
-is only the public contract of `deepspeed.initialize(optimizer=..., lr_scheduler=...)`: the
-engine updates weights through the optimizer's `step()` and advances the schedule through the
-scheduler's `step()`.
+is the public contract of `deepspeed.initialize(optimizer=..., lr_scheduler=...)`: the engine
+updates weights through the optimizer's `step()` and advances the schedule through the
+scheduler's `step()`; plus one repair, `discard_partition_gradients`, for a buffer DeepSpeed 0.19.8
+keeps across a skipped step (ZeRO-1/2 with offload_optimizer and fp32 accumulation).
 """
 
 from __future__ import annotations
@@ -79,6 +80,44 @@ def step_is_finite(nonfinite_loss: float, norm_bound: float) -> bool:
     norm_bound: the all-reduced `GradNormBound` sum divided by the world size.
     """
     return nonfinite_loss == 0 and norm_bound < NORM_LIMIT  # False for NaN too
+
+
+def discard_partition_gradients(zero_optimizer: Any) -> None:
+    """After a skipped step, drop the gradient partitions a ZeRO-1/2 optimizer still holds.
+
+    deepspeed/runtime/zero/stage_1_and_2.py `step()`: when its own norm check finds the skipped
+    step's NaN, the non-offload branch sets every `averaged_gradients[k]` and `all_grad_tensors[k]`
+    to None, but the cpu_offload branch only calls `reset_cpu_buffers()`. With fp32 gradient
+    accumulation under bf16 those entries are persistent fp32 buffers that the next backward adds
+    into (`_build_compact_grad_partition_buffer` is built only while the entry is None), so the NaN
+    stays and every later step is skipped (0.19.8). An applied step leaves both at None, so this
+    restores exactly the state after a normal step. A no-op for optimizers without these
+    attributes (ZeRO-3 resets its own; stage 0 and BF16_Optimizer have none).
+    """
+    for name in ("averaged_gradients", "all_grad_tensors"):
+        buffers = getattr(zero_optimizer, name, None)
+        if isinstance(buffers, dict):
+            for key in buffers:
+                buffers[key] = None
+
+
+def master_weights(zero_optimizer: Any, module_params: Iterable[Tensor]) -> list[Tensor]:
+    """Copies of the fp32 master weights the optimizer updates, wherever DeepSpeed keeps them.
+
+    ZeRO-3 (stage3.py `fp32_partitioned_groups_flat`; its base optimizer holds no parameters
+    between steps), ZeRO-1/2 (stage_1_and_2.py `single_partition_of_fp32_groups`), bf16 ZeRO-1
+    (bf16_optimizer.py `fp32_groups_flat_partition`), bf16 stage 0 (the unfused optimizer's
+    `fp32_groups`); fp32 stage 0 updates the module's own parameters. For tests and checks that a
+    skipped step leaves the masters bit-identical.
+    """
+    for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups", "fp32_groups_flat_partition"):
+        groups = getattr(zero_optimizer, name, None)
+        if groups:
+            return [t.detach().clone() for t in groups]
+    groups = getattr(zero_optimizer, "fp32_groups", None)
+    if groups:
+        return [t.detach().clone() for group in groups for t in group]
+    return [p.detach().clone() for p in module_params]
 
 
 def _noop_step(*args: Any, **kwargs: Any) -> None:

@@ -78,38 +78,23 @@ def run(
     n_trajs: int = 16,
     lr: float = 1e-3,
     dist_timeout_minutes: float = 120.0,
+    save_after_first: str | None = None,
 ) -> dict:
-    """Two update steps on a fixed batch; returns metrics per step and the final full weights."""
-    import torch
+    """Update steps on a fixed batch; returns metrics per step and the final full weights.
+
+    save_after_first: a directory for a learner checkpoint taken after the first step.
+    """
     from transformers import AutoConfig
 
-    from stare_tir.learner import Learner, LearnerConfig
-    from stare_tir.learner.distributed import process_group_timeout
+    from stare_tir.learner.distributed import all_group_timeouts, process_group_timeout
 
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
-    learner = Learner(
-        model_path,
-        LearnerConfig(
-            zero_stage=zero_stage,
-            lr=lr,
-            micro_batch_tokens=budget,
-            grad_clip=1.0,
-            zero3_persistence_threshold=0,
-            dist_timeout_minutes=dist_timeout_minutes,
-        ),
-    )
-    trajs = make_trajs(n_trajs, seed=0, vocab=vocab)
-    advs = make_advantages(n_trajs, seed=0)
-    local, local_adv = learner.shard(trajs), learner.shard(advs)
+    learner = make_learner(model_path, zero_stage, budget, lr, dist_timeout_minutes)
     metrics = []
-    for _ in range(steps):
-        logps, _ = learner.compute_logprobs_entropy(local)
-        tw = stare_weights(learner, local, logps, local_adv) if stare else None
-        m = learner.train_step(local, local_adv, tw, logps, clip_low=0.2, clip_high=0.28)
-        # sum of (omega - 1) over the global batch: > 0 shows STARE really reweighted tokens
-        excess = sum(float((w - 1).sum()) for w in tw) if tw else 0.0
-        m["omega_excess"] = float(learner.all_reduce_sum(torch.tensor([excess], dtype=torch.float64))[0])
-        metrics.append(m)
+    for k in range(steps):
+        if save_after_first and k == 1:
+            learner.save_checkpoint(save_after_first)
+        metrics.append(step(learner, n_trajs, vocab, stare))
     weights = {k: v.clone() for k, v in learner.export_weights()}
     return {
         "metrics": metrics,
@@ -117,7 +102,38 @@ def run(
         "world_size": learner.world_size,
         "rank": learner.rank,
         "pg_timeout": process_group_timeout(),
+        "group_timeouts": all_group_timeouts(),
     }
+
+
+def make_learner(model_path: str, zero_stage: int, budget: int, lr: float = 1e-3, dist_timeout_minutes: float = 120.0):
+    from stare_tir.learner import Learner, LearnerConfig
+
+    cfg = LearnerConfig(
+        zero_stage=zero_stage,
+        lr=lr,
+        micro_batch_tokens=budget,
+        grad_clip=1.0,
+        zero3_persistence_threshold=0,
+        dist_timeout_minutes=dist_timeout_minutes,
+    )
+    return Learner(model_path, cfg)
+
+
+def step(learner, n_trajs: int, vocab: int, stare: bool) -> dict:
+    """One RL step on this rank's share of the fixed batch (the same batch every step)."""
+    import torch
+
+    trajs = make_trajs(n_trajs, seed=0, vocab=vocab)
+    advs = make_advantages(n_trajs, seed=0)
+    local, local_adv = learner.shard(trajs), learner.shard(advs)
+    logps, _ = learner.compute_logprobs_entropy(local)
+    tw = stare_weights(learner, local, logps, local_adv) if stare else None
+    m = learner.train_step(local, local_adv, tw, logps, clip_low=0.2, clip_high=0.28)
+    # sum of (omega - 1) over the global batch: > 0 shows STARE really reweighted tokens
+    excess = sum(float((w - 1).sum()) for w in tw) if tw else 0.0
+    m["omega_excess"] = float(learner.all_reduce_sum(torch.tensor([excess], dtype=torch.float64))[0])
+    return m
 
 
 def main() -> None:
@@ -130,8 +146,16 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--stare", action="store_true")
     ap.add_argument("--dist-timeout-minutes", type=float, default=120.0)
+    ap.add_argument("--save-after-first", default=None, help="checkpoint directory (after step 1)")
     a = ap.parse_args()
-    res = run(a.model, a.zero_stage, a.budget, a.stare, dist_timeout_minutes=a.dist_timeout_minutes)
+    res = run(
+        a.model,
+        a.zero_stage,
+        a.budget,
+        a.stare,
+        dist_timeout_minutes=a.dist_timeout_minutes,
+        save_after_first=a.save_after_first,
+    )
     if res["rank"] == 0:
         torch.save(res, a.out)
 

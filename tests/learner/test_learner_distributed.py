@@ -61,17 +61,21 @@ def _launch(model: str, out: Path, world: int, extra: list[str]) -> None:
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_two_process_zero_matches_one_process(tiny_path, worker, tmp_path, stage):
-    """ZeRO-3: every parameter is partitioned over the ranks and gathered at each use."""
-    out = tmp_path / "two.pt"
-    _launch(
-        tiny_path, out, 2, ["--zero-stage", str(stage), "--budget", "64", "--stare", "--dist-timeout-minutes", "37"]
-    )
+def test_two_process_zero_matches_one_process(tiny_path, worker, vocab, tmp_path, stage):
+    """ZeRO-3: every parameter is partitioned over the ranks and gathered at each use.
+
+    The 2-rank run also saves a checkpoint after its first step; a 1-process learner resumes from
+    it (through DeepSpeed's universal checkpoint) and takes the 2-rank run's second step."""
+    out, ckpt = tmp_path / "two.pt", tmp_path / "ckpt"
+    extra = ["--zero-stage", str(stage), "--budget", "64", "--stare", "--dist-timeout-minutes", "37"]
+    _launch(tiny_path, out, 2, [*extra, "--save-after-first", str(ckpt)])
     two = torch.load(out, weights_only=False)
     one = worker.run(tiny_path, zero_stage=stage, budget=64, stare=True)
     assert two["world_size"] == 2 and one["world_size"] == 1
-    # learner.dist_timeout_minutes reached the env:// process group's gloo backend.
+    # learner.dist_timeout_minutes reached the env:// process group's gloo backend, and every
+    # group DeepSpeed created (its data-parallel clone of the world, ZeRO's groups).
     assert two["pg_timeout"] == timedelta(minutes=37)
+    assert len(two["group_timeouts"]) > 1 and set(two["group_timeouts"]) == {timedelta(minutes=37)}
 
     for step, (m1, m2) in enumerate(zip(one["metrics"], two["metrics"])):
         assert m1["tokens"] == m2["tokens"] and m1["sequences"] == m2["sequences"], step
@@ -89,6 +93,16 @@ def test_two_process_zero_matches_one_process(tiny_path, worker, tmp_path, stage
 
     w0 = dict(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).named_parameters())
     assert max(float((w1[k] - w0[k]).abs().max()) for k in w1) > 1e-3
+
+    # Resume the 2-rank checkpoint on 1 rank: converted once, then the same second step.
+    resumed = worker.make_learner(tiny_path, stage, 64)
+    resumed.load_checkpoint(ckpt)
+    assert (ckpt / "universal" / "zero").is_dir() and resumed.steps_applied == 1
+    m = worker.step(resumed, 16, vocab, stare=True)
+    assert m["loss"] == pytest.approx(two["metrics"][1]["loss"], rel=1e-5, abs=1e-7)
+    assert m["grad_norm"] == pytest.approx(two["metrics"][1]["grad_norm"], rel=1e-5)
+    wr = {k: v.clone() for k, v in resumed.export_weights()}
+    assert max(float((wr[k] - w2[k]).abs().max()) for k in w2) < 1e-5  # weights and Adam state carried over
 
 
 def test_one_process_group_gets_the_configured_timeout():
