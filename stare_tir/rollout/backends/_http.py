@@ -131,3 +131,7 @@ def request_sync(method: str, url: str, payload: Any = None, timeout_s: float | 
             return _decode(url, resp.status, resp.read())
     except urllib.error.HTTPError as exc:
         raise HTTPError(url, exc.code, exc.read().decode("utf-8", errors="replace")) from None
+    except urllib.error.URLError as exc:  # the message must say which server it was
+        raise ConnectionError(f"{method} {url}: {exc.reason}") from exc
+    except (ConnectionError, TimeoutError) as exc:
+        raise type(exc)(f"{method} {url}: {exc}") from exc
