@@ -24,7 +24,8 @@ a version is given):
     POST /destroy_weights_update_group
     POST /release_memory_occupation, /resume_memory_occupation  {"tags"}
     GET  /standin_stats                 (not SGLang: request counts and sync observations)
-    POST /standin_fault                 (not SGLang: {"refuse_update": K}, see below)
+    POST /standin_fault                 (not SGLang: {"refuse_update": K},
+                                        {"restart_after_generates": K}; see `set_fault`)
 
 `--compat` picks the version behaviour (QUIRKS below): "0.5.23" (the default, as measured on the
 real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks.
@@ -195,6 +196,8 @@ class StandinServer:
         self.refuse_update = refuse_update  # 0: never
         self.updates = 0
         self.fatal: str | None = None
+        self.restart_at = 0  # /generate count at which the server "restarts" (0: never)
+        self.restarts = 0
         self.connections: set = set()  # open client sockets (cut by shutdown)
         self._stopped = False
         self.exit_on_fatal = False  # main() sets it: a subprocess stand-in exits like the server
@@ -244,6 +247,9 @@ class StandinServer:
 
     # -- endpoint logic (called from HTTP handler threads)
     def generate(self, body: dict) -> tuple[int, Any]:
+        if self.restart_at and self.counts["/generate"] >= self.restart_at:
+            self.restart_at = 0
+            self.restart()
         with self.lock:
             if self.syncing:
                 self.generate_during_sync += 1
@@ -468,9 +474,24 @@ class StandinServer:
 
     def set_fault(self, body: dict) -> tuple[int, Any]:
         """(not SGLang) Fault injection at run time: {"refuse_update": K} refuses the K-th weight
-        update request from now on (0: none)."""
-        self.refuse_update, self.updates = int(body.get("refuse_update", 0)), 0
+        update request from now on (0: none); {"restart_after_generates": K} makes the K-th
+        /generate from now on find the server restarted (see `restart`)."""
+        if "refuse_update" in body:
+            self.refuse_update, self.updates = int(body["refuse_update"]), 0
+        if "restart_after_generates" in body:
+            self.restart_at = self.counts["/generate"] + int(body["restart_after_generates"])
         return HTTPStatus.OK, {"success": True}
+
+    def restart(self) -> None:
+        """What a restarted SGLang process holds: its start-up weights (weight version "default"),
+        no update group, no open session, nothing released. Done in place, at a /generate, so
+        the moment falls inside a rollout phase, never inside a push."""
+        self.backend.update_weights_from_disk(self.model_path)
+        self.weight_version = "default"
+        self.groups.clear()
+        self.session_open = False
+        self.released.clear()
+        self.restarts += 1
 
     def stats(self) -> dict:
         return {
@@ -479,6 +500,7 @@ class StandinServer:
             "released": sorted(self.released),
             "quirks": sorted(self.quirks),
             "generate_during_sync": self.generate_during_sync,
+            "restarts": self.restarts,
         }
 
 

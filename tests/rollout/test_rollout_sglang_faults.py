@@ -334,3 +334,57 @@ def test_read_layout_of_a_server_without_server_info():
         assert (lay.tp_size, lay.dp_size, lay.pp_size) == (1, 1, 1)
     finally:
         httpd.shutdown()
+
+
+def test_keepalive_shorter_than_the_servers_never_writes_onto_a_closing_connection():
+    """A server closes an idle keep-alive connection after its timeout (uvicorn in SGLang: 5 s);
+    a request written onto it just then fails after it was sent (never retried: a lost
+    trajectory). This server closes any connection whose next request comes after 1 s idle; a
+    client keeping connections for less than that opens a new one instead."""
+    import socket as socketlib
+
+    from stare_tir.rollout.backends._http import AsyncJSONClient
+
+    listener = socketlib.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve(conn) -> None:
+        last = None
+        with conn:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                if last is not None and time.monotonic() - last > 1.0:
+                    return  # the server's idle timer fired as the request came in: closed, no answer
+                body = b'{"ok": true}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n" + body)
+                last = time.monotonic()
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            Thread(target=serve, args=(conn,), daemon=True).start()
+
+    Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{port}/generate"
+
+    async def two_requests(keepalive_s: float):
+        client = AsyncJSONClient(keepalive_s=keepalive_s)
+        try:
+            await client.request("POST", url, {})
+            await asyncio.sleep(1.3)
+            return await client.request("POST", url, {})
+        finally:
+            await client.close()
+
+    try:
+        with pytest.raises(ConnectionError, match="after the request was sent"):
+            asyncio.run(two_requests(keepalive_s=15.0))  # aiohttp's default: reuses the closing one
+        assert asyncio.run(two_requests(keepalive_s=0.5)) == {"ok": True}
+        assert SGLangConfig().keepalive_s < 5.0  # below SGLang's SGLANG_TIMEOUT_KEEP_ALIVE default
+    finally:
+        listener.close()
