@@ -17,6 +17,7 @@ from stare_tir.learner import Learner
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.tracking import MetricsLog, wandb_run_id
 from stare_tir.train_config import TrainConfig
+from stare_tir.trainer.weight_sync import restore_release_state
 
 
 @dataclass
@@ -90,9 +91,7 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
         if learner.rank == 0
         else _NullLog(),
     )
-    from stare_tir.trainer.weight_sync import restore_release_state  # (weight_sync imports this module)
-
-    restore_release_state(run)
+    restore_release_state(run)  # colocated servers a previous trainer left released
     return run
 
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 import gc
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from loguru import logger
 
-from stare_tir.trainer.run import Run
+if TYPE_CHECKING:  # run.py builds a Run and then restores its release state from here
+    from stare_tir.trainer.run import Run
 
 RELEASED_FILE = "rollout_released.json"
 
