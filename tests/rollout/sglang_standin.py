@@ -5,7 +5,7 @@ fields, on top of the in-process HF backend (so it batches concurrent requests l
 Each behaviour names the upstream file it mirrors (python/sglang/srt/... of SGLang 0.5.23 unless
 a version is given):
 
-    GET  /health, /health_generate, /get_model_info, /get_server_info   entrypoints/http_server.py
+    GET  /health, /health_generate, /[get_]model_info, /[get_]server_info  entrypoints/http_server.py
                                         (server info: tp_size, dp_size, pp_size, nnodes,
                                         enable_memory_saver, version: utils/common.py
                                         `build_server_info`)
@@ -557,7 +557,7 @@ def _make_handler(server: StandinServer, keepalive_s: float):
             server.counts[path] += 1
             if path in ("/health", "/health_generate"):
                 self._reply(HTTPStatus.OK, "")
-            elif path == "/get_model_info":
+            elif path in ("/model_info", "/get_model_info"):
                 self._reply(
                     HTTPStatus.OK,
                     {
@@ -567,7 +567,7 @@ def _make_handler(server: StandinServer, keepalive_s: float):
                         "weight_version": server.weight_version,
                     },
                 )
-            elif path == "/get_server_info":
+            elif path in ("/server_info", "/get_server_info"):
                 self._reply(
                     HTTPStatus.OK,
                     {

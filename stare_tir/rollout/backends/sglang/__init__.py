@@ -3,7 +3,7 @@
     config.py          SGLangConfig (`rollout.sglang.*`), what each setting is for
     wire.py            /generate: sampling params out, a `Generation` in (ids, logprobs, finish, versions)
     backend.py         SGLangBackend: routing, retries, stale-weight detection, memory, the push entry
-    layout.py          what each server is (/get_server_info): TP/DP/PP sizes, router, locality
+    layout.py          what each server is (/server_info): TP/DP/PP sizes, router, locality
     push.py            disk / tensor / distributed pushes, the begin/end session, the update group
     engine_backend.py  SGLangEngineBackend: an in-process sglang.Engine (GPU)
 
@@ -44,7 +44,7 @@ another server; that server is left out until the trainer pushes again (`stale_s
 
 Weight sync (`SGLangConfig.weight_sync`). The trainer calls it on ONE process (rank 0) while the
 other ranks wait, after every rank has finished its rollouts: no generation runs during a sync.
-Each server's layout is read from `/get_server_info` before the first push (tp_size adopted or
+Each server's layout is read from `/server_info` before the first push (tp_size adopted or
 checked, layouts a mode cannot serve refused: `layout.py`).
 - "disk": the learner's tensors are written to `sync_dir/model.safetensors` (temp name, then an
   atomic rename; one checkpoint at most) and every server POSTs `/update_weights_from_disk`.

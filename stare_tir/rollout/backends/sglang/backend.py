@@ -16,6 +16,7 @@ from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig
 from stare_tir.rollout.backends.sglang.layout import (
     ServerLayout,
     check_layouts,
+    get_info,
     host_of,
     is_local_host,
     master_address,
@@ -202,8 +203,7 @@ class SGLangBackend:
         out: dict[str, str | None] = {}
         for url in self.control_urls:
             try:
-                info = request_sync("GET", url + "/get_model_info", timeout_s=min(self.cfg.timeout_s, 30.0))
-                out[url] = info.get("weight_version") if isinstance(info, dict) else None
+                out[url] = get_info(url, "model_info", min(self.cfg.timeout_s, 30.0)).get("weight_version")
             except Exception:
                 out[url] = None
         return out

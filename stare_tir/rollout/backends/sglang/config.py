@@ -48,7 +48,7 @@ class SGLangConfig:
     colocate: bool = False
     # Tensors per weight-update request, in MB (bounds the serialized payload / broadcast bucket).
     bucket_mb: float = 512.0
-    # Tensor-parallel ranks per server. 0: read from each server's /get_server_info (the
+    # Tensor-parallel ranks per server. 0: read from each server's /server_info (the
     # default); a value >= 1 must equal what every server reports, or the run is refused.
     tp_size: int = 0
     # Distributed sync: rendezvous address of this (rank 0) process, which every server's TP ranks

@@ -1,8 +1,8 @@
-"""What each server really is, read once from `/get_server_info` before the first weight push.
+"""What each server really is, read once from `/server_info` before the first weight push.
 
-0.5.23 answers `/get_server_info` with its resolved server arguments (python/sglang/srt/
-entrypoints/http_server.py `server_info`, utils/common.py `build_server_info`): `tp_size`,
-`dp_size`, `pp_size`, `nnodes`, `enable_memory_saver`, `version`, ... Each weight-sync mode needs
+0.5.23 answers `/server_info` (and the deprecated `/get_server_info`) with its resolved server
+arguments (python/sglang/srt/entrypoints/http_server.py `server_info`, utils/common.py
+`build_server_info`): `tp_size`, `dp_size`, `pp_size`, `nnodes`, `enable_memory_saver`, ... Each weight-sync mode needs
 some layouts and cannot work with others; a mismatch is refused here with one line naming the
 key and the fix, instead of a crash inside the server:
 
@@ -68,20 +68,28 @@ def is_router(url: str, timeout_s: float) -> bool:
 
 
 def read_layout(url: str, timeout_s: float) -> ServerLayout:
-    """GET /get_server_info of one control URL (a router there is refused)."""
+    """GET /server_info of one control URL (a router there is refused)."""
     if is_router(url, timeout_s):
         raise ValueError(
             f"rollout.sglang control URL {url} is a sglang-router (it lists workers): weight updates "
             "must reach every worker, and the router does not forward them. List the workers' URLs "
             "in rollout.sglang.weight_urls"
         )
-    try:
-        info = request_sync("GET", url + "/get_server_info", timeout_s=timeout_s)
-    except HTTPError as exc:
-        if exc.status != 404:
-            raise
-        info = {}  # a server without the endpoint: one TP rank assumed, as before it existed
+    info = get_info(url, "server_info", timeout_s)
     return ServerLayout.from_info(url, info if isinstance(info, dict) else {})
+
+
+def get_info(url: str, name: str, timeout_s: float) -> dict:
+    """GET /<name> (0.5.23), else the older /get_<name> that 0.5.23 still answers but logs as
+    deprecated on every call; {} when neither exists (one TP rank and no version are assumed)."""
+    for path in (f"/{name}", f"/get_{name}"):
+        try:
+            info = request_sync("GET", url + path, timeout_s=timeout_s)
+            return info if isinstance(info, dict) else {}
+        except HTTPError as exc:
+            if exc.status != 404:
+                raise
+    return {}
 
 
 def check_layouts(layouts: list[ServerLayout], weight_sync: str, tp_size: int, colocate: bool) -> list[ServerLayout]:
