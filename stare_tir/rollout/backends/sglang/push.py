@@ -297,7 +297,12 @@ class UpdateGroup:
             try:
                 posts.wait_for(sender, "broadcasting weights", cfg.timeout_s)
                 if "error" in box:
-                    raise RuntimeError(f"broadcasting weights failed: {box['error']}")
+                    # a receiver that refused closes its side: the broadcast then fails first, and
+                    # the server's answer (the cause) follows at once
+                    for t in posts.threads:
+                        t.join(timeout=CLEANUP_TIMEOUT_S / 6)
+                    said = posts.failure()
+                    raise RuntimeError(f"broadcasting weights failed: {box['error']}" + (f"; {said}" if said else ""))
                 posts.join()
             except BaseException:
                 self.broken = True  # a half-done collective: this group is never used again
@@ -312,11 +317,10 @@ class UpdateGroup:
         )
         for failure in posts.failures():
             logger.info(f"weight-update group {self.name} not destroyed: {failure}")
-        if self.pg is not None:
+        if self.pg is not None and not self.broken:
             import torch.distributed as dist
 
-            try:
-                dist.destroy_process_group(self.pg)
-            except Exception as exc:  # a broken group may not shut down cleanly
-                logger.info(f"local weight-update group {self.name}: {exc}")
+            dist.destroy_process_group(self.pg)
+        # a broken group may hold a broadcast that never completes: it is dropped, not shut
+        # down (shutting it down could wait on that broadcast)
         self.pg = None
