@@ -27,7 +27,7 @@ a version is given):
     POST /standin_fault                 (not SGLang: {"refuse_update": K},
                                         {"restart_after_generates": K}; see `set_fault`)
 
-`--compat` picks the version behaviour (QUIRKS below): "0.5.23" (the default, as measured on the
+`--compat` picks the version behaviour (QUIRKS in sglang_standin_quirks.py): "0.5.23" (the default, as measured on the
 real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks.
 
 Faults it reproduces (each kills the process, as a fatal error in SGLang's scheduler loop kills
@@ -56,7 +56,6 @@ import argparse
 import asyncio
 import base64
 import io
-import json
 import os
 import pickle
 import socket
@@ -67,87 +66,30 @@ import time
 import uuid
 from collections import Counter
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository root must be importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules beside it
+
+from sglang_standin_http import make_handler  # noqa: E402
+from sglang_standin_quirks import (  # noqa: E402
+    COMPAT,
+    LOOPBACK,
+    PROMPT_PREFIX,
+    QUIRKS,
+    RETIRE_S,
+    SAMPLING_KEYS,
+    AllowListUnpickler,
+    Fatal,
+    die,
+)
 
 from stare_tir.rollout.backends.base import SamplingParams  # noqa: E402
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_SAMPLING_KEYS = {
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_new_tokens",
-    "stop",
-    "no_stop_trim",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "sampling_seed",
-}
-
-# Version behaviours, each with the upstream source it mirrors:
-QUIRKS = {
-    # 0.5.0-0.5.4: output_ids = the detokenizer's decode_ids, which start with up to 5 prompt ids
-    # (managers/detokenizer_manager.py, INIT_INCREMENTAL_DETOKENIZATION_OFFSET in
-    # schedule_batch.py; upstream issues 10896, 17240).
-    "output_ids_prefix",
-    # 0.5.0-0.5.4 `Req.check_finished` (schedule_batch.py) tests max_new_tokens before EOS and
-    # stop strings: a budget's last token that is EOS or completes a stop reports "length".
-    "length_first",
-    # /flush_cache answers 400 while a request runs or is still being retired (http_server.py
-    # `flush_cache`; scheduler.py `flush_cache` refuses with running/waiting requests), and an
-    # update with flush_cache=true then fails (weight_updater.py
-    # `flush_cache_after_weight_update`). Measured on 0.5.23 right after a generate.
-    "flush_400",
-    # sampling_seed is used only with --enable-deterministic-inference
-    # (sampling/sampling_batch_info.py); otherwise the server samples from its own stream.
-    "seed_ignored",
-    # sampling_params has no sampling_seed before it (0.5.2 sampling/sampling_params.py): the
-    # request is refused.
-    "seed_refused",
-    # 0.5.23: update_weights_from_tensor / _distributed refuse to run outside
-    # begin_weight_update ... end_weight_update (weight_updater.py); older servers have no
-    # such endpoints (404).
-    "session_required",
-    # 0.5.23 unpickles tensor payloads with SafeUnpickler, an allow-list of globals
-    # (utils/common.py); anything else is refused.
-    "safe_unpickle",
-}
-COMPAT = {
-    "0.5.23": {"flush_400", "seed_ignored", "session_required", "safe_unpickle"},
-    "0.5.2": {"output_ids_prefix", "length_first", "flush_400", "seed_refused"},
-}
-PROMPT_PREFIX = 5  # INIT_INCREMENTAL_DETOKENIZATION_OFFSET
-RETIRE_S = 0.05  # a finished request still counts as running this long (flush_400)
-
-
-class _AllowListUnpickler(pickle.Unpickler):
-    """Our own small allow-list in the spirit of SGLang's SafeUnpickler (utils/common.py): the
-    globals a by-value pickle of CPU tensors needs, nothing that can run code."""
-
-    ALLOWED = {
-        ("torch._utils", "_rebuild_tensor_v2"),
-        ("torch._utils", "_rebuild_parameter"),
-        ("torch", "Size"),
-        ("collections", "OrderedDict"),
-        ("builtins", "list"),
-        ("builtins", "tuple"),
-        ("builtins", "dict"),
-    }
-    STORAGE = ("torch.storage", "_load_from_bytes")
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == self.STORAGE:  # SGLang routes this one through a weights_only load
-            import torch
-
-            return lambda data: torch.load(io.BytesIO(data), weights_only=True)
-        if (module, name) in self.ALLOWED or (module == "torch" and name.endswith("Storage")):
-            return super().find_class(module, name)
-        raise RuntimeError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
+__all__ = ["COMPAT", "QUIRKS", "Fatal", "StandinServer", "launch_standin"]
 
 
 class StandinServer:
@@ -201,7 +143,7 @@ class StandinServer:
         self.connections: set = set()  # open client sockets (cut by shutdown)
         self._stopped = False
         self.exit_on_fatal = False  # main() sets it: a subprocess stand-in exits like the server
-        self.httpd = ThreadingHTTPServer((host, port), _make_handler(self, keepalive_s))
+        self.httpd = ThreadingHTTPServer((host, port), make_handler(self, keepalive_s))
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -266,7 +208,7 @@ class StandinServer:
         if not ids:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": "input_ids is required"}}
         sp = dict(body.get("sampling_params") or {})
-        allowed = _SAMPLING_KEYS - ({"sampling_seed"} if "seed_refused" in self.quirks else set())
+        allowed = SAMPLING_KEYS - ({"sampling_seed"} if "seed_refused" in self.quirks else set())
         unknown = set(sp) - allowed
         if unknown:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": f"unexpected sampling_params {sorted(unknown)}"}}
@@ -395,7 +337,7 @@ class StandinServer:
             }
         payloads = body["serialized_named_tensors"]
         if len(payloads) < self.tp_size:  # TP rank r opens payloads[r]: IndexError kills the scheduler
-            _die(f"IndexError: {len(payloads)} tensor payloads for tp_size={self.tp_size} (tp_worker.py)")
+            die(f"IndexError: {len(payloads)} tensor payloads for tp_size={self.tp_size} (tp_worker.py)")
         try:
             named = [self._unpickle(payloads[rank]) for rank in range(self.tp_size)][0]  # each rank its own
             self.backend.update_weights(named)
@@ -405,7 +347,7 @@ class StandinServer:
 
     def _unpickle(self, payload: str) -> Any:
         blob = base64.b64decode(payload)
-        return _AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks else pickle.loads(blob)
+        return AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks else pickle.loads(blob)
 
     def init_group(self, body: dict) -> tuple[int, Any]:
         from stare_tir.rollout.backends.sglang import init_weight_update_group
@@ -463,12 +405,12 @@ class StandinServer:
             with self.lock:
                 busy = self.running
             if busy:  # `assert self.is_fully_idle()` in the scheduler loop: fatal
-                _die(f"AssertionError: release_memory_occupation with {busy} request(s) running (weight_updater.py)")
+                die(f"AssertionError: release_memory_occupation with {busy} request(s) running (weight_updater.py)")
             self.released |= tags
         else:
             missing = tags - self.released
             if missing:  # `self.offload_tags.remove(tag)`: KeyError in the scheduler loop, fatal
-                _die(f"KeyError: resume_memory_occupation of {sorted(missing)}, not released (weight_updater.py)")
+                die(f"KeyError: resume_memory_occupation of {sorted(missing)}, not released (weight_updater.py)")
             self.released -= tags
         return HTTPStatus.OK, None
 
@@ -502,133 +444,6 @@ class StandinServer:
             "generate_during_sync": self.generate_during_sync,
             "restarts": self.restarts,
         }
-
-
-_SYNC_PATHS = {
-    "/update_weights_from_disk",
-    "/update_weights_from_tensor",
-    "/update_weights_from_distributed",
-    "/init_weights_update_group",
-}
-
-
-class Fatal(Exception):
-    """A fatal scheduler error: SGLang's server goes down with it (see the module docstring)."""
-
-
-def _die(message: str) -> None:
-    raise Fatal(message)
-
-
-def _make_handler(server: StandinServer, keepalive_s: float):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, like uvicorn
-        timeout = keepalive_s  # an idle connection is closed after this, like uvicorn's keep-alive
-
-        def setup(self) -> None:
-            super().setup()
-            server.connections.add(self.connection)
-
-        def finish(self) -> None:
-            server.connections.discard(self.connection)
-            super().finish()
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # quiet
-            pass
-
-        def _reply(self, status: int, payload: Any) -> None:
-            if isinstance(payload, (dict, list)) or payload is None:
-                data, ctype = json.dumps(payload).encode(), "application/json"
-            else:
-                data, ctype = str(payload).encode(), "text/plain"
-            self.send_response(int(status))
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _body(self) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            return json.loads(raw) if raw else {}
-
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            server.counts[path] += 1
-            if path in ("/health", "/health_generate"):
-                self._reply(HTTPStatus.OK, "")
-            elif path in ("/model_info", "/get_model_info"):
-                self._reply(
-                    HTTPStatus.OK,
-                    {
-                        "model_path": server.model_path,
-                        "tokenizer_path": server.model_path,
-                        "is_generation": True,
-                        "weight_version": server.weight_version,
-                    },
-                )
-            elif path in ("/server_info", "/get_server_info"):
-                self._reply(
-                    HTTPStatus.OK,
-                    {
-                        "model_path": server.model_path,
-                        "tp_size": server.tp_size,
-                        "dp_size": 1,
-                        "pp_size": 1,
-                        "nnodes": 1,
-                        "enable_memory_saver": True,  # release/resume are modelled (generate 503s)
-                        "weight_version": server.weight_version,
-                        "version": "stand-in",
-                    },
-                )
-            elif path == "/standin_stats":
-                self._reply(HTTPStatus.OK, server.stats())
-            elif path == "/flush_cache":
-                self._reply(*server.flush())
-            else:
-                self._reply(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
-
-        def do_POST(self) -> None:
-            path = self.path.split("?")[0]
-            server.counts[path] += 1
-            try:
-                body = self._body()
-            except json.JSONDecodeError as exc:
-                self._reply(HTTPStatus.BAD_REQUEST, {"error": {"message": f"bad JSON: {exc}"}})
-                return
-            routes = {
-                "/generate": server.generate,
-                "/update_weights_from_disk": server.update_from_disk,
-                "/update_weights_from_tensor": server.update_from_tensor,
-                "/init_weights_update_group": server.init_group,
-                "/update_weights_from_distributed": server.update_from_distributed,
-                "/destroy_weights_update_group": server.destroy_group,
-                "/flush_cache": lambda b: server.flush(),
-                "/begin_weight_update": lambda b: server.session(True),
-                "/end_weight_update": lambda b: server.session(False),
-                "/release_memory_occupation": lambda b: server.memory(b, True),
-                "/resume_memory_occupation": lambda b: server.memory(b, False),
-                "/standin_fault": server.set_fault,
-            }
-            if path not in routes:
-                self._reply(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
-                return
-            if path in _SYNC_PATHS:
-                with server.lock:
-                    server.syncing += 1
-            try:
-                self._reply(*routes[path](body))
-            except Fatal as exc:  # no answer: the connection closes and the server goes down
-                self.close_connection = True
-                server.die(str(exc))
-            except Exception as exc:  # keep serving; report like a server error
-                self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}})
-            finally:
-                if path in _SYNC_PATHS:
-                    with server.lock:
-                        server.syncing -= 1
-
-    return Handler
 
 
 def launch_standin(
