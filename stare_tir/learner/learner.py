@@ -492,9 +492,11 @@ class Learner:
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
         """Yield (HF parameter name, full tensor) for every parameter, e.g. for the rollout backend.
 
-        Collective under ZeRO-3 (every rank must iterate it to the end): each parameter is gathered,
-        cloned and released in turn, so only one full parameter exists at a time. Under ZeRO 0-2
-        the tensors are detached views of the live weights: copy them, do not modify them.
+        Collective under ZeRO-3 (every rank must iterate it to the end, also when its consumer
+        failed): each parameter is gathered, cloned and released in turn, so only one full
+        parameter exists at a time. Under ZeRO 0-2 each tensor is a clone as well: the parameters
+        are views into DeepSpeed's live flat buffers, which a consumer must never hold (a CUDA IPC
+        handle to a view shares the whole buffer with the rollout server).
         """
         import deepspeed
 
@@ -504,7 +506,7 @@ class Learner:
                     t = p.detach().clone()
                 yield name, t
             else:
-                yield name, p.detach()
+                yield name, p.detach().clone()
 
     def save_checkpoint(self, directory: str | os.PathLike, client_state: dict | None = None) -> None:
         """Save everything to resume exactly: model, optimizer, LR scheduler (DeepSpeed), the caller's

@@ -34,6 +34,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from loguru import logger
+
 from stare_tir.rollout.backends.base import Backend, Generation, SamplingParams
 from stare_tir.rollout.backends.hf import HFBackendConfig
 from stare_tir.rollout.backends.sglang import SGLangConfig
@@ -235,6 +237,12 @@ class RolloutEngine:
         if self._loop is not None and not self._loop.is_closed():
             loop = self._loop
             try:
+                aclose = getattr(self.backend, "aclose", None)
+                if aclose is not None:  # its connections live on this loop: close them here
+                    try:
+                        loop.run_until_complete(aclose())
+                    except Exception as exc:  # never in the way of stopping the sandbox
+                        logger.warning(f"closing the backend's connections: {exc!r}")
                 if self.sandbox is not None:
                     sandbox, self.sandbox = self.sandbox, None
                     loop.run_until_complete(sandbox.__aexit__(None, None, None))
@@ -302,7 +310,7 @@ class RolloutEngine:
             t = time.perf_counter()
             gen = await self.backend.generate(traj.prompt_ids + traj.response_ids, sampling, stops)
             timing["gen_s"] += time.perf_counter() - t
-            traj.append(gen.token_ids, gen.logprobs, "model")
+            traj.append(gen.token_ids, gen.logprobs, "model", gen.weight_versions)
             traj.num_turns += 1
             if gen.finish_reason == "length":
                 # Cut by its budget: a half-written turn is not executed.

@@ -12,6 +12,9 @@ Invariants (checked by `check()` and by the tests):
 - `loss_mask[k]` is 1 for model tokens and 0 for observation tokens; `rollout_logprobs[k]` is the
   sampling logprob for model tokens and 0.0 for observation tokens.
 - `turns` tiles `response_ids` without gaps: (start, end, kind) with kind "model" or "obs".
+- `weight_versions` holds (start, end, version) spans inside model turns: which policy weights
+  sampled those tokens, as the backend reported them (per turn, or finer when the weights changed
+  mid-turn). A trainer can bound how stale any span is before training on it.
 
 No torch here: the learner turns the lists into tensors.
 """
@@ -42,6 +45,8 @@ class Trajectory:
     finish_reason: TrajFinish | None = None
     # (start, end, kind) over response_ids, in order, tiling it.
     turns: list[tuple[int, int, SpanKind]] = field(default_factory=list)
+    # (start, end, weight version) over response_ids: the weights that sampled model tokens.
+    weight_versions: list[tuple[int, int, str]] = field(default_factory=list)
     num_turns: int = 0  # model turns
     tool_calls: int = 0
     void_turns: int = 0  # model turns with neither code nor answer (as counted by the env)
@@ -52,8 +57,17 @@ class Trajectory:
     group_id: int = 0  # index of the problem in the batch handed to the engine
     info: dict = field(default_factory=dict)
 
-    def append(self, ids: list[int], logprobs: list[float] | None, kind: SpanKind) -> None:
-        """Append one segment: model tokens with their logprobs, or observation tokens (None)."""
+    def append(
+        self,
+        ids: list[int],
+        logprobs: list[float] | None,
+        kind: SpanKind,
+        weight_versions: list[tuple[int, int, str]] = (),
+    ) -> None:
+        """Append one segment: model tokens with their logprobs, or observation tokens (None).
+
+        weight_versions: (start, end, version) spans over `ids` (model segments only; a backend's
+        `Generation.weight_versions`)."""
         if kind == "model":
             if logprobs is None or len(logprobs) != len(ids):
                 raise ValueError(
@@ -65,6 +79,8 @@ class Trajectory:
             if logprobs is not None:
                 raise ValueError("observation segments carry no logprobs (pass None)")
             mask, lps = 0, [0.0] * len(ids)
+            if weight_versions:
+                raise ValueError("observation segments carry no weight versions")
         else:
             raise ValueError(f"kind={kind!r}: must be 'model' or 'obs'")
         if not ids:
@@ -74,6 +90,10 @@ class Trajectory:
         self.loss_mask.extend([mask] * len(ids))
         self.rollout_logprobs.extend(lps)
         self.turns.append((start, len(self.response_ids), kind))
+        for lo, hi, version in weight_versions:
+            if not 0 <= lo < hi <= len(ids):
+                raise ValueError(f"weight version span ({lo}, {hi}) outside the {len(ids)} new tokens")
+            self.weight_versions.append((start + lo, start + hi, str(version)))
 
     @property
     def infra_failure(self) -> bool:
@@ -101,4 +121,7 @@ class Trajectory:
                 assert all(lp == 0.0 for lp in self.rollout_logprobs[start:end])
             pos = end
         assert pos == n, "spans do not cover the response"
+        model = self.model_spans()
+        for lo, hi, _ in self.weight_versions:
+            assert any(s <= lo < hi <= e for s, e in model), f"weight span ({lo}, {hi}) outside model turns"
         assert self.finish_reason is None or self.finish_reason in FINISH_REASONS

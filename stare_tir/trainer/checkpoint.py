@@ -28,6 +28,7 @@ def save_checkpoint(run: Run, step: int) -> Path:
         "sampler": run.sampler.state_dict(),
         "controller": run.controller.state_dict(),
         "nonfinite_in_row": run.nonfinite_in_row,
+        "empty_in_row": run.empty_in_row,
         "dropped_total": run.dropped_total,
     }
     run.learner.save_checkpoint(path, client_state)
@@ -48,7 +49,8 @@ def resume_from(run: Run, path: Path) -> None:
     run.sampler.load_state_dict(state["sampler"])
     run.controller.load_state_dict(state["controller"])
     run.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
+    run.empty_in_row = int(state.get("empty_in_row", 0))
     run.dropped_total = dict(state.get("dropped_total", {}))
     run.log.truncate_after(run.step)  # rows of the interrupted step are written again
-    sync_weights(run)
+    sync_weights(run)  # the servers may hold anything (a restarted trainer's, or start-up weights)
     logger.info(f"resumed from {path} at step {run.step}")

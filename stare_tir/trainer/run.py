@@ -17,6 +17,7 @@ from stare_tir.learner import Learner
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.tracking import MetricsLog, wandb_run_id
 from stare_tir.train_config import TrainConfig
+from stare_tir.trainer.weight_sync import restore_release_state
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Run:
     step: int = 0
     nonfinite_in_row: int = 0
     empty_in_row: int = 0  # consecutive steps without a usable group (trainer.max_empty_steps)
+    # Colocated servers released their memory and have not been pushed to since (weight_sync).
+    rollout_released: bool = False
     dropped_total: dict = field(default_factory=dict)
 
     @property
@@ -69,7 +72,7 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
         cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox, model_path=model_path, tokenizer=tokenizer
     )
     logger.info("sandbox isolation: {}", getattr(parts.engine.sandbox, "info", {}))  # not_enforced: what is weaker
-    return Run(
+    run = Run(
         cfg=cfg,
         run_dir=run_dir,
         parts=parts,
@@ -88,6 +91,8 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
         if learner.rank == 0
         else _NullLog(),
     )
+    restore_release_state(run)  # colocated servers a previous trainer left released
+    return run
 
 
 class _NullLog:

@@ -15,7 +15,12 @@ from stare_tir.rollout.engine import rollout_stats
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.trainer.batch import collect_batch
 from stare_tir.trainer.run import Run
-from stare_tir.trainer.weight_sync import release_rollout_memory, resume_rollout_memory, sync_weights
+from stare_tir.trainer.weight_sync import (
+    release_rollout_memory,
+    resume_rollout_memory,
+    resync_stale_servers,
+    sync_weights,
+)
 
 
 def group_advantages(trajs: list[Trajectory], estimator: str) -> tuple[list[float], dict]:
@@ -138,7 +143,9 @@ def rl_step(run: Run, step: int) -> dict:
     """One RL step; returns its metrics row."""
     cfg, algo, learner = run.cfg, run.cfg.algo, run.learner
     t0 = time.perf_counter()
+    resynced = resync_stale_servers(run)  # a restarted server gets the current weights before use
     batch, rolled, metrics = collect_batch(run, step)
+    metrics.update(resynced)
     metrics.update(global_means(learner, rollout_stats(rolled), len(rolled)))
     t_rollout = time.perf_counter() - t0
 

@@ -1,61 +1,174 @@
-"""Weights from the learner to the rollout backend, and colocated servers' memory around it."""
+"""Weights from the learner to the rollout backend, and colocated servers' memory around it.
+
+Every function here is collective: all ranks call it, in the same order. Servers shared by all
+ranks (SGLang) are driven by rank 0 alone; a failure there is logged on rank 0 first, then
+carried to every rank by an all-reduce, so every rank raises within the time of the failing call
+(never the process-group timeout).
+
+Weight version: the learner's count of applied optimizer steps (`steps_applied`). It names the
+weights, not the push: a skipped update keeps it, a re-push of the same weights repeats it, and
+a resumed run continues it (the learner's checkpoint holds it).
+
+Colocated layout (rollout.sglang.colocate): the servers free their memory before the learner runs
+(`release_rollout_memory`) and get it back only through a push (`sync_weights`: weights, push,
+then KV cache), since released weights are undefined when resumed. `resume_rollout_memory` thus
+pushes when the step did not. Which tags are released is kept in the run directory too
+(`rollout_released.json`): a trainer restarted while the servers were released resumes exactly
+those, and never resumes a tag that is not released (the scheduler raises on it).
+"""
 
 from __future__ import annotations
 
-import torch
+import gc
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from stare_tir.trainer.run import Run
+import torch
+from loguru import logger
+
+if TYPE_CHECKING:  # run.py builds a Run and then restores its release state from here
+    from stare_tir.trainer.run import Run
+
+RELEASED_FILE = "rollout_released.json"
+
+
+def _shared(run: Run) -> bool:
+    return run.backend is not None and getattr(run.backend, "shared_by_ranks", False)
+
+
+def _colocated(run: Run) -> bool:
+    return run.backend is not None and getattr(getattr(run.backend, "cfg", None), "colocate", False)
+
+
+def weight_version(run: Run) -> str:
+    return str(run.learner.steps_applied)
+
+
+def agree(run: Run, error: BaseException | None, what: str) -> None:
+    """Every rank learns whether any rank failed `what`; each raises (its own error, or one that
+    points at rank 0's log). The failing rank logs its cause before anyone waits on it."""
+    if error is not None:
+        logger.opt(exception=error).error(f"{what} failed on rank {run.learner.rank}: {error}")
+    failed = run.learner.all_reduce_sum(torch.tensor([float(error is not None)])).item()
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"{what} failed on another rank (rank 0's log has the cause); stopping every rank")
+
+
+def free_learner_memory() -> None:
+    """Give cached learner memory back to the device before the servers take theirs again."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def sync_weights(run: Run) -> None:
     """Push the learner's weights to the rollout backend, with exactly one pusher per server.
 
-    Every rank iterates `export_weights` (a collective under ZeRO-3). A backend of its own (HF,
-    in process) is updated by each rank; servers shared by all ranks (SGLang) are updated by
-    rank 0 alone while the others wait in the all-reduce below, which also carries rank 0's
-    failure to every rank (no rank is left waiting on a push that died). No generation runs
-    during a sync by construction: every rank has finished its rollouts of this step (they end
-    inside `collect_batch`) before any rank reaches the update.
+    Every rank iterates `export_weights` to its end (a collective under ZeRO-3), also when the
+    push failed part-way: the pusher then drains what is left, so the other ranks' all-gathers
+    complete, and all meet in `agree`. A backend of its own (HF, in process) is updated by each
+    rank. No generation runs during a sync: every rank has finished its rollouts of this step
+    before any rank reaches the update.
     """
     learner, backend = run.learner, run.backend
-    pusher = backend is not None and (learner.rank == 0 or not getattr(backend, "shared_by_ranks", False))
-    colocated = pusher and getattr(getattr(backend, "cfg", None), "colocate", False)
+    if backend is None:
+        return
+    shared = _shared(run)
+    pusher = learner.rank == 0 or not shared
+    version = weight_version(run)
+    if _colocated(run):
+        free_learner_memory()
+        learner.all_reduce_sum(torch.zeros(1))  # every rank's memory is free before rank 0 resumes
+    weights = learner.export_weights()
     error = None
     try:
-        if colocated:
-            backend.resume_memory_occupation(["weights"])  # KV cache stays free until after the push
-        weights = learner.export_weights()
         if pusher:
-            backend.update_weights(weights)
-        else:
-            for _ in weights:  # other ranks still take part in the gathers
-                pass
-    except Exception as exc:  # re-raised on this rank below, after telling the others
+            backend.update_weights(weights, version=version)
+    except Exception as exc:  # raised on every rank in `agree`, after the others are told
         error = exc
-    failed = learner.all_reduce_sum(torch.tensor([float(error is not None)])).item()
-    if error is not None:
-        raise error
-    if failed:
-        raise RuntimeError("weight sync failed on rank 0 (see its log); stopping every rank")
-
-
-def _on_pusher(run: Run, method: str) -> None:
-    """Call `backend.<method>()` on the one rank that controls shared servers; others wait."""
-    backend = run.backend
-    if backend is None or not getattr(getattr(backend, "cfg", None), "colocate", False):
-        return
-    if run.learner.rank == 0:
-        getattr(backend, method)()
-    run.learner.all_reduce_sum(torch.zeros(1))  # the barrier: no rank runs ahead of the servers
+    finally:
+        for _ in weights:  # the rest of the gathers, which the other ranks are waiting in
+            pass
+    agree(run, error, "weight sync")
+    if shared and not pusher:
+        backend.expect_version(version)
+    run.rollout_released = False
+    if learner.rank == 0 and _colocated(run):
+        _write_released(run, {})
 
 
 def release_rollout_memory(run: Run) -> None:
-    """Colocated layout (rollout.sglang.colocate): SGLang frees weights and KV cache on the
-    shared GPUs before the learner recomputes and updates."""
-    _on_pusher(run, "release_memory_occupation")
+    """Colocated layout: the servers free weights, KV cache and CUDA graphs (once idle) before
+    the learner recomputes and updates. From here on, only a push gives them memory back."""
+    if not _colocated(run):
+        return
+    error = None
+    if run.learner.rank == 0:
+        try:
+            run.backend.release_memory_occupation()
+        except Exception as exc:
+            error = exc
+        finally:  # what was released, also when a later server failed
+            _write_released(run, run.backend.released)
+    agree(run, error, "releasing the rollout servers' memory")
+    run.rollout_released = True
 
 
 def resume_rollout_memory(run: Run) -> None:
-    """Colocated layout: restore whatever is still released (the KV cache after a push; all of
-    it when the step pushed nothing), before the next rollouts."""
-    _on_pusher(run, "resume_memory_occupation")
+    """Colocated layout: before the next rollouts, the servers hold the current weights and their
+    memory. A step that pushed already resumed everything; one that did not (its update was
+    skipped) pushes now: released weights come back undefined unless pushed again."""
+    if _colocated(run) and run.rollout_released:
+        sync_weights(run)
+
+
+def restore_release_state(run: Run) -> None:
+    """At start: servers a previous trainer of this run directory released and never resumed
+    are resumed by the first push (and only the tags it released). Colocated runs only."""
+    if not _colocated(run):
+        return
+    released = _read_released(run) if run.learner.rank == 0 else {}
+    if released:
+        logger.warning(f"the rollout servers were left released by a previous trainer: {released}; resuming them")
+        run.backend.adopt_released(released)
+    run.rollout_released = bool(run.learner.all_reduce_sum(torch.tensor([float(bool(released))])).item())
+
+
+def resync_stale_servers(run: Run) -> dict[str, float]:
+    """Before a step's rollouts: a server that serves other weights than the last push (it
+    restarted, and serves its start-up weights) gets the current weights again before it is
+    used. Returns the step's metrics: servers found stale, answers discarded for their weights."""
+    backend = run.backend
+    if not _shared(run) or not hasattr(backend, "stale_servers"):
+        return {}
+    stale: list[str] = backend.stale_servers() if run.learner.rank == 0 else []
+    answers = float(backend.stale_answers)
+    backend.stale_answers = 0
+    counts = run.learner.all_reduce_sum(torch.tensor([float(len(stale)), answers], dtype=torch.float64))
+    if counts[0] > 0 or counts[1] > 0:
+        if stale:
+            logger.warning(f"rollout servers {stale} serve other weights than version {backend.weight_version}")
+        sync_weights(run)
+    return {"weights/stale_servers": float(counts[0]), "weights/stale_answers": float(counts[1])}
+
+
+def _released_path(run: Run) -> Path:
+    return Path(run.run_dir) / RELEASED_FILE
+
+
+def _read_released(run: Run) -> dict[str, list[str]]:
+    path = _released_path(run)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_released(run: Run, released: dict[str, list[str]]) -> None:
+    path = _released_path(run)
+    if not released:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(released))
+    tmp.replace(path)  # atomic: a restart reads the old state or the new one

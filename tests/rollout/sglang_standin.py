@@ -5,10 +5,15 @@ fields, on top of the in-process HF backend (so it batches concurrent requests l
 Each behaviour names the upstream file it mirrors (python/sglang/srt/... of SGLang 0.5.23 unless
 a version is given):
 
-    GET  /health, /health_generate, /get_model_info, /get_server_info   entrypoints/http_server.py
+    GET  /health, /health_generate, /[get_]model_info, /[get_]server_info  entrypoints/http_server.py
+                                        (server info: tp_size, dp_size, pp_size, nnodes,
+                                        enable_memory_saver, version: utils/common.py
+                                        `build_server_info`)
     POST /generate                      input_ids, sampling_params, return_logprob -> text,
-                                        output_ids, meta_info{finish_reason, output_token_logprobs}
-                                        (finish_reason JSON: managers/schedule_batch.py FINISH_*)
+                                        output_ids, meta_info{finish_reason, output_token_logprobs,
+                                        weight_version, weight_versions} (finish_reason JSON:
+                                        managers/schedule_batch.py FINISH_*; versions:
+                                        utils/weight_versions.py)
     POST /flush_cache                   400 while a request runs (http_server.py `flush_cache`)
     POST /begin_weight_update, /end_weight_update         managers/scheduler_components/
     POST /update_weights_from_disk      {"model_path"}     weight_updater.py
@@ -19,13 +24,27 @@ a version is given):
     POST /destroy_weights_update_group
     POST /release_memory_occupation, /resume_memory_occupation  {"tags"}
     GET  /standin_stats                 (not SGLang: request counts and sync observations)
+    POST /standin_fault                 (not SGLang: {"refuse_update": K},
+                                        {"restart_after_generates": K}; see `set_fault`)
 
-`--compat` picks the version behaviour (QUIRKS below): "0.5.23" (the default, as measured on the
+`--compat` picks the version behaviour (QUIRKS in sglang_standin_quirks.py): "0.5.23" (the default, as measured on the
 real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks.
 
-What it does not reproduce: SGLang's scheduler, radix cache, CUDA graphs, TP sharding, its exact
-error payloads, and the CUDA-IPC side of update_weights_from_tensor. It binds only to the
-loopback interface.
+Faults it reproduces (each kills the process, as a fatal error in SGLang's scheduler loop kills
+the real server: the HTTP server's child watcher then ends it, and the pending call's connection
+closes without an answer):
+- a tensor update with fewer payloads than `--tp-size` (managers/tp_worker.py
+  `deserialize_own_rank` indexes `serialized_named_tensors[tp_rank]`: IndexError);
+- /release_memory_occupation while a request runs or retires (managers/scheduler_components/
+  weight_updater.py asserts `is_fully_idle`);
+- /resume_memory_occupation of a tag that is not released (same file: `offload_tags.remove`).
+Fault injection (not SGLang): `--refuse-update K` refuses the K-th weight update (any mode) the
+way 0.5.23 refuses one, 400 {"success": false, "message"}.
+
+What it does not reproduce: SGLang's scheduler, radix cache, CUDA graphs, TP sharding (a TP rank
+only opens its own payload; distributed sync needs --tp-size 1), its exact error payloads, and
+the CUDA-IPC side of update_weights_from_tensor. Idle keep-alive connections are closed after
+`--keepalive-s` (uvicorn's 5 s in SGLang). It binds only to the loopback interface.
 
 Run: python tests/rollout/sglang_standin.py --model-path DIR [--port 0] [--compat 0.5.2]
 It prints "STANDIN_READY port=<port>" once it serves.
@@ -37,8 +56,9 @@ import argparse
 import asyncio
 import base64
 import io
-import json
+import os
 import pickle
+import socket
 import subprocess
 import sys
 import threading
@@ -46,87 +66,30 @@ import time
 import uuid
 from collections import Counter
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository root must be importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules beside it
+
+from sglang_standin_http import make_handler  # noqa: E402
+from sglang_standin_quirks import (  # noqa: E402
+    COMPAT,
+    LOOPBACK,
+    PROMPT_PREFIX,
+    QUIRKS,
+    RETIRE_S,
+    SAMPLING_KEYS,
+    AllowListUnpickler,
+    Fatal,
+    die,
+)
 
 from stare_tir.rollout.backends.base import SamplingParams  # noqa: E402
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_SAMPLING_KEYS = {
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_new_tokens",
-    "stop",
-    "no_stop_trim",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "sampling_seed",
-}
-
-# Version behaviours, each with the upstream source it mirrors:
-QUIRKS = {
-    # 0.5.0-0.5.4: output_ids = the detokenizer's decode_ids, which start with up to 5 prompt ids
-    # (managers/detokenizer_manager.py, INIT_INCREMENTAL_DETOKENIZATION_OFFSET in
-    # schedule_batch.py; upstream issues 10896, 17240).
-    "output_ids_prefix",
-    # 0.5.0-0.5.4 `Req.check_finished` (schedule_batch.py) tests max_new_tokens before EOS and
-    # stop strings: a budget's last token that is EOS or completes a stop reports "length".
-    "length_first",
-    # /flush_cache answers 400 while a request runs or is still being retired (http_server.py
-    # `flush_cache`; scheduler.py `flush_cache` refuses with running/waiting requests), and an
-    # update with flush_cache=true then fails (weight_updater.py
-    # `flush_cache_after_weight_update`). Measured on 0.5.23 right after a generate.
-    "flush_400",
-    # sampling_seed is used only with --enable-deterministic-inference
-    # (sampling/sampling_batch_info.py); otherwise the server samples from its own stream.
-    "seed_ignored",
-    # sampling_params has no sampling_seed before it (0.5.2 sampling/sampling_params.py): the
-    # request is refused.
-    "seed_refused",
-    # 0.5.23: update_weights_from_tensor / _distributed refuse to run outside
-    # begin_weight_update ... end_weight_update (weight_updater.py); older servers have no
-    # such endpoints (404).
-    "session_required",
-    # 0.5.23 unpickles tensor payloads with SafeUnpickler, an allow-list of globals
-    # (utils/common.py); anything else is refused.
-    "safe_unpickle",
-}
-COMPAT = {
-    "0.5.23": {"flush_400", "seed_ignored", "session_required", "safe_unpickle"},
-    "0.5.2": {"output_ids_prefix", "length_first", "flush_400", "seed_refused"},
-}
-PROMPT_PREFIX = 5  # INIT_INCREMENTAL_DETOKENIZATION_OFFSET
-RETIRE_S = 0.05  # a finished request still counts as running this long (flush_400)
-
-
-class _AllowListUnpickler(pickle.Unpickler):
-    """Our own small allow-list in the spirit of SGLang's SafeUnpickler (utils/common.py): the
-    globals a by-value pickle of CPU tensors needs, nothing that can run code."""
-
-    ALLOWED = {
-        ("torch._utils", "_rebuild_tensor_v2"),
-        ("torch._utils", "_rebuild_parameter"),
-        ("torch", "Size"),
-        ("collections", "OrderedDict"),
-        ("builtins", "list"),
-        ("builtins", "tuple"),
-        ("builtins", "dict"),
-    }
-    STORAGE = ("torch.storage", "_load_from_bytes")
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == self.STORAGE:  # SGLang routes this one through a weights_only load
-            import torch
-
-            return lambda data: torch.load(io.BytesIO(data), weights_only=True)
-        if (module, name) in self.ALLOWED or (module == "torch" and name.endswith("Storage")):
-            return super().find_class(module, name)
-        raise RuntimeError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
+__all__ = ["COMPAT", "QUIRKS", "Fatal", "StandinServer", "launch_standin"]
 
 
 class StandinServer:
@@ -141,6 +104,9 @@ class StandinServer:
         compat: str = "0.5.23",
         quirks: set[str] | None = None,
         deterministic: bool = False,
+        tp_size: int = 1,
+        refuse_update: int = 0,
+        keepalive_s: float = 5.0,
     ) -> None:
         if host not in LOOPBACK:
             raise ValueError(f"host={host!r}: the stand-in binds to the loopback interface only")
@@ -167,19 +133,47 @@ class StandinServer:
         self.session_open = False
         self.released: set[str] = set()
         self.groups: dict[str, Any] = {}
-        self.weight_version = "default"
-        self.httpd = ThreadingHTTPServer((host, port), _make_handler(self))
+        self.weight_version = "default"  # server_args.weight_version's default
+        self.tp_size = tp_size
+        self.refuse_update = refuse_update  # 0: never
+        self.updates = 0
+        self.fatal: str | None = None
+        self.restart_at = 0  # /generate count at which the server "restarts" (0: never)
+        self.restarts = 0
+        self.connections: set = set()  # open client sockets (cut by shutdown)
+        self._stopped = False
+        self.exit_on_fatal = False  # main() sets it: a subprocess stand-in exits like the server
+        self.httpd = ThreadingHTTPServer((host, port), make_handler(self, keepalive_s))
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def die(self, message: str) -> None:
+        """Go down as SGLang does after a fatal scheduler error: a subprocess exits; an
+        in-process server (tests) stops serving and keeps the reason in `fatal`."""
+        print(f"stand-in: fatal: {message}", file=sys.stderr, flush=True)
+        self.fatal = message
+        if self.exit_on_fatal:
+            os._exit(1)
+        threading.Thread(target=self.shutdown, daemon=True).start()
 
     def start(self) -> StandinServer:
         threading.Thread(target=self.httpd.serve_forever, daemon=True, name="standin-http").start()
         return self
 
     def shutdown(self) -> None:
+        """Stop serving and cut every open connection (a dead server's keep-alive connections
+        die with it; none may go on answering)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.httpd.shutdown()
         self.httpd.server_close()
+        for conn in list(self.connections):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=10)
         self.backend.close()
@@ -195,6 +189,9 @@ class StandinServer:
 
     # -- endpoint logic (called from HTTP handler threads)
     def generate(self, body: dict) -> tuple[int, Any]:
+        if self.restart_at and self.counts["/generate"] >= self.restart_at:
+            self.restart_at = 0
+            self.restart()
         with self.lock:
             if self.syncing:
                 self.generate_during_sync += 1
@@ -211,7 +208,7 @@ class StandinServer:
         if not ids:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": "input_ids is required"}}
         sp = dict(body.get("sampling_params") or {})
-        allowed = _SAMPLING_KEYS - ({"sampling_seed"} if "seed_refused" in self.quirks else set())
+        allowed = SAMPLING_KEYS - ({"sampling_seed"} if "seed_refused" in self.quirks else set())
         unknown = set(sp) - allowed
         if unknown:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": f"unexpected sampling_params {sorted(unknown)}"}}
@@ -257,6 +254,7 @@ class StandinServer:
             "completion_tokens": len(gen.token_ids),
             "cached_tokens": 0,
             "weight_version": self.weight_version,
+            "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(gen.token_ids)}],
         }
         if logprobs:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
@@ -285,6 +283,16 @@ class StandinServer:
             }
         return HTTPStatus.OK, {"success": True, "message": ok_message}
 
+    def _refused(self) -> tuple[int, Any] | None:
+        """Fault injection: the `refuse_update`-th weight update is refused (before any load)."""
+        self.updates += 1
+        if self.updates == self.refuse_update:
+            return HTTPStatus.BAD_REQUEST, {
+                "success": False,
+                "message": f"stand-in refused weight update {self.updates} (--refuse-update)",
+            }
+        return None
+
     def _needs_session(self, what: str) -> tuple[int, Any] | None:
         if "session_required" in self.quirks and not self.session_open:
             return HTTPStatus.BAD_REQUEST, {
@@ -309,6 +317,9 @@ class StandinServer:
         return HTTPStatus.OK, {"success": True, "message": "Success"}
 
     def update_from_disk(self, body: dict) -> tuple[int, Any]:
+        refused = self._refused()
+        if refused:
+            return refused
         try:
             self.backend.update_weights_from_disk(body["model_path"])
         except Exception as exc:
@@ -316,7 +327,7 @@ class StandinServer:
         return self._after_update(body, "Succeeded to update model weights.")
 
     def update_from_tensor(self, body: dict) -> tuple[int, Any]:
-        refused = self._needs_session("update_weights_from_tensor")
+        refused = self._needs_session("update_weights_from_tensor") or self._refused()
         if refused:
             return refused
         if body.get("load_format") not in (None, "direct"):
@@ -324,19 +335,25 @@ class StandinServer:
                 "success": False,
                 "message": f"load_format={body.get('load_format')!r} not supported by the stand-in",
             }
+        payloads = body["serialized_named_tensors"]
+        if len(payloads) < self.tp_size:  # TP rank r opens payloads[r]: IndexError kills the scheduler
+            die(f"IndexError: {len(payloads)} tensor payloads for tp_size={self.tp_size} (tp_worker.py)")
         try:
-            blob = base64.b64decode(body["serialized_named_tensors"][0])  # our single "TP rank"
-            named = (
-                _AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks else pickle.loads(blob)
-            )
+            named = [self._unpickle(payloads[rank]) for rank in range(self.tp_size)][0]  # each rank its own
             self.backend.update_weights(named)
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
         return self._after_update(body, "Success")
 
+    def _unpickle(self, payload: str) -> Any:
+        blob = base64.b64decode(payload)
+        return AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks else pickle.loads(blob)
+
     def init_group(self, body: dict) -> tuple[int, Any]:
         from stare_tir.rollout.backends.sglang import init_weight_update_group
 
+        if self.tp_size > 1:
+            return HTTPStatus.BAD_REQUEST, {"success": False, "message": "stand-in: one TP rank joins groups"}
         try:
             name = body.get("group_name", "weight_update_group")
             self.groups[name] = init_weight_update_group(
@@ -356,7 +373,7 @@ class StandinServer:
 
         from stare_tir.rollout.backends.sglang import broadcast_from_rank0
 
-        refused = self._needs_session("update_weights_from_distributed")
+        refused = self._needs_session("update_weights_from_distributed") or self._refused()
         if refused:  # answered at once, before any broadcast: the client must not block
             return refused
         group = self.groups.get(body.get("group_name", "weight_update_group"))
@@ -383,12 +400,40 @@ class StandinServer:
         return HTTPStatus.OK, {"success": True, "message": "Succeeded to destroy custom process group."}
 
     def memory(self, body: dict, release: bool) -> tuple[int, Any]:
-        tags = set(body.get("tags") or ["weights", "kv_cache"])
+        tags = set(body.get("tags") or ["weights", "kv_cache", "cuda_graph"])
         if release:
+            with self.lock:
+                busy = self.running
+            if busy:  # `assert self.is_fully_idle()` in the scheduler loop: fatal
+                die(f"AssertionError: release_memory_occupation with {busy} request(s) running (weight_updater.py)")
             self.released |= tags
         else:
+            missing = tags - self.released
+            if missing:  # `self.offload_tags.remove(tag)`: KeyError in the scheduler loop, fatal
+                die(f"KeyError: resume_memory_occupation of {sorted(missing)}, not released (weight_updater.py)")
             self.released -= tags
         return HTTPStatus.OK, None
+
+    def set_fault(self, body: dict) -> tuple[int, Any]:
+        """(not SGLang) Fault injection at run time: {"refuse_update": K} refuses the K-th weight
+        update request from now on (0: none); {"restart_after_generates": K} makes the K-th
+        /generate from now on find the server restarted (see `restart`)."""
+        if "refuse_update" in body:
+            self.refuse_update, self.updates = int(body["refuse_update"]), 0
+        if "restart_after_generates" in body:
+            self.restart_at = self.counts["/generate"] + int(body["restart_after_generates"])
+        return HTTPStatus.OK, {"success": True}
+
+    def restart(self) -> None:
+        """What a restarted SGLang process holds: its start-up weights (weight version "default"),
+        no update group, no open session, nothing released. Done in place, at a /generate, so
+        the moment falls inside a rollout phase, never inside a push."""
+        self.backend.update_weights_from_disk(self.model_path)
+        self.weight_version = "default"
+        self.groups.clear()
+        self.session_open = False
+        self.released.clear()
+        self.restarts += 1
 
     def stats(self) -> dict:
         return {
@@ -397,101 +442,8 @@ class StandinServer:
             "released": sorted(self.released),
             "quirks": sorted(self.quirks),
             "generate_during_sync": self.generate_during_sync,
+            "restarts": self.restarts,
         }
-
-
-_SYNC_PATHS = {
-    "/update_weights_from_disk",
-    "/update_weights_from_tensor",
-    "/update_weights_from_distributed",
-    "/init_weights_update_group",
-}
-
-
-def _make_handler(server: StandinServer):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, like uvicorn
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # quiet
-            pass
-
-        def _reply(self, status: int, payload: Any) -> None:
-            if isinstance(payload, (dict, list)) or payload is None:
-                data, ctype = json.dumps(payload).encode(), "application/json"
-            else:
-                data, ctype = str(payload).encode(), "text/plain"
-            self.send_response(int(status))
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _body(self) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            return json.loads(raw) if raw else {}
-
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            server.counts[path] += 1
-            if path in ("/health", "/health_generate"):
-                self._reply(HTTPStatus.OK, "")
-            elif path == "/get_model_info":
-                self._reply(
-                    HTTPStatus.OK,
-                    {
-                        "model_path": server.model_path,
-                        "tokenizer_path": server.model_path,
-                        "is_generation": True,
-                        "weight_version": server.weight_version,
-                    },
-                )
-            elif path == "/get_server_info":
-                self._reply(HTTPStatus.OK, {"model_path": server.model_path, "tp_size": 1, "version": "stand-in"})
-            elif path == "/standin_stats":
-                self._reply(HTTPStatus.OK, server.stats())
-            elif path == "/flush_cache":
-                self._reply(*server.flush())
-            else:
-                self._reply(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
-
-        def do_POST(self) -> None:
-            path = self.path.split("?")[0]
-            server.counts[path] += 1
-            try:
-                body = self._body()
-            except json.JSONDecodeError as exc:
-                self._reply(HTTPStatus.BAD_REQUEST, {"error": {"message": f"bad JSON: {exc}"}})
-                return
-            routes = {
-                "/generate": server.generate,
-                "/update_weights_from_disk": server.update_from_disk,
-                "/update_weights_from_tensor": server.update_from_tensor,
-                "/init_weights_update_group": server.init_group,
-                "/update_weights_from_distributed": server.update_from_distributed,
-                "/destroy_weights_update_group": server.destroy_group,
-                "/flush_cache": lambda b: server.flush(),
-                "/begin_weight_update": lambda b: server.session(True),
-                "/end_weight_update": lambda b: server.session(False),
-                "/release_memory_occupation": lambda b: server.memory(b, True),
-                "/resume_memory_occupation": lambda b: server.memory(b, False),
-            }
-            if path not in routes:
-                self._reply(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
-                return
-            if path in _SYNC_PATHS:
-                with server.lock:
-                    server.syncing += 1
-            try:
-                self._reply(*routes[path](body))
-            except Exception as exc:  # keep serving; report like a server error
-                self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}})
-            finally:
-                if path in _SYNC_PATHS:
-                    with server.lock:
-                        server.syncing -= 1
-
-    return Handler
 
 
 def launch_standin(
@@ -528,6 +480,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compat", default="0.5.23", choices=sorted(COMPAT))
     ap.add_argument("--quirks", default="", help=f"extra quirks, comma-separated: {sorted(QUIRKS)}")
     ap.add_argument("--enable-deterministic-inference", action="store_true")
+    ap.add_argument("--tp-size", type=int, default=1, help="TP ranks reported (each opens its own tensor payload)")
+    ap.add_argument("--refuse-update", type=int, default=0, help="refuse the K-th weight update (fault injection)")
+    ap.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive timeout (uvicorn: 5 s)")
     args = ap.parse_args(argv)
     if args.threads > 0:
         import torch
@@ -542,7 +497,11 @@ def main(argv: list[str] | None = None) -> None:
         args.compat,
         quirks,
         args.enable_deterministic_inference,
+        args.tp_size,
+        args.refuse_update,
+        args.keepalive_s,
     )
+    server.exit_on_fatal = True
     # SIGTERM keeps its default action (exit at once): a test helper has nothing to flush.
     print(f"STANDIN_READY port={server.port}", flush=True)
     try:

@@ -167,10 +167,12 @@ def test_update_weights_in_process(backend, tiny_path):
     for v in state.values():
         by_storage.setdefault(v.data_ptr(), v + 0.5 * torch.randn(v.shape, generator=gen))
     noisy = [("module." + k, by_storage[v.data_ptr()]) for k, v in state.items()]
-    backend.update_weights(noisy)
-    assert backend.weight_version == 1
-    after = asyncio.run(backend.generate(p, sp, [])).token_ids
+    backend.update_weights(noisy, version="12")
+    assert backend.weight_version == "12"
+    gen_after = asyncio.run(backend.generate(p, sp, []))
+    after = gen_after.token_ids
     assert after != before
+    assert gen_after.weight_versions == [(0, len(after), "12")]  # each answer names its weights
     # the backend now computes exactly with the new tensors
     for name, t in noisy:
         assert torch.equal(backend.model.state_dict()[name[len("module.") :]], t)

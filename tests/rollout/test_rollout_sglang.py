@@ -156,7 +156,11 @@ def test_config_validation():
     with pytest.raises(ValueError, match="http://"):
         SGLangConfig(urls=["localhost:30000"])
     with pytest.raises(ValueError, match="tp_size"):
-        SGLangConfig(tp_size=0)
+        SGLangConfig(tp_size=-1)
+    with pytest.raises(ValueError, match="bucket_mb"):
+        SGLangConfig(bucket_mb=0)
+    with pytest.raises(ValueError, match="colocate=true with weight_sync=distributed"):
+        SGLangConfig(colocate=True, weight_sync="distributed")
     with pytest.raises(ValueError, match="at least one"):
         SGLangBackend([])
 
@@ -283,6 +287,11 @@ def test_engine_over_http(server, local, fake_env_cls):
     for t in trajs:
         t.check()
         assert t.finish_reason in ("eos", "max_tokens", "answer")
+        # every model turn records the weights that sampled it (the server's version stamp)
+        assert [(s, e) for s, e, _ in t.weight_versions] == t.model_spans()
+        assert {v for _, _, v in t.weight_versions} == {
+            request_sync("GET", server + "/get_model_info")["weight_version"]
+        }
 
 
 def _seed1(tmp_path_factory):
@@ -322,7 +331,8 @@ def test_weight_sync(server, local, tiny_path, tmp_path_factory, mode):
             be.update_weights(_state(seed1).items())
         assert torch.allclose(_fingerprint(be, prompt), want_new, atol=1e-5)
         info = request_sync("GET", server + "/get_model_info")
-        assert info["weight_version"] != "default" and be.weight_version == 1
+        assert info["weight_version"] == be.weight_version == "1"  # the push's version, also per answer
+        assert asyncio.run(be.generate(prompt, GREEDY, [])).weight_versions[-1][2] == "1"
     finally:
         if mode in ("tensor", "distributed"):
             be.update_weights(_state(tiny_path).items())  # back through the same path
@@ -469,16 +479,22 @@ def test_disk_sync_needs_a_dir_and_keeps_one_checkpoint(server, tiny_path, tmp_p
 
 
 def test_refused_distributed_update_fails_fast(server, tiny_path):
-    """Outside a session 0.5.23 refuses at once; the client must stop broadcasting, not block."""
+    """Outside a session 0.5.23 refuses at once; the client must stop broadcasting, not block,
+    and never use that group again."""
     import time
 
-    be = SGLangBackend([server], SGLangConfig(weight_sync="distributed", dist_backend="gloo", timeout_s=60))
-    be.init_weight_update_group()
+    from stare_tir.rollout.backends.sglang.push import UpdateGroup
+
+    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo", timeout_s=60)
+    be = SGLangBackend([server], cfg)
+    group = UpdateGroup(be.layouts(), cfg)
+    group.init()
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="begin_weight_update"):
-        be._update_via_distributed(_state(tiny_path).items())  # no session opened
+        group.push(_state(tiny_path).items(), "1")  # no session opened
     assert time.monotonic() - t0 < 20
-    assert be._group is None  # a half-done group is never reused
+    assert group.broken
+    group.destroy()
 
 
 def test_tensor_payloads_pass_the_allow_list(server, tiny_path):
@@ -489,7 +505,7 @@ def test_tensor_payloads_pass_the_allow_list(server, tiny_path):
 
     be = SGLangBackend([server], SGLangConfig(weight_sync="tensor"))
     evil = base64.b64encode(pickle.dumps([("x", print)])).decode()
-    with be.weight_update_session():
+    with be._sessions.around(be.control_urls):
         with pytest.raises(HTTPError, match="Blocked unsafe global"):
             request_sync(
                 "POST",

@@ -63,7 +63,7 @@ class RealServer:
         return sum(1 for line in self.log_text().splitlines() if f'"POST {route} ' in line)
 
 
-def launch_command(model: Path, port: int) -> list[str]:
+def launch_command(model: Path, port: int, tp_size: int = 1) -> list[str]:
     """The CPU launch flags (see README "Real SGLang on CPU" for why each is there)."""
     return [
         str(SGLANG_PYTHON),
@@ -88,26 +88,39 @@ def launch_command(model: Path, port: int) -> list[str]:
         "--sleep-on-idle",
         "--log-level",
         "info",
+        "--tp",
+        str(tp_size),
     ]
 
 
-def start_server(log_path: Path, model: Path = TINY_BASE) -> RealServer:
+def start_server(log_path: Path, model: Path = TINY_BASE, port: int = 0, tp_size: int = 1) -> RealServer:
+    """Launch a server (port 0: a free one) and wait until it serves; its log is appended to."""
     if not SGLANG_PYTHON.exists():
         _unavailable(f"{SGLANG_PYTHON.relative_to(ROOT)} does not exist: run `make sglang-cpu`")
-    port = _free_port()
+    port = port or _free_port()
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if tp_size > 1:
+        # one core per TP rank: the CPU engine otherwise wants one NUMA node per rank
+        # (python/sglang/srt/utils/numa_utils.py `init_threads_binding`)
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1)) for i in range(tp_size))
     env.pop("PYTHONPATH", None)  # the server runs in its own venv, not this one
     t0 = time.monotonic()
-    log = open(log_path, "wb")
+    skip = log_path.stat().st_size if log_path.exists() else 0  # a restart appends to the log
+    log = open(log_path, "ab")
     proc = subprocess.Popen(
-        launch_command(model, port), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        launch_command(model, port, tp_size),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
     )
     log.close()
     server = RealServer(f"http://127.0.0.1:{port}", proc, log_path, model, 0.0)
     while True:
         if proc.poll() is not None:
             _unavailable(f"the server exited with {proc.returncode} while starting:\n{server.log_tail()}")
-        if "The server is fired up" in server.log_text():
+        if "The server is fired up" in server.log_text()[skip:]:
             break
         if time.monotonic() - t0 > START_TIMEOUT_S:
             stop_server(server)
@@ -133,6 +146,22 @@ def stop_server(server: RealServer) -> None:
     server.proc.wait(timeout=30)
 
 
+def restart_server(server: RealServer) -> None:
+    """Stop the server and start it again on the same port (same log), as after a crash."""
+    stop_server(server)
+    fresh = start_server(server.log_path, server.model_path, port=int(server.url.rsplit(":", 1)[1]))
+    server.proc, server.start_s = fresh.proc, fresh.start_s
+
+
+@pytest.fixture(scope="session")
+def sglang_tp2_server(tmp_path_factory) -> RealServer:
+    """A server with 2 tensor-parallel ranks (gloo between them on CPU), for the TP tests only."""
+    server = start_server(tmp_path_factory.mktemp("sglang_tp2") / "server.log", tp_size=2)
+    print(f"\nreal SGLang server (--tp 2) ready in {server.start_s:.1f} s at {server.url}")
+    yield server
+    stop_server(server)
+
+
 @pytest.fixture(scope="session")
 def sglang_server(tmp_path_factory) -> RealServer:
     # A server someone already runs (same launch flags, tiny base, `--log-level info`):
@@ -153,6 +182,7 @@ def pytest_runtest_makereport(item, call):
     """A failing test that used the server gets the server's log tail in its report."""
     outcome = yield
     report = outcome.get_result()
-    server = getattr(item, "funcargs", {}).get("sglang_server")
-    if report.failed and isinstance(server, RealServer):
-        report.sections.append(("real SGLang server log (tail)", server.log_tail(80)))
+    for name in ("sglang_server", "sglang_tp2_server"):
+        server = getattr(item, "funcargs", {}).get(name)
+        if report.failed and isinstance(server, RealServer):
+            report.sections.append((f"real SGLang server log (tail): {name}", server.log_tail(80)))

@@ -3,8 +3,10 @@
 What runs here is SGLang itself (scheduler, tokenizer manager, radix cache, sampler, weight
 loaders, its HTTP API), not our stand-in: token-in/token-out generation with stop strings and
 logprobs, EOS and length finishes, every weight-sync mode inside SGLang's begin/end weight-update
-session, a refused update failing fast, and the 2-rank RL run. One server (conftest) serves every
-test; each test that changes the weights puts the tiny base weights back.
+session, weight versions, a refused update failing fast, the faults of a run (a server that
+restarts, one that kept a dead trainer's group, a refusal in a 2-rank ZeRO-3 run), the 2-rank RL
+run, and a server with 2 TP ranks. One server (conftest) serves every test; each test that
+changes the weights puts the tiny base weights back.
 
 What a CPU cannot show (NCCL, CUDA IPC handles, speed) is listed in the README.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -24,9 +27,9 @@ import torch
 
 from stare_tir.rollout.backends._http import HTTPError, request_sync
 from stare_tir.rollout.backends.base import SamplingParams
-from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig, sampling_payload
+from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig, StaleWeightsError, sampling_payload
 
-from .conftest import ROOT, TINY_BASE
+from .conftest import ROOT, TINY_BASE, restart_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sglang_real")]
 
@@ -319,7 +322,7 @@ def test_refused_distributed_update_fails_fast(sglang_server, score_ids):
     try:
         exc, _, hung = _push_with_guard(be, base)  # creates the group, pushes (same weights)
         assert exc is None and not hung, exc
-        request_sync("POST", url + "/destroy_weights_update_group", {"group_name": cfg.group_name}, timeout_s=60)
+        request_sync("POST", url + "/destroy_weights_update_group", {"group_name": be._group.name}, timeout_s=60)
         exc, took, hung = _push_with_guard(be, base)
         assert not hung, "a refused distributed update blocked the trainer (> 90 s)"
         assert isinstance(exc, RuntimeError), exc
@@ -383,7 +386,7 @@ RL_ARGS = [
     "trainer.eval_every=0",
     f"trainer.save_every={RL_STEPS}",
     f"trainer.steps={RL_STEPS}",
-    "learner.zero_stage=2",
+    "learner.zero_stage=3",  # the 7B configs' learner; fp32 for speed on CPU, bf16 in one run
     "rollout.sglang.dist_backend=gloo",
 ]
 PUSH_ROUTE = {
@@ -393,18 +396,8 @@ PUSH_ROUTE = {
 }
 
 
-@pytest.mark.parametrize("mode", ["disk", "tensor", "distributed"])
-def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids, tmp_path, mode):
-    """`torchrun --nproc_per_node 2 scripts/train_tir.py trainer.backend=sglang` as a user runs
-    it: every step updates the model, no rollout is lost, and each sync reaches the server once
-    (rank 0 pushes; before the fix each rank pushed, and distributed sync hung)."""
-    url = sglang_server.url
-    before = {
-        route: sglang_server.count_requests(route)
-        for route in (*PUSH_ROUTE.values(), "/begin_weight_update", "/init_weights_update_group")
-    }
-    run_dir = tmp_path / "run"
-    cmd = [
+def _rl_command(run_dir, url: str, mode: str, *extra: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -415,8 +408,23 @@ def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids
         *RL_ARGS,
         f"rollout.sglang.urls={json.dumps([url])}",
         f"rollout.sglang.weight_sync={mode}",
-        f"rollout.sglang.sync_dir={tmp_path / 'sync'}",
+        f"rollout.sglang.sync_dir={run_dir.parent / 'sync'}",
+        *extra,
     ]
+
+
+@pytest.mark.parametrize(("mode", "dtype"), [("disk", "fp32"), ("tensor", "bf16"), ("distributed", "fp32")])
+def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids, tmp_path, mode, dtype):
+    """`torchrun --nproc_per_node 2 scripts/train_tir.py trainer.backend=sglang` as a user runs
+    it: every step updates the model, no rollout is lost, and each sync reaches the server once
+    (rank 0 pushes; before the fix each rank pushed, and distributed sync hung)."""
+    url = sglang_server.url
+    before = {
+        route: sglang_server.count_requests(route)
+        for route in (*PUSH_ROUTE.values(), "/begin_weight_update", "/init_weights_update_group")
+    }
+    run_dir = tmp_path / "run"
+    cmd = _rl_command(run_dir, url, mode, f"learner.dtype={dtype}")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=ROOT, env=env)
@@ -438,5 +446,110 @@ def test_two_rank_rl_run_trains_against_the_real_server(sglang_server, score_ids
             assert inits == 1
         if mode == "disk":
             assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["model.safetensors"]
+        # the server serves the learner's last weights, named by its applied steps
+        assert request_sync("GET", url + "/get_model_info")["weight_version"] == str(RL_STEPS)
     finally:  # the next test expects the base weights
         SGLangBackend([url]).update_weights_from_disk(str(TINY_BASE))
+
+
+def test_zero3_two_rank_run_whose_server_refuses_a_push_exits_with_the_refusal(sglang_server, tmp_path):
+    """The real server refuses an update once it has lost the trainer's group (destroyed here
+    after the first push): the 2-rank ZeRO-3 run must end non-zero within minutes, the server's
+    refusal in its log, instead of hanging in mismatched collectives until the PG timeout."""
+    url = sglang_server.url
+    run_dir = tmp_path / "run"
+    pushes_before = sglang_server.count_requests("/update_weights_from_distributed")
+    log_start = len(sglang_server.log_text())
+    proc = subprocess.Popen(
+        _rl_command(run_dir, url, "distributed", "learner.dtype=fp32", "learner.dist_timeout_minutes=30"),
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while sglang_server.count_requests("/update_weights_from_distributed") == pushes_before:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never pushed"
+            time.sleep(0.2)
+        names = re.findall(r"group_name=([\w.-]+)", sglang_server.log_text()[log_start:])
+        request_sync("POST", url + "/destroy_weights_update_group", {"group_name": names[-1]}, timeout_s=60)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=300)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        SGLangBackend([url]).update_weights_from_disk(str(TINY_BASE))
+    assert proc.returncode != 0
+    assert took < 240, f"{took:.0f} s after the refusal"
+    assert "Failed to receive weights" in out  # the server's own refusal, in the trainer's log
+    assert out.index("weight sync failed on rank 0") < out.index("weight sync failed on another rank")
+
+
+def test_a_restarted_server_is_detected_and_gets_the_weights_again(sglang_server, score_ids, perturbed):
+    """A server restarted mid-run serves its start-up weights and reports weight version
+    "default": the backend discards its answers (and says why when no server is left), names
+    it in `stale_servers`, and the re-push makes it compute with the pushed weights again."""
+    url = sglang_server.url
+    state, want_new = perturbed
+    be = SGLangBackend([url], SGLangConfig(weight_sync="tensor"))
+    be.update_weights(state.items(), version="5")
+    assert request_sync("GET", url + "/get_model_info")["weight_version"] == "5"
+    restart_server(sglang_server)
+    try:
+        with pytest.raises(StaleWeightsError, match="'default', expected '5'"):
+            _run(be.generate(score_ids[:20], GREEDY, []))
+        assert be.stale_servers() == [url]
+        be.update_weights(state.items(), version="5")  # what the trainer does before the next step
+        assert be.stale_servers() == []
+        assert torch.allclose(_scores(url, score_ids), want_new, atol=1e-3)
+        assert _run(be.generate(score_ids[:20], GREEDY, [])).weight_version == "5"
+    finally:
+        SGLangBackend([url]).update_weights_from_disk(str(TINY_BASE))
+
+
+def test_resume_against_a_server_that_kept_the_old_group(sglang_server, score_ids):
+    """A trainer that died with its group open leaves it in the server; a new trainer's group
+    has another name (a second group of the same name is refused), and its push works."""
+    url = sglang_server.url
+    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo")
+    dead = SGLangBackend([url], cfg)
+    exc, _, hung = _push_with_guard(dead, _base_state())
+    assert exc is None and not hung, exc
+    fresh = SGLangBackend([url], cfg)
+    try:
+        exc, _, hung = _push_with_guard(fresh, _perturbed_state(1))
+        assert exc is None and not hung, exc
+        assert fresh._group.name != dead._group.name
+        assert request_sync("GET", url + "/get_model_info")["weight_version"] == "1"
+    finally:
+        fresh.update_weights(_base_state().items())
+        fresh.close()
+        dead.close()
+
+
+# ------------------------------------------------------------------------------ 2 TP ranks
+
+
+@pytest.mark.parametrize("mode", ["tensor", "distributed"])
+def test_tp2_server_is_read_at_start_and_updated_on_every_rank(sglang_tp2_server, score_ids, perturbed, mode):
+    """A server started with --tp 2: the default config reads tp_size=2 from /get_server_info,
+    sends one tensor payload per TP rank (or makes a group of 1 + 2 ranks), and the server then
+    computes with the pushed weights on both ranks. A config saying tp_size=1 is refused before
+    anything is sent (one payload would kill the server: IndexError in tp_worker.py)."""
+    url = sglang_tp2_server.url
+    state, want_new = perturbed
+    cfg = SGLangConfig(weight_sync=mode, dist_backend="gloo", bucket_mb=1)
+    be = SGLangBackend([url], cfg)
+    assert [lay.tp_size for lay in be.layouts()] == [2]
+    try:
+        be.update_weights(state.items())
+        assert torch.allclose(_scores(url, score_ids), want_new, atol=1e-3)
+        with pytest.raises(ValueError, match=r"tp_size=1 but .* reports tp_size=2"):
+            SGLangBackend([url], SGLangConfig(weight_sync=mode, tp_size=1)).update_weights(state.items())
+        assert SGLangBackend([url]).health() == [True]
+    finally:
+        be.update_weights(_base_state().items())
+        be.close()

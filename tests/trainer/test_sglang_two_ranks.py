@@ -1,18 +1,24 @@
-"""Two data-parallel ranks (`torchrun --nproc_per_node 2`) training against two SGLang stand-in
-servers, for each weight-sync mode and version behaviour.
+"""Two data-parallel ranks (`torchrun --nproc_per_node 2`, ZeRO-3 as in the 7B configs) training
+against two SGLang stand-in servers, for each weight-sync mode and version behaviour, and the
+faults a run meets.
 
 What a sync must do, checked on the servers' own counters: exactly one push per sync per server
 (rank 0 pushes, rank 1 waits), no /generate arrives while a weight update is in progress, the
-disk sync dir holds one checkpoint, and no rollout is lost to a version quirk. The same run
-against the real SGLang server lives in the real-server tests.
+disk sync dir holds one checkpoint, and no rollout is lost to a version quirk. Faults: a server
+refusing a push part-way through ZeRO-3's gathered export ends the run on both ranks within
+seconds with the refusal in the log; a server restarted mid-run gets the weights again and the
+run finishes; a trainer killed with its update group open is resumed against the server that
+kept it. The same runs against the real SGLang server live in the real-server tests.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +46,8 @@ FAST = [
     "trainer.eval_every=0",
     f"trainer.save_every={STEPS}",
     f"trainer.steps={STEPS}",
-    "learner.zero_stage=2",
+    "learner.zero_stage=3",
+    "learner.dtype=fp32",
 ]
 
 
@@ -64,15 +71,13 @@ def two_servers(request, standin):
             proc.wait(timeout=30)
 
 
-def _train(
-    run_dir: Path, urls: list[str], *extra: str, nproc: int = 2, timeout: int = 600
-) -> subprocess.CompletedProcess:
+def _command(run_dir: Path, urls: list[str], *extra: str, nproc: int = 2) -> list[str]:
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
         if nproc > 1
         else [sys.executable]
     )
-    cmd = [
+    return [
         *launcher,
         str(SCRIPT),
         f"trainer.run_dir={run_dir}",
@@ -80,8 +85,16 @@ def _train(
         f"rollout.sglang.urls={json.dumps(urls)}",
         *extra,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _train(
+    run_dir: Path, urls: list[str], *extra: str, nproc: int = 2, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    cmd = _command(run_dir, urls, *extra, nproc=nproc)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV)
 
 
 @pytest.mark.slow
@@ -90,7 +103,6 @@ def _train(
     [
         ("disk", "0.5.2"),
         ("tensor", "0.5.23"),
-        ("distributed", "0.5.23"),
         ("distributed", "0.5.2"),
     ],
     indirect=["two_servers"],
@@ -134,7 +146,7 @@ def test_two_ranks_push_once_per_sync_and_never_during_generation(mode, two_serv
             assert counts["/begin_weight_update"] == counts["/end_weight_update"] == syncs
         else:  # probed once, answered 404, never again
             assert counts["/begin_weight_update"] == 1 and "/end_weight_update" not in counts
-        assert stats["weight_version"] == str(syncs)
+        assert stats["weight_version"] == str(STEPS)  # the learner's applied steps name the weights
     if mode == "disk":
         assert sorted(p.name for p in sync_dir.iterdir()) == ["model.safetensors"]
 
@@ -159,3 +171,91 @@ def test_a_run_that_never_updates_exits_non_zero_naming_the_cause(two_servers, t
     assert "2 consecutive steps (up to step 2) updated nothing" in proc.stderr
     assert "all rollouts failed" in proc.stderr and "rollout_error=4" in proc.stderr
     assert "sampling_params" in proc.stderr  # the first error says what the server refused
+
+
+def _stats(url: str) -> dict:
+    return request_sync("GET", url + "/standin_stats", timeout_s=10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("two_servers", ["0.5.23"], indirect=True)
+def test_zero3_run_whose_server_refuses_a_push_ends_on_both_ranks_with_the_refusal(two_servers, tmp_path):
+    """ZeRO-3 exports weights as one all-gather per parameter, on every rank. The second server
+    refuses the 3rd update request: the first push's 3rd bucket, while the export is half done.
+    Rank 0 must log the refusal, keep taking part in the gathers, and both ranks must stop
+    within seconds (before the fix: mismatched collectives until the 120-minute timeout)."""
+    _, urls = two_servers
+    request_sync("POST", urls[1] + "/standin_fault", {"refuse_update": 3})
+    t0 = time.monotonic()
+    proc = _train(
+        tmp_path / "run",
+        urls,
+        "rollout.sglang.weight_sync=tensor",
+        "rollout.sglang.bucket_mb=0.05",  # many buckets: the refusal lands mid-export
+        "learner.dist_timeout_minutes=30",
+        timeout=300,
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert took < 240, f"{took:.0f} s: a refused push must end the run at once"
+    log = proc.stderr
+    assert "stand-in refused weight update 3" in log
+    cause = log.index("weight sync failed on rank 0")
+    assert cause < log.index("weight sync failed on another rank")  # the cause is logged first
+    assert _stats(urls[1])["counts"]["/update_weights_from_tensor"] == 3  # nothing after the refusal
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("two_servers", ["0.5.23"], indirect=True)
+def test_a_server_restarted_mid_run_gets_the_weights_again(two_servers, tmp_path):
+    """One server "restarts" during step 1's rollouts (start-up weights, no update group): its
+    answers are re-run on the other server, the next step pushes to it again before it is used
+    (a new group: it lost the old one), the run trains every step, and the metrics count it."""
+    _, urls = two_servers
+    request_sync("POST", urls[0] + "/standin_fault", {"restart_after_generates": 3})
+    run_dir = tmp_path / "run"
+    proc = _train(
+        run_dir, urls, "rollout.sglang.weight_sync=distributed", "rollout.sglang.dist_backend=gloo", "trainer.steps=3"
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r.get("update/skipped_empty", 0.0) == 0.0 for r in steps)
+    assert sum(r.get("weights/stale_servers", 0) + r.get("weights/stale_answers", 0) for r in steps) >= 1
+    restarted = _stats(urls[0])
+    assert restarted["restarts"] == 1 and restarted["weight_version"] == "3"
+    assert restarted["counts"]["/init_weights_update_group"] == 2  # joined a new group after it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("two_servers", ["0.5.23"], indirect=True)
+def test_resume_against_servers_that_kept_the_killed_trainers_group(two_servers, tmp_path):
+    """A trainer SIGKILLed after its first checkpoint leaves its update group in the servers;
+    `--resume` makes a new group (its own name) and finishes the run."""
+    _, urls = two_servers
+    run_dir = tmp_path / "run"
+    extra = ["rollout.sglang.weight_sync=distributed", "rollout.sglang.dist_backend=gloo", "trainer.steps=3"]
+    first = subprocess.Popen(
+        _command(run_dir, urls, *extra, "trainer.save_every=1", nproc=1),
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "latest").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    assert "/destroy_weights_update_group" not in _stats(urls[0])["counts"]  # the old group stays
+    proc = _train(run_dir, urls, *extra, "trainer.save_every=1", "--resume", nproc=1, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r][-1] == 3
+    for url in urls:
+        assert _stats(url)["counts"]["/init_weights_update_group"] == 2

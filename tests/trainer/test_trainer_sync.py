@@ -22,16 +22,21 @@ from stare_tir.trainer import (
     rl_step,
     sync_weights,
 )
+from stare_tir.trainer.weight_sync import restore_release_state, resync_stale_servers
 
 
 class FakeLearner:
     """Collective helpers of one rank of a `world_size` run; all_reduce adds `peer_sum` (what the
-    other ranks contribute) to this rank's value."""
+    other ranks contribute) to this rank's value. `export_weights` counts the tensors taken from
+    it, as a ZeRO-3 export counts its all-gathers (every rank must take all of them)."""
 
-    def __init__(self, rank: int = 0, world_size: int = 2, peer_sum: float = 0.0) -> None:
+    def __init__(self, rank: int = 0, world_size: int = 2, peer_sum: float = 0.0, n_weights: int = 4) -> None:
         self.rank, self.world_size, self.peer_sum = rank, world_size, peer_sum
         self.reduces = 0
         self.exported = 0
+        self.gathered = 0
+        self.n_weights = n_weights
+        self.steps_applied = 3
 
     def all_reduce_sum(self, x):
         self.reduces += 1
@@ -42,22 +47,31 @@ class FakeLearner:
 
     def export_weights(self):
         self.exported += 1
-        yield "w", torch.zeros(2)
+        for i in range(self.n_weights):
+            self.gathered += 1  # one all-gather per parameter under ZeRO-3
+            yield f"w{i}", torch.zeros(2)
 
 
 class SharedBackend:
-    """Servers shared by all ranks (like SGLang): only one rank may push."""
+    """Servers shared by all ranks (like SGLang): only one rank may push. `fail_after`: the push
+    raises after taking that many tensors (a refused bucket)."""
 
     shared_by_ranks = True
 
-    def __init__(self, fail: bool = False) -> None:
-        self.pushes, self.fail = 0, fail
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.pushes, self.fail_after = 0, fail_after
+        self.versions: list = []
+        self.expected = None
 
-    def update_weights(self, named):
-        list(named)
-        if self.fail:
-            raise RuntimeError("server refused the update")
+    def update_weights(self, named, version=None):
+        for i, _ in enumerate(named):
+            if self.fail_after is not None and i + 1 >= self.fail_after:
+                raise RuntimeError("server refused the update")
         self.pushes += 1
+        self.versions.append(version)
+
+    def expect_version(self, version):
+        self.expected = version
 
 
 class OwnBackend(SharedBackend):
@@ -66,11 +80,11 @@ class OwnBackend(SharedBackend):
     shared_by_ranks = False
 
 
-def _run(learner, backend, cfg=None, engine=None) -> Run:
+def _run(learner, backend, cfg=None, engine=None, run_dir=None) -> Run:
     cfg = cfg or TrainConfig()
     return Run(
         cfg=cfg,
-        run_dir=None,
+        run_dir=run_dir,
         learner=learner,
         parts=SimpleNamespace(engine=engine, backend=backend, tokenizer=None),
         controller=StareController.from_config(cfg.algo.stare),
@@ -88,13 +102,37 @@ def test_one_pusher_for_shared_servers_every_rank_for_its_own(rank, backend_cls,
     sync_weights(_run(learner, backend))
     assert backend.pushes == pushes
     assert learner.exported == 1 and learner.reduces == 1  # every rank gathers and waits
+    assert learner.gathered == learner.n_weights
+    # the version names the weights (the learner's applied steps): pushed, or expected from rank 0
+    assert backend.versions == ["3"] * pushes
+    assert backend.expected == ("3" if rank == 1 and backend_cls is SharedBackend else None)
 
 
-def test_a_failed_push_stops_every_rank():
+def test_a_failed_push_stops_every_rank_after_draining_the_export():
+    """The pusher fails after the first tensor: it must still take every remaining tensor (under
+    ZeRO-3 each is an all-gather the other ranks are waiting in), then every rank raises."""
+    learner = FakeLearner(rank=0, n_weights=5)
     with pytest.raises(RuntimeError, match="refused"):  # the pusher raises its own error
-        sync_weights(_run(FakeLearner(rank=0), SharedBackend(fail=True)))
-    with pytest.raises(RuntimeError, match="failed on rank 0"):  # the waiting rank learns of it
-        sync_weights(_run(FakeLearner(rank=1, peer_sum=1.0), SharedBackend()))
+        sync_weights(_run(learner, SharedBackend(fail_after=1)))
+    assert learner.gathered == 5 and learner.reduces == 1  # drained, then met the others
+    waiting = FakeLearner(rank=1, peer_sum=1.0, n_weights=5)
+    with pytest.raises(RuntimeError, match="failed on another rank"):  # the waiting rank learns of it
+        sync_weights(_run(waiting, SharedBackend()))
+    assert waiting.gathered == 5
+
+
+def test_a_push_failing_before_it_starts_still_drains():
+    """A push refused before any tensor is taken (a refused session, a failed group init, a
+    foreign file in sync_dir): the export is still taken to its end."""
+
+    class Refusing(SharedBackend):
+        def update_weights(self, named, version=None):
+            raise ValueError("begin_weight_update refused")
+
+    learner = FakeLearner(rank=0, n_weights=3)
+    with pytest.raises(ValueError, match="begin_weight_update"):
+        sync_weights(_run(learner, Refusing()))
+    assert learner.gathered == 3
 
 
 class FakeEngine:
@@ -142,25 +180,99 @@ class ColocatedBackend(SharedBackend):
         super().__init__()
         self.cfg = type("Cfg", (), {"colocate": True})()
         self.calls: list = []
+        self._released: dict = {}
+
+    @property
+    def released(self):
+        return {u: sorted(t) for u, t in self._released.items() if t}
+
+    def adopt_released(self, released):
+        self.calls.append(("adopt", released))
+        self._released = {u: set(t) for u, t in released.items()}
 
     def release_memory_occupation(self, tags=None):
         self.calls.append(("release", tags))
+        self._released = {"http://s": {"weights", "kv_cache", "cuda_graph"}}
 
-    def resume_memory_occupation(self, tags=None):
-        self.calls.append(("resume", tags))
-
-    def update_weights(self, named):
-        self.calls.append(("push", None))
-        super().update_weights(named)
+    def update_weights(self, named, version=None):
+        self.calls.append(("push", version))  # the real backend resumes weights, pushes, resumes the rest
+        self._released = {}
+        super().update_weights(named, version)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_colocated_servers_release_for_the_learner_and_resume_weights_before_the_push(rank):
+def test_colocated_release_then_push_then_nothing_left_to_resume(rank, tmp_path):
     learner, backend = FakeLearner(rank=rank), ColocatedBackend()
-    run = _run(learner, backend)
+    run = _run(learner, backend, run_dir=tmp_path)
     release_rollout_memory(run)
+    assert run.rollout_released
+    assert (tmp_path / "rollout_released.json").exists() == (rank == 0)  # a restart can resume it
     sync_weights(run)
-    resume_rollout_memory(run)
-    want = [("release", None), ("resume", ["weights"]), ("push", None), ("resume", None)]
-    assert backend.calls == (want if rank == 0 else [])  # rank 1 only waits
-    assert learner.reduces == 3  # ... at a barrier after each phase
+    resume_rollout_memory(run)  # the push resumed everything: no second push
+    assert backend.calls == ([("release", None), ("push", "3")] if rank == 0 else [])
+    assert not run.rollout_released and not (tmp_path / "rollout_released.json").exists()
+    assert learner.gathered == learner.n_weights  # rank 1 took part in the export
+
+
+def test_colocated_step_that_pushed_nothing_pushes_before_the_servers_resume(tmp_path):
+    """A skipped update (non-finite) pushes nothing, but the servers' weights were released:
+    without a push they would resume undefined memory. resume_rollout_memory pushes them."""
+    learner, backend = FakeLearner(rank=0), ColocatedBackend()
+    run = _run(learner, backend, run_dir=tmp_path)
+    release_rollout_memory(run)
+    resume_rollout_memory(run)  # no sync_weights in between
+    assert backend.calls == [("release", None), ("push", "3")]
+
+
+def test_a_restarted_trainer_resumes_what_its_predecessor_released(tmp_path):
+    first = _run(FakeLearner(rank=0), ColocatedBackend(), run_dir=tmp_path)
+    release_rollout_memory(first)  # ... and the trainer dies here
+    backend = ColocatedBackend()
+    run = _run(FakeLearner(rank=0), backend, run_dir=tmp_path)
+    restore_release_state(run)
+    assert run.rollout_released
+    assert backend.calls == [("adopt", {"http://s": ["cuda_graph", "kv_cache", "weights"]})]
+    sync_weights(run)  # the first push resumes exactly those tags
+    assert not (tmp_path / "rollout_released.json").exists()
+    fresh = ColocatedBackend()
+    restore_release_state(_run(FakeLearner(rank=0), fresh, run_dir=tmp_path))
+    assert fresh.calls == []  # nothing left released: nothing is resumed (that would kill a server)
+
+
+def test_stale_servers_get_the_weights_again_before_the_step():
+    class Restarted(SharedBackend):
+        weight_version = "3"
+        stale_answers = 2
+
+        def stale_servers(self):
+            return ["http://a"] if self.pushes == 0 else []
+
+    learner, backend = FakeLearner(rank=0), Restarted()
+    metrics = resync_stale_servers(_run(learner, backend))
+    assert backend.pushes == 1 and metrics == {"weights/stale_servers": 1.0, "weights/stale_answers": 2.0}
+    assert resync_stale_servers(_run(learner, backend)) == {"weights/stale_servers": 0.0, "weights/stale_answers": 0.0}
+    assert backend.pushes == 1  # nothing stale: nothing pushed
+
+
+def test_checkpoint_keeps_the_empty_step_count(tmp_path):
+    """trainer.max_empty_steps counts across a resume (it was reset to 0 by every resume)."""
+    from stare_tir.trainer.checkpoint import resume_from, save_checkpoint
+
+    class CkptLearner(FakeLearner):
+        def save_checkpoint(self, path, client_state):
+            path.mkdir(parents=True)
+            self.saved = client_state
+
+        def load_checkpoint(self, path):
+            return self.saved
+
+    cfg = TrainConfig()
+    learner = CkptLearner(rank=0, world_size=1)
+    run = _run(learner, None, cfg, run_dir=tmp_path)
+    run.controller = StareController.from_config(cfg.algo.stare)
+    run.log = SimpleNamespace(truncate_after=lambda step: None)
+    run.empty_in_row = 2
+    save_checkpoint(run, 5)
+    run.empty_in_row = 0
+    resume_from(run, tmp_path / "checkpoints" / "step_000005")
+    assert run.empty_in_row == 2 and run.step == 5

@@ -46,27 +46,35 @@ class AsyncJSONClient:
     """One aiohttp session (keep-alive pool) per event loop; the loop that first uses it owns it.
 
     connect_timeout_s bounds opening a connection; read_timeout_s (None: unbounded) bounds the
-    wait for an answer.
+    wait for an answer; max_connections caps open sockets (more requests wait for one);
+    keepalive_s is how long an idle connection is reused (keep it below the server's own).
     """
 
     def __init__(
-        self, connect_timeout_s: float = 30.0, read_timeout_s: float | None = None, max_connections: int = 1024
+        self,
+        connect_timeout_s: float = 30.0,
+        read_timeout_s: float | None = None,
+        max_connections: int = 256,
+        keepalive_s: float = 4.0,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.max_connections = max_connections
+        self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _session_for_loop(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or loop is not self._loop or self._session.closed:
-            # A session is bound to its loop; an old loop's connections cannot be used here.
+            # A session is bound to its loop; an old loop's connections cannot be used (or
+            # closed: that needs the old loop) here. An owner that keeps one loop, like the
+            # rollout engine, closes the session on it (`close`).
             timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
             self._session = aiohttp.ClientSession(
                 timeout=timeout,
                 trust_env=False,  # no http_proxy: servers are on the cluster net
-                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                connector=aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=self.keepalive_s),
             )
             self._loop = loop
         return self._session
@@ -123,3 +131,7 @@ def request_sync(method: str, url: str, payload: Any = None, timeout_s: float | 
             return _decode(url, resp.status, resp.read())
     except urllib.error.HTTPError as exc:
         raise HTTPError(url, exc.code, exc.read().decode("utf-8", errors="replace")) from None
+    except urllib.error.URLError as exc:  # the message must say which server it was
+        raise ConnectionError(f"{method} {url}: {exc.reason}") from exc
+    except (ConnectionError, TimeoutError) as exc:
+        raise type(exc)(f"{method} {url}: {exc}") from exc

@@ -26,27 +26,50 @@ if TYPE_CHECKING:
 def serialize_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     """Base64 pickle of [(name, tensor)] as SGLang's update_weights_from_tensor reads it.
 
-    CUDA tensors: SGLang's own serializer when importable (IPC handles, device-UUID aware), else
-    torch's ForkingPickler (IPC handles). CPU tensors: a plain pickle, by value (what SGLang's
-    SafeUnpickler allows; its serializer would pass CPU storage as file handles, which crashed
-    the real 0.5.23 server).
+    Call it once per TP rank and server: each payload is opened exactly once by the rank it is
+    for (managers/tp_worker.py `deserialize_own_rank`), which is what SGLang's own engine does
+    (entrypoints/engine.py `_serialize_tensors_per_rank`: CUDA-IPC refcounts drop per payload).
+
+    CUDA tensors travel as IPC handles whose device is the GPU's UUID, not this process's index
+    of it (the server's CUDA_VISIBLE_DEVICES may number GPUs differently): the sender half of
+    SGLang's reduction patch (utils/patch_torch.py; the server applies the receiving half before
+    it unpickles). CPU tensors: a plain pickle, by value (what SGLang's SafeUnpickler allows;
+    torch's reductions would pass CPU storage as file handles, which crashed the real 0.5.23
+    server).
     """
     if any(t.is_cuda for _, t in named):
-        try:
-            try:
-                from sglang.srt.utils import MultiprocessingSerializer
-            except ImportError:
-                from sglang.srt.utils.common import MultiprocessingSerializer
-            return MultiprocessingSerializer.serialize(named, output_str=True)
-        except ImportError:
-            from multiprocessing.reduction import ForkingPickler
+        from multiprocessing.reduction import ForkingPickler
 
-            import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
+        import torch
+        import torch.multiprocessing  # noqa: F401  (registers torch's reductions)
 
-            buf = io.BytesIO()
-            ForkingPickler(buf).dump(named)
-            return base64.b64encode(buf.getvalue()).decode()
+        buf = io.BytesIO()
+        pickler = ForkingPickler(buf)
+        for cls in (torch.Tensor, torch.nn.Parameter):
+            pickler.dispatch_table[cls] = _reduce_with_device_uuid
+        pickler.dump(named)
+        return base64.b64encode(buf.getvalue()).decode()
     return base64.b64encode(pickle.dumps([(n, t.detach().contiguous()) for n, t in named])).decode()
+
+
+# Position of the storage device in the arguments of torch's `rebuild_cuda_tensor` (its signature
+# has not changed for years; SGLang's patch relies on the same index).
+CUDA_DEVICE_ARG = 6
+
+
+def with_device_uuid(args: tuple, uuid_of) -> tuple:
+    """`reduce_tensor`'s rebuild arguments with the device index replaced by `uuid_of(index)`."""
+    return args[:CUDA_DEVICE_ARG] + (uuid_of(args[CUDA_DEVICE_ARG]),) + args[CUDA_DEVICE_ARG + 1 :]
+
+
+def _reduce_with_device_uuid(tensor):
+    import torch
+    from torch.multiprocessing import reductions
+
+    rebuild, args = reductions.reduce_tensor(tensor)
+    if tensor.is_cuda:
+        args = with_device_uuid(args, lambda i: str(torch.cuda.get_device_properties(i).uuid))
+    return rebuild, args
 
 
 def buckets(
@@ -166,6 +189,16 @@ class Posts:
             if isinstance(r, dict) and r.get("success") is False:
                 return f"{url}{self.path}: {r.get('message', 'failed')}"
         return None
+
+    def failures(self) -> list[str]:
+        """Every failed call once all have finished (for best-effort calls: nothing is raised)."""
+        for t in self.threads:
+            t.join()
+        return [
+            f"{url}{self.path}: {r if isinstance(r, BaseException) else r.get('message', 'failed')}"
+            for url, r in zip(self.urls, self.results)
+            if isinstance(r, BaseException) or (isinstance(r, dict) and r.get("success") is False)
+        ]
 
     def join(self) -> list[Any]:
         for t in self.threads:

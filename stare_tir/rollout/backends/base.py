@@ -16,7 +16,7 @@ No torch import here: this module is light.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "eos", "length"]
@@ -66,12 +66,21 @@ class Generation:
     finish_reason: "eos" (an EOS id was sampled), "stop" (a stop string appeared in the decoded
         output), "length" (max_new_tokens reached).
     stop_text: the stop string that matched when finish_reason == "stop".
+    weight_versions: which policy weights sampled which tokens, as (start, end, version) spans over
+        `token_ids` (a backend that does not report versions leaves it empty). One span usually;
+        more when the weights changed while the request ran (SGLang's `meta_info.weight_versions`).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     stop_text: str | None = None
+    weight_versions: list[tuple[int, int, str]] = field(default_factory=list)
+
+    @property
+    def weight_version(self) -> str | None:
+        """The version that sampled the last token (None: not reported)."""
+        return self.weight_versions[-1][2] if self.weight_versions else None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -86,8 +95,9 @@ class Backend(Protocol):
         """Sample a continuation of `prompt_ids` until EOS, a stop string or max_new_tokens."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new policy weights (HF parameter names) from the learner."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: str | None = None) -> None:
+        """Load new policy weights (HF parameter names) from the learner; `version` names them (the
+        trainer's weight version; None: the backend counts its own)."""
         ...
 
     def update_weights_from_disk(self, path: str) -> None:

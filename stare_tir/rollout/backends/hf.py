@@ -180,7 +180,8 @@ class HFBackend:
         self._wakeup: asyncio.Event | None = None
         self._runner: asyncio.Task | None = None
         self._closed = False
-        self.weight_version = 0
+        self.weight_version = "0"  # what stamps every Generation (see `update_weights`)
+        self._pushes = 0
         # Counters for benchmarks and stats.
         self.stats = collections.Counter()
 
@@ -207,8 +208,11 @@ class HFBackend:
         """Generate for many prompts at once (all join the same batch)."""
         return list(await asyncio.gather(*(self.generate(p, sampling, stop) for p in prompts)))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy (name, tensor) pairs into the model in place; unknown names raise KeyError."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str | None = None) -> None:
+        """Copy (name, tensor) pairs into the model in place; unknown names raise KeyError.
+
+        version: names the new weights in every later Generation (None: this backend's count of
+        updates)."""
         import torch
 
         with self._lock, torch.no_grad():
@@ -230,7 +234,8 @@ class HFBackend:
                 raise KeyError(f"{len(unknown)} weight names not in the model, e.g. {unknown[:5]}")
             if loaded == 0:
                 raise ValueError("update_weights received no tensors")
-            self.weight_version += 1
+            self._pushes += 1
+            self.weight_version = version if version is not None else str(self._pushes)
 
     def update_weights_from_disk(self, path: str) -> None:
         """Load weights from an HF checkpoint directory (safetensors or .bin shards)."""
@@ -320,7 +325,15 @@ class HFBackend:
             steps_since_join += 1
             for req in finished:
                 if not req.future.done():
-                    req.future.set_result(Generation(req.tokens, req.logprobs, req.finish, req.stop_text))
+                    req.future.set_result(
+                        Generation(
+                            req.tokens,
+                            req.logprobs,
+                            req.finish,
+                            req.stop_text,
+                            [(0, len(req.tokens), self.weight_version)] if req.tokens else [],
+                        )
+                    )
             await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ model work (worker thread)

@@ -1,0 +1,341 @@
+"""`SGLangBackend`: the HTTP client of one or more SGLang servers (see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import resource
+import time
+from typing import TYPE_CHECKING, Any, Iterable
+
+from loguru import logger
+
+from stare_tir.rollout.backends._http import AsyncJSONClient, NotSentError, request_sync
+from stare_tir.rollout.backends.base import Generation, SamplingParams, fast_decoder
+from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig
+from stare_tir.rollout.backends.sglang.layout import (
+    ServerLayout,
+    check_layouts,
+    get_info,
+    host_of,
+    is_local_host,
+    master_address,
+    read_layout,
+)
+from stare_tir.rollout.backends.sglang.push import (
+    Sessions,
+    UpdateGroup,
+    flush_cache,
+    load_from_disk,
+    push_disk,
+    push_tensor,
+)
+from stare_tir.rollout.backends.sglang.wire import parse_generate_output, sampling_payload
+
+if TYPE_CHECKING:
+    import torch
+
+
+class StaleWeightsError(RuntimeError):
+    """Every server that could take a request serves other weights than the last push."""
+
+
+class SGLangBackend:
+    """Client of one or more SGLang HTTP servers (see the package docstring).
+
+    tokenizer: the policy's tokenizer; with it the finish of every answer is classified from its
+    last token (EOS ids, stop strings decoded exactly as the HF backend does). Without it, EOS is
+    taken from the server's `matched` and stop strings are searched in the returned text.
+    eos_token_ids: more EOS ids (the model's generation_config ones).
+    """
+
+    # One set of servers serves every trainer rank: exactly one rank pushes weights.
+    shared_by_ranks = True
+
+    def __init__(
+        self,
+        urls: list[str] | None = None,
+        cfg: SGLangConfig | None = None,
+        tokenizer: Any = None,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
+        self.cfg = cfg or SGLangConfig()
+        urls = list(urls if urls is not None else self.cfg.urls)
+        if not urls:
+            raise ValueError("SGLangBackend needs at least one server URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        # control calls (weights, cache, memory) go to the workers, even behind a router
+        self.control_urls = [u.rstrip("/") for u in (self.cfg.weight_urls or self.urls)]
+        SGLangConfig(urls=self.urls, weight_urls=self.control_urls)  # validates the URLs
+        self.behind_router = bool(self.cfg.weight_urls) and self.control_urls != self.urls
+        raise_open_file_limit(self.cfg.max_connections)
+        self._client = AsyncJSONClient(
+            connect_timeout_s=self.cfg.connect_timeout_s,
+            read_timeout_s=self.cfg.generate_timeout_s,
+            max_connections=self.cfg.max_connections,
+            keepalive_s=self.cfg.keepalive_s,
+        )
+        # EOS ids: the tokenizer's plus `eos_token_ids` (e.g. the model's generation_config ones,
+        # which SGLang also stops on: schedule_batch.py `eos_token_ids`)
+        eos = set(eos_token_ids)
+        self._decode = None
+        if tokenizer is not None:
+            if tokenizer.eos_token_id is not None:
+                eos.add(tokenizer.eos_token_id)
+            self._decode = fast_decoder(tokenizer)
+        self._eos_ids: frozenset[int] = frozenset(int(e) for e in eos)
+        self._inflight = [0] * len(self.urls)
+        self._rr = itertools.count()
+        self._layouts: list[ServerLayout] | None = None
+        self._sessions = Sessions(self.cfg.timeout_s)
+        self._group: UpdateGroup | None = None
+        self._released: dict[str, set[str]] = {}  # url -> memory tags released on that server
+        # The version of the last push: answers stamped otherwise come from other weights.
+        self.weight_version: str | None = None
+        self._pushes = 0
+        self._stale: set[int] = set()  # generation URLs that answered with other weights
+        self.stale_answers = 0  # answers discarded (and re-run elsewhere) for their weights
+
+    # ------------------------------------------------------------------------------- data path
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
+        """One request to the least-loaded server. A connect failure (nothing sent) is retried on
+        another server; a failure after the request went out is raised, never re-run. An answer
+        from other weights than the last push (a restarted server) is discarded, its server set
+        aside until the next push, and the request re-run on another server."""
+        payload = {
+            "input_ids": list(prompt_ids),
+            "return_logprob": True,
+            "sampling_params": sampling_payload(sampling, stop, self.cfg.send_seed),
+        }
+        tried: set[int] = set()
+        failures = 0
+        while True:
+            i = self._pick(tried)
+            self._inflight[i] += 1
+            try:
+                out = await self._client.request("POST", self.urls[i] + "/generate", payload)
+            except NotSentError:
+                tried.add(i)
+                failures += 1
+                if failures > self.cfg.retries:
+                    raise
+                await asyncio.sleep(0.5 * failures)
+                continue
+            finally:
+                self._inflight[i] -= 1
+            gen = parse_generate_output(out, stop, self._eos_ids, self._decode)
+            if not self._stale_answer(gen):
+                return gen
+            self.stale_answers += 1
+            failures += 1
+            if not self.behind_router:  # a router's worker cannot be set aside: just re-run
+                self._stale.add(i)
+                tried.add(i)
+            if failures > self.cfg.retries or len(self._stale) == len(self.urls):
+                raise StaleWeightsError(
+                    f"{self.urls[i]} answered with weight version {gen.weight_version!r}, expected "
+                    f"{self.weight_version!r} (a restarted server?); no other server could take the "
+                    "request. The trainer pushes the current weights before the next step"
+                )
+
+    def _stale_answer(self, gen: Generation) -> bool:
+        return self.weight_version is not None and gen.weight_version not in (None, self.weight_version)
+
+    def _pick(self, avoid: set[int]) -> int:
+        usable = [i for i in range(len(self.urls)) if i not in self._stale]
+        cands = [i for i in usable if i not in avoid] or usable or list(range(len(self.urls)))
+        low = min(self._inflight[i] for i in cands)
+        ties = [i for i in cands if self._inflight[i] == low]
+        return ties[next(self._rr) % len(ties)]
+
+    async def aclose(self) -> None:
+        """Close the keep-alive connections (on the event loop that opened them)."""
+        await self._client.close()
+
+    # ---------------------------------------------------------------------------- control path
+
+    def health(self) -> list[bool]:
+        """GET /health of every generation URL (servers, or the router)."""
+        ok = []
+        for url in self.urls:
+            try:
+                request_sync("GET", url + "/health", timeout_s=30)
+                ok.append(True)
+            except Exception:
+                ok.append(False)
+        return ok
+
+    def wait_until_healthy(self, timeout_s: float = 600.0, poll_s: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not all(self.health()):
+            if time.monotonic() > deadline:
+                bad = [u for u, h in zip(self.urls, self.health()) if not h]
+                raise TimeoutError(f"SGLang servers not healthy after {timeout_s}s: {bad}")
+            time.sleep(poll_s)
+
+    def layouts(self) -> list[ServerLayout]:
+        """Each control server's layout, read once and checked against the sync mode (refused
+        with the key to change, see `layout.check_layouts`)."""
+        if self._layouts is None:
+            timeout = min(self.cfg.timeout_s, 60.0)
+            layouts = check_layouts(
+                [read_layout(u, timeout) for u in self.control_urls],
+                self.cfg.weight_sync,
+                self.cfg.tp_size,
+                self.cfg.colocate,
+            )
+            if self.cfg.weight_sync == "tensor":
+                remote = [u for u in self.control_urls if not is_local_host(host_of(u))]
+                if remote:
+                    raise ValueError(
+                        f"rollout.sglang.weight_sync=tensor but {remote[0]} is not on this node: tensors "
+                        "travel as CUDA IPC handles, which open only on the same machine. Use "
+                        "rollout.sglang.weight_sync=distributed or disk"
+                    )
+            if self.cfg.weight_sync == "distributed":
+                master_address(self.cfg.master_address, self.control_urls)  # refuses loopback + remote
+            self._layouts = layouts
+        return self._layouts
+
+    def served_versions(self) -> dict[str, str | None]:
+        """The weight version each control server reports now (None: unreachable or not reported)."""
+        out: dict[str, str | None] = {}
+        for url in self.control_urls:
+            try:
+                out[url] = get_info(url, "model_info", min(self.cfg.timeout_s, 30.0)).get("weight_version")
+            except Exception:
+                out[url] = None
+        return out
+
+    def stale_servers(self) -> list[str]:
+        """Servers that must get the current weights again before they are used: those whose
+        answers came from other weights, and those that report another version now (a server
+        that restarted serves its start-up weights, 0.5.23 reports "default") or do not answer."""
+        if self.weight_version is None:
+            return []
+        marked = {self.urls[i] for i in self._stale}
+        return sorted(marked | {u for u, v in self.served_versions().items() if v != self.weight_version})
+
+    def expect_version(self, version: str) -> None:
+        """Another process pushed `version` to the servers: answers must now carry it."""
+        self.weight_version = version
+        self._stale.clear()
+
+    def flush_cache(self, tries: int = 40, wait_s: float = 0.25) -> None:
+        flush_cache(self.control_urls, self.cfg.timeout_s, tries, wait_s)
+
+    # -- colocated memory
+
+    @property
+    def released(self) -> dict[str, list[str]]:
+        """url -> memory tags released on that server (what a restarted trainer must resume)."""
+        return {u: sorted(t) for u, t in self._released.items() if t}
+
+    def adopt_released(self, released: dict[str, list[str]]) -> None:
+        """A previous trainer released these tags and never resumed them."""
+        for url, tags in released.items():
+            self._released.setdefault(url.rstrip("/"), set()).update(tags)
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free the servers' GPU memory for the learner. Only an idle server may release
+        (0.5.23 asserts it in the scheduler loop, where the assertion kills the server:
+        scheduler_components/weight_updater.py `release_memory_occupation`), and the last
+        /generate may still be retiring: flush first, which succeeds only once it is idle."""
+        tags = list(tags or MEMORY_TAGS)
+        self.flush_cache()
+        for url in self.control_urls:
+            todo = [t for t in tags if t not in self._released.get(url, set())]
+            if todo:
+                request_sync("POST", url + "/release_memory_occupation", {"tags": todo}, self.cfg.timeout_s)
+                self._released.setdefault(url, set()).update(todo)
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Resume the released tags among `tags` (all: None). A tag that is not released is never
+        sent: the scheduler raises KeyError for it (weight_updater.py `resume_memory_occupation`)."""
+        for url in self.control_urls:
+            held = self._released.get(url, set())
+            todo = [t for t in MEMORY_TAGS if t in held and (tags is None or t in tags)]
+            todo += sorted(t for t in held if t not in MEMORY_TAGS and (tags is None or t in tags))
+            if todo:
+                request_sync("POST", url + "/resume_memory_occupation", {"tags": todo}, self.cfg.timeout_s)
+                held.difference_update(todo)
+
+    # -- weights
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str | None = None) -> None:
+        """Push new weights to every control server under `version` (None: this backend's count
+        of pushes). Colocated: the weights are resumed first and the rest of the memory after."""
+        mode = self.cfg.weight_sync
+        version = version if version is not None else str(self._pushes + 1)
+        layouts = self.layouts()
+        if self.cfg.colocate:
+            self.resume_memory_occupation(["weights"])  # KV cache and graphs stay free until after the push
+        if mode == "disk":
+            push_disk(self.control_urls, self.cfg, named_tensors, version)
+        elif mode == "tensor":
+            with self._sessions.around(self.control_urls):
+                push_tensor(layouts, self.cfg, named_tensors, version)
+            self.flush_cache()
+        else:
+            group = self._update_group(layouts)
+            with self._sessions.around(self.control_urls):
+                group.push(named_tensors, version)
+            self.flush_cache()
+        self._pushed(version)
+        if self.cfg.colocate:
+            self.resume_memory_occupation()
+
+    def update_weights_from_disk(self, path: str, load_format: str | None = None, version: str | None = None) -> None:
+        """Every server loads the HF checkpoint directory `path` (readable by each of them)."""
+        version = version if version is not None else str(self._pushes + 1)
+        load_from_disk(self.control_urls, path, version, self.cfg.timeout_s, load_format)
+        self._pushed(version)
+
+    def _pushed(self, version: str) -> None:
+        self._pushes += 1
+        self.expect_version(version)
+
+    def _update_group(self, layouts: list[ServerLayout]) -> UpdateGroup:
+        """The weight-update group, made anew when the last one broke or a server restarted
+        since (it serves another version than our last push: it lost its group with it)."""
+        group = self._group
+        if group is not None and not group.broken and self.weight_version is not None:
+            restarted = [u for u, v in self.served_versions().items() if v != self.weight_version]
+            if restarted:
+                logger.warning(f"weight-update group {group.name}: {restarted} restarted; making a new group")
+                group.broken = True
+        if group is not None and group.broken:
+            group.destroy()
+            group = self._group = None
+        if group is None:
+            group = UpdateGroup(layouts, self.cfg)
+            self._group = group
+            group.init()
+        return group
+
+    def init_weight_update_group(self) -> None:
+        self._update_group(self.layouts())
+
+    def destroy_weight_update_group(self) -> None:
+        if self._group is not None:
+            self._group.destroy()
+            self._group = None
+
+    def close(self) -> None:
+        self.destroy_weight_update_group()  # best effort: servers may already be gone
+
+
+def raise_open_file_limit(connections: int) -> None:
+    """Lift the soft open-file limit (often 1024) so `connections` sockets per process fit next to
+    everything else the process opens; warn when the hard limit does not allow it."""
+    want = connections + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < want:
+            logger.warning(
+                f"open-file limit {new} (hard) leaves little room for rollout.sglang.max_connections="
+                f"{connections}: lower it or raise `ulimit -n`"
+            )

@@ -1,0 +1,326 @@
+"""The three ways weights reach SGLang servers, the session around them, and the update group.
+
+Every function here runs on the one pushing process and raises on the first refusal: a caller
+that stops iterating its tensors must still let its peers finish theirs (see
+`stare_tir.trainer.weight_sync`). Upstream references (python/sglang/srt/ of 0.5.23):
+managers/scheduler_components/weight_updater.py (sessions, the loads, flush after an update),
+managers/tp_worker.py (one tensor payload per TP rank), model_executor/model_runner_components/
+weight_updater.py (the server's side of the group and the broadcast), entrypoints/http_server.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from loguru import logger
+
+from stare_tir.rollout.backends._http import HTTPError, request_sync
+from stare_tir.rollout.backends._weights import (
+    Posts,
+    broadcast_from_rank0,
+    buckets,
+    dtype_name,
+    free_port,
+    init_weight_update_group,
+    serialize_named_tensors,
+)
+from stare_tir.rollout.backends.sglang.config import SGLangConfig
+from stare_tir.rollout.backends.sglang.layout import ServerLayout, master_address
+
+if TYPE_CHECKING:
+    import torch
+
+SYNC_FILE = "model.safetensors"
+# Seconds a clean-up call (closing a session, destroying a group) may take once a push has
+# failed: the run is ending and must not wait timeout_s per server.
+CLEANUP_TIMEOUT_S = 30.0
+
+
+def bucket_bytes(cfg: SGLangConfig) -> int:
+    return max(1, int(cfg.bucket_mb * 2**20))
+
+
+def flush_refused(result: Any) -> bool:
+    """0.5.23 loads the weights, then fails the call when the flush after it is refused (a
+    request still retiring): the weights are in, and the flush is retried afterwards."""
+    text = (
+        result.body
+        if isinstance(result, HTTPError)
+        else (str(result.get("message", "")) if isinstance(result, dict) and not result.get("success", True) else "")
+    )
+    return "cache was not flushed" in text
+
+
+def flush_cache(urls: list[str], timeout_s: float, tries: int = 40, wait_s: float = 0.25) -> None:
+    """POST /flush_cache to every server, retried while it answers 400: a server refuses to
+    flush while a request runs or is still being retired (http_server.py `flush_cache`), so a
+    flush that succeeded also says the server is idle."""
+    for url in urls:
+        for attempt in range(tries):
+            try:
+                request_sync("POST", url + "/flush_cache", timeout_s=timeout_s)
+                break
+            except HTTPError as exc:
+                if exc.status != 400 or attempt == tries - 1:
+                    raise RuntimeError(f"{url}/flush_cache refused {attempt + 1} times: {exc}") from exc
+                time.sleep(wait_s)
+
+
+# ------------------------------------------------------------------------------------- session
+
+
+class Sessions:
+    """Which servers have the begin/end weight-update session (0.5.23; older ones answer 404)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.has_session: dict[str, bool] = {}
+
+    @contextlib.contextmanager
+    def around(self, urls: list[str]) -> Iterator[None]:
+        """Open a session on every server that has one, run the block, close every opened one
+        (in parallel, with a short timeout, even after a failed update)."""
+        opened: list[str] = []
+        try:
+            for url in urls:
+                if self._begin(url):
+                    opened.append(url)
+            yield
+        finally:
+            if opened:
+                for failure in Posts(opened, "/end_weight_update", [{}] * len(opened), CLEANUP_TIMEOUT_S).failures():
+                    logger.error(f"closing the weight-update session failed: {failure}")
+
+    def _begin(self, url: str) -> bool:
+        if self.has_session.get(url) is False:
+            return False
+        for attempt in (0, 1):
+            try:
+                request_sync("POST", url + "/begin_weight_update", {}, self.timeout_s)
+                self.has_session[url] = True
+                return True
+            except HTTPError as exc:
+                if exc.status == 404:
+                    self.has_session[url] = False
+                    return False
+                if attempt == 0 and "already open" in exc.body:
+                    # left open by an update that died half-way: close it, then open ours
+                    request_sync("POST", url + "/end_weight_update", {}, self.timeout_s)
+                    continue
+                raise RuntimeError(f"{url}/begin_weight_update refused: {exc}") from exc
+        raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------------------------------- disk
+
+
+def load_from_disk(urls: list[str], path: str, version: str, timeout_s: float, load_format: str | None = None) -> None:
+    """Every server loads the HF checkpoint at `path` (which each of them must be able to read)."""
+    payload: dict[str, Any] = {"model_path": str(path), "weight_version": version}
+    if load_format is not None:
+        payload["load_format"] = load_format
+    posts = Posts(urls, "/update_weights_from_disk", [payload] * len(urls), timeout_s)
+    for t in posts.threads:
+        t.join()
+    posts.results = [{"success": True} if flush_refused(r) else r for r in posts.results]
+    posts.join()
+    flush_cache(urls, timeout_s)
+
+
+def push_disk(
+    urls: list[str], cfg: SGLangConfig, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str
+) -> None:
+    """Write the tensors to `sync_dir/model.safetensors` (temp name, then an atomic rename), then
+    every server loads that directory."""
+    from safetensors.torch import save_file
+
+    if not cfg.sync_dir:
+        raise ValueError(
+            "rollout.sglang.sync_dir is not set: weight_sync=disk writes the learner's weights "
+            "there for the servers to load. Set rollout.sglang.sync_dir to a directory every "
+            "SGLang server can read (a shared file system when they run on other nodes)."
+        )
+    out = Path(cfg.sync_dir).resolve()  # the servers get an absolute path
+    out.mkdir(parents=True, exist_ok=True)
+    foreign = sorted(p.name for p in out.glob("*.safetensors") if p.name != SYNC_FILE)
+    if foreign:
+        raise ValueError(
+            f"rollout.sglang.sync_dir={str(out)!r} holds other checkpoint files "
+            f"{foreign[:3]}: the servers would load them too. Point sync_dir at "
+            "an empty directory that only the trainer writes."
+        )
+    # clone: tied weights share storage, which safetensors refuses to save twice
+    state = {name: t.detach().to("cpu").clone() for name, t in named_tensors}
+    tmp = out / f".{SYNC_FILE}.{os.getpid()}.tmp"  # not *.safetensors: never loaded half-written
+    try:
+        save_file(state, str(tmp))
+        os.replace(tmp, out / SYNC_FILE)  # atomic: the one checkpoint is old or new, never torn
+    finally:
+        tmp.unlink(missing_ok=True)
+    load_from_disk(urls, str(out), version, cfg.timeout_s)
+
+
+# -------------------------------------------------------------------------------------- tensor
+
+
+def push_tensor(
+    layouts: list[ServerLayout],
+    cfg: SGLangConfig,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    version: str,
+) -> None:
+    """`/update_weights_from_tensor` per bucket, with one payload per TP rank of each server.
+
+    CUDA tensors are serialized once per rank and server (IPC refcounts, see
+    `serialize_named_tensors`); CPU tensors travel by value, so one serialization is shared.
+    """
+    urls = [lay.url for lay in layouts]
+    for bucket, _last in buckets(named_tensors, bucket_bytes(cfg)):
+        on_gpu = any(t.is_cuda for _, t in bucket)
+        shared = None if on_gpu else serialize_named_tensors(bucket)
+        payloads = [
+            {
+                "serialized_named_tensors": [shared or serialize_named_tensors(bucket) for _ in range(lay.tp_size)],
+                "load_format": None,
+                "flush_cache": False,
+                "weight_version": version,
+            }
+            for lay in layouts
+        ]
+        Posts(urls, "/update_weights_from_tensor", payloads, cfg.timeout_s).join()
+
+
+# --------------------------------------------------------------------------------- distributed
+
+
+class UpdateGroup:
+    """The weight-update process group: this process is rank 0, TP rank r of server i is rank
+    1 + (tp sizes of the servers before i) + r.
+
+    Its name is unique per group (`group_name` prefix + a random suffix): a server keeps a group
+    after its trainer dies (0.5.1 has no way to destroy one), a resumed trainer's
+    /init_weights_update_group with a name the server still holds gets a 400, and a name cannot
+    be registered twice in this process either (torch's c10d registry) after a failed broadcast.
+    """
+
+    def __init__(self, layouts: list[ServerLayout], cfg: SGLangConfig) -> None:
+        self.layouts, self.cfg = layouts, cfg
+        self.urls = [lay.url for lay in layouts]
+        self.name = f"{cfg.group_name}-{uuid.uuid4().hex[:12]}"
+        self.pg = None
+        self.broken = False
+
+    @property
+    def world_size(self) -> int:
+        return 1 + sum(lay.tp_size for lay in self.layouts)
+
+    def init(self) -> None:
+        """Every server joins; each server's answer, which comes only after its rendezvous, is
+        awaited, and a refusal fails at once. SGLang's own test barriers on the group after
+        init (test_update_weights_from_distributed.py), but 0.5.23's server runs no matching
+        collective (weight_updater.py `init_weights_update_group`): a barrier would block."""
+        cfg = self.cfg
+        address = master_address(cfg.master_address, self.urls)
+        port = cfg.master_port or free_port()
+        offsets, offset = [], 1
+        for lay in self.layouts:
+            offsets.append(offset)
+            offset += lay.tp_size
+        payloads = [
+            {
+                "master_address": address,
+                "master_port": port,
+                "rank_offset": off,
+                "world_size": self.world_size,
+                "group_name": self.name,
+                "backend": cfg.dist_backend,
+            }
+            for off in offsets
+        ]
+        posts = Posts(self.urls, "/init_weights_update_group", payloads, cfg.timeout_s)
+        box: dict[str, Any] = {}
+
+        def rendezvous() -> None:
+            try:
+                box["pg"] = init_weight_update_group(
+                    cfg.dist_backend, f"tcp://{address}:{port}", self.world_size, 0, self.name, cfg.timeout_s
+                )
+            except BaseException as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=rendezvous, daemon=True)
+        thread.start()
+        try:
+            posts.wait_for(thread, "joining the weight-update group", cfg.timeout_s)
+            if "error" in box:
+                raise RuntimeError(f"weight-update group rendezvous failed: {box['error']}")
+            posts.join()
+        except BaseException:
+            self.broken = True
+            raise
+        self.pg = box["pg"]
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str) -> None:
+        """Per bucket: `/update_weights_from_distributed` on every server while this process
+        broadcasts each tensor. A refusal stops the broadcast at once (the receivers that refused
+        never join it). The broadcast is started from a helper thread: NCCL initialises its
+        communicator lazily inside the first broadcast call, which blocks until every rank
+        joins; the refusal must still be seen meanwhile."""
+        cfg = self.cfg
+        for bucket, _last in buckets(named_tensors, bucket_bytes(cfg)):
+            payload = {
+                "names": [n for n, _ in bucket],
+                "dtypes": [dtype_name(t) for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "group_name": self.name,
+                "flush_cache": False,
+                "weight_version": version,
+            }
+            posts = Posts(self.urls, "/update_weights_from_distributed", [payload] * len(self.urls), cfg.timeout_s)
+            box: dict[str, Any] = {}
+
+            def broadcast(bucket=bucket, box=box) -> None:
+                try:
+                    for _, t in bucket:  # same order as `names`: the servers receive in that order
+                        broadcast_from_rank0(self.pg, t.detach().contiguous()).wait()
+                except BaseException as exc:
+                    box["error"] = exc
+
+            sender = threading.Thread(target=broadcast, daemon=True)
+            sender.start()
+            try:
+                posts.wait_for(sender, "broadcasting weights", cfg.timeout_s)
+                if "error" in box:
+                    # a receiver that refused closes its side: the broadcast then fails first, and
+                    # the server's answer (the cause) follows at once
+                    for t in posts.threads:
+                        t.join(timeout=CLEANUP_TIMEOUT_S / 6)
+                    said = posts.failure()
+                    raise RuntimeError(f"broadcasting weights failed: {box['error']}" + (f"; {said}" if said else ""))
+                posts.join()
+            except BaseException:
+                self.broken = True  # a half-done collective: this group is never used again
+                raise
+
+    def destroy(self) -> None:
+        """Best effort on both sides (servers may be gone); never raises."""
+        if self.pg is None and not self.broken:
+            return
+        posts = Posts(
+            self.urls, "/destroy_weights_update_group", [{"group_name": self.name}] * len(self.urls), CLEANUP_TIMEOUT_S
+        )
+        for failure in posts.failures():
+            logger.info(f"weight-update group {self.name} not destroyed: {failure}")
+        if self.pg is not None and not self.broken:
+            import torch.distributed as dist
+
+            dist.destroy_process_group(self.pg)
+        # a broken group may hold a broadcast that never completes: it is dropped, not shut
+        # down (shutting it down could wait on that broadcast)
+        self.pg = None
