@@ -77,7 +77,7 @@ def check_sft_traces(cfg: TrainConfig) -> None:
 def preflight(cfg: TrainConfig) -> None:
     """Every check that can fail cheaply, before any model is loaded (see stare_tir.preflight)."""
     check_model(cfg.model)
-    check_registry_names(cfg.algo.advantage, cfg.algo.policy_loss)
+    check_registry_names(cfg.algo.advantage, cfg.algo.loss_name)
     check_backend(cfg.trainer.backend, cfg.rollout.sglang.urls)
     check_sft_traces(cfg)
     check_data(cfg.data)

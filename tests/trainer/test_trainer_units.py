@@ -17,7 +17,7 @@ from stare_tir.trainer import (
     group_advantages,
     informative_groups,
     lplus_entropy_raising_frac,
-    stare_weights,
+    prepare_update,
 )
 
 
@@ -64,7 +64,7 @@ def test_sandbox_errors_and_filters_are_dropped_and_counted():
         traj(1, 1.0, finish="max_tokens"),
         traj(2, 0.0, finish="error"),
     ]
-    kept, counts = drop_for_update(trajs, AlgoConfig(filter_void_turns=True, filter_overlong=True))
+    kept, counts = drop_for_update(trajs, AlgoConfig(void_turns="drop", filter_overlong=True))
     assert kept == [trajs[0]]
     assert counts == {"sandbox_error": 1, "rollout_error": 1, "void_turn": 1, "overlong": 1}
     kept, counts = drop_for_update(trajs, AlgoConfig())
@@ -84,7 +84,7 @@ def test_group_advantages_are_normalised_per_group():
     assert adv[2] == adv[3] == 0.0 and metrics["adv/zero_var_groups"] == 1.0
 
 
-def test_stare_weights_off_gate_means_plain_grpo_and_batch_scope_selects_globally():
+def test_stare_off_gate_means_plain_grpo_and_batch_scope_selects_globally():
     trajs = [traj(0, 1.0, n_model=4), traj(0, -1.0, n_model=4), traj(1, 1.0, n_model=4)]
     adv = [1.0, -1.0, 0.5]
     # Distinct surprisals on model tokens; observation tokens hold 0 like the recompute pass.
@@ -92,25 +92,31 @@ def test_stare_weights_off_gate_means_plain_grpo_and_batch_scope_selects_globall
     for k, t in enumerate(trajs):
         lp = torch.tensor([-(0.1 * (j + 1) + k) for j in range(len(t.response_ids))])
         old_lp.append(lp * torch.tensor(t.loss_mask, dtype=torch.float32))
+    ent = [torch.full_like(lp, 0.5) for lp in old_lp]
     learner = OneRankLearner()
+    algo = AlgoConfig()
     ctrl = StareController(target_entropy=0.3)
     ctrl.update(0.5)  # above target: gate off
-    omega, _ = stare_weights(learner, trajs, adv, old_lp, ctrl, StareConfig())
-    assert omega is None
+    inputs, omega = prepare_update(learner, trajs, adv, old_lp, ent, algo, ctrl, seed=0)
+    # Gate off: exactly what GRPO-ds gets (no weights, the same trajectories and advantages).
+    assert omega is None and inputs.token_weights is None and inputs.trajs == trajs and inputs.advantages == adv
+    assert inputs.old_logprobs is old_lp and inputs.metrics["algo/selected_frac"] == 0.0
 
-    cfg = StareConfig(top_p=0.2, variant="C2", w=1.5, m=0.5)
-    ctrl = StareController.from_config(cfg)
+    algo = AlgoConfig(stare=StareConfig(top_p=0.2, variant="C2", w=1.5, m=0.5))
+    ctrl = StareController.from_config(algo.stare)
     ctrl.update(0.1)  # below target: gate on
-    omega, metrics = stare_weights(learner, trajs, adv, old_lp, ctrl, cfg)
+    inputs, omega = prepare_update(learner, trajs, adv, old_lp, ent, algo, ctrl, seed=0)
     flat_s = torch.cat([-x for x in old_lp])
     flat_a = torch.cat([torch.full_like(x, a) for x, a in zip(old_lp, adv)])
     flat_m = torch.cat([torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs])
     expected, _ = stare_token_weights(flat_s, flat_a, mask=flat_m, top_p=0.2, w=1.5, m=0.5, variant="C2")
-    assert torch.equal(torch.cat(omega), expected)
+    assert torch.equal(torch.cat(omega), expected) and torch.equal(torch.cat(inputs.token_weights), expected)
     # Observation tokens are never reweighted.
     for t, w in zip(trajs, omega):
         assert torch.all(w[torch.tensor(t.loss_mask) == 0] == 1.0)
     assert (torch.cat(omega) == 1.5).any() and (torch.cat(omega) == 0.5).any()
+    n_sel = int(((expected != 1.0) & flat_m).sum())
+    assert inputs.metrics["algo/selected_frac"] == pytest.approx(n_sel / int(flat_m.sum()))
 
 
 def test_lplus_entropy_raising_frac_counts_only_l_plus_tokens_above_their_entropy():
