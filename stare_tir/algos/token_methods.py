@@ -82,14 +82,29 @@ def floor_frac(frac: float, n: int) -> int:
 
 
 def top_k_positions(values: Tensor, k: int) -> Tensor:
-    """Positions of exactly k largest entries (ties at the threshold go to the lower position)."""
+    """Positions of exactly k largest entries (ties at the threshold go to the lower position).
+    O(N): the threshold is the k-th largest value (one selection, no sort)."""
+    n = values.numel()
     if k <= 0:
         return torch.zeros(0, dtype=torch.long, device=values.device)
-    top = torch.topk(values, k, sorted=False).values
-    threshold = top.min()
+    if k >= n:
+        return torch.arange(n, device=values.device)
+    threshold = torch.kthvalue(values, n - k + 1).values  # the k-th largest
     above = torch.nonzero(values > threshold).squeeze(1)
     ties = torch.nonzero(values == threshold).squeeze(1)[: k - above.numel()]
-    return torch.cat([above, ties])
+    return torch.sort(torch.cat([above, ties])).values
+
+
+def quantile(values: Tensor, q: float) -> float:
+    """torch.quantile's linear-interpolation quantile by two selections instead of a sort."""
+    n = values.numel()
+    pos = q * (n - 1)
+    lo, frac = int(pos), pos - int(pos)
+    a = torch.kthvalue(values, lo + 1).values
+    if frac == 0.0 or lo + 1 >= n:
+        return float(a)
+    b = torch.kthvalue(values, lo + 2).values
+    return float(a + (b - a) * frac)
 
 
 def _mask_at(n: int, positions: Tensor, device: torch.device) -> Tensor:
@@ -182,7 +197,7 @@ def entropy_80_20(
     k = ceil_frac(top_frac, n)
     if k == n:
         return TokenEffect(selected=torch.ones(n, dtype=torch.bool, device=device))  # keeps everything
-    keep = _mask_at(n, top_k_positions(entropy.double(), k), device)
+    keep = _mask_at(n, top_k_positions(entropy, k), device)
     return TokenEffect(selected=keep, keep=keep)
 
 
@@ -226,7 +241,7 @@ def stapo(
     if n == 0 or prob_max <= 0.0:
         return TokenEffect(selected=torch.zeros(n, dtype=torch.bool, device=device))
     h = entropy.double()
-    tau_h = entropy_max if entropy_max is not None else float(torch.quantile(h, entropy_quantile))
+    tau_h = entropy_max if entropy_max is not None else quantile(h, entropy_quantile)
     # pi < prob_max, compared in log space (the recompute pass gives log pi)
     spurious = (advantages > 0) & (logprobs.double() < math.log(prob_max)) & (h < tau_h)
     if not bool(spurious.any()):

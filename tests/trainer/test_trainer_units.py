@@ -467,3 +467,35 @@ def test_oversampling_resumes_exactly():
     r2, _, n2 = collect_batch(resumed, step=2)
     assert resumed.engine.calls == straight.engine.calls[1:]  # same prompts, same seeds
     assert [t.group_id for t in r2] == [t.group_id for t in b2] and m2 == n2
+
+
+def test_official_recipe_and_baseline_configs_hold_their_values():
+    from pathlib import Path
+
+    from stare_tir.config import load_config
+    from stare_tir.train_config import TrainConfig
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    off = load_config(TrainConfig, configs / "retool_qwen2.5_7b_stare_official.yaml").algo
+    assert (off.name, off.dual_clip_c, off.stare.w_max, off.loss_agg, off.scope) == ("stare", 10.0, 1.5, "verl", "verl")
+    assert (off.verl_partition.ranks, off.verl_partition.token_budget) == (16, 8192)
+    assert off.ratio_one_on_policy and not off.filter_overlong and not off.overlong_penalty_on
+    assert (off.oversample_k, off.dynamic_sampling_rounds) == (3, 10)  # 192-prompt rounds, up to 10
+    full = load_config(TrainConfig, configs / "retool_qwen2.5_7b_stare_official.yaml")
+    assert full.trainer.prompts_per_step * off.oversample_k == 192 and full.rollout.n_per_prompt == 8
+    # The official budget holds the longest prompt (1024) + response.
+    assert 1024 + full.rollout.max_total_tokens <= off.verl_partition.token_budget
+    for name, method in [
+        ("dapo", []),
+        ("kl_cov", ["kl_cov"]),
+        ("clip_cov", ["clip_cov"]),
+        ("entropy_80_20", ["entropy_80_20"]),
+        ("entropy_adv", ["entropy_adv"]),
+        ("stapo", ["stapo"]),
+    ]:
+        algo = load_config(TrainConfig, configs / f"retool_qwen2.5_7b_{name}.yaml").algo
+        assert algo.name == name and algo.methods == method and algo.oversample_k == 3
+    assert load_config(TrainConfig, configs / "retool_qwen2.5_7b_dapo.yaml").algo.overlong_penalty_on
+    assert load_config(TrainConfig, configs / "retool_qwen2.5_7b_simpletir.yaml").algo.void_turns == "mask"
+    for name in ("stare", "grpo_ds"):  # the 7B configs over-sample as the official recipe does
+        assert load_config(TrainConfig, configs / f"retool_qwen2.5_7b_{name}.yaml").algo.oversample_k == 3
