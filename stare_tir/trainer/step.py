@@ -130,9 +130,8 @@ def rl_step(run: Run, step: int) -> dict:
     advantages, adv_metrics = group_advantages(batch, algo.advantage, penalties)
     metrics.update(adv_metrics)
     if algo.overlong_penalty_on:
-        metrics["reward/overlong_penalty"] = global_means(
-            learner, {"p": sum(penalties) / max(len(penalties), 1)}, len(penalties)
-        )["p"]
+        mean_penalty = {"reward/overlong_penalty": sum(penalties) / max(len(penalties), 1)}
+        metrics.update(global_means(learner, mean_penalty, len(penalties)))
 
     t1 = time.perf_counter()
     old_logprobs, entropies = learner.compute_logprobs_entropy(batch)
@@ -179,7 +178,7 @@ def rl_step(run: Run, step: int) -> dict:
             loss_agg="token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
             tis_cap=inputs.tis_cap,
             loss_fn=get_policy_loss(algo.loss_name),
-            **({"token_terms": inputs.token_terms} if inputs.token_terms else {}),
+            token_terms=inputs.token_terms or None,
         )
         metrics.update({f"update/{k}": v for k, v in update.items()})
         if update["step_skipped"]:

@@ -103,7 +103,9 @@ def test_kl_cov_loss_equals_grpo_ds_at_ratio_one_and_is_unclipped_elsewhere():
     # First (on-policy) update: rho = 1 exactly, where the clip and the dual clip are inactive.
     logp, old, ent, adv, mask = batch(2, on_policy=True)
     ref = grpo_ds(logp, old, adv, mask)
-    got = run_effect(TokenEffect(selected=torch.zeros(int(mask.sum()), dtype=torch.bool)), logp, old, adv, mask, "kl_cov")
+    got = run_effect(
+        TokenEffect(selected=torch.zeros(int(mask.sum()), dtype=torch.bool)), logp, old, adv, mask, "kl_cov"
+    )
     assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
     # Off-policy: the unclipped surrogate -A rho, token-mean.
     logp, old, ent, adv, mask = batch(3)

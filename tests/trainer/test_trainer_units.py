@@ -359,7 +359,9 @@ def test_verl_scope_and_aggregation_follow_verls_partition():
     mask = pad([torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs])
     logp, old = pad(lps) + 0.05 * mask, pad(lps)
     adv_tok = torch.tensor(adv)[:, None] * mask
-    ours, _ = policy_loss(logp, old, adv_tok, mask, token_weights=pad(inp.token_weights, 1.0), global_tokens=float(mask.sum()))
+    ours, _ = policy_loss(
+        logp, old, adv_tok, mask, token_weights=pad(inp.token_weights, 1.0), global_tokens=float(mask.sum())
+    )
     verl = sum(len(mb) / len(trajs) * policy_loss(logp[mb], old[mb], adv_tok[mb], mask[mb])[0] for mb in groups)
     assert ours.item() == pytest.approx(verl.item(), rel=1e-5)
 
