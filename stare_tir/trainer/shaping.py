@@ -39,11 +39,6 @@ class TokenView:
     rows_per_verl_group: dict[int, int]  # trajectories per verl micro-batch
     n_trajectories: int  # in the global batch
     mine: slice  # this rank's tokens
-    sizes: list[int]  # response lengths of this rank's trajectories
-
-    def split_mine(self, flat: Tensor) -> list[Tensor]:
-        """A global [T] tensor -> this rank's per-trajectory pieces."""
-        return list(torch.split(flat[self.mine], self.sizes))
 
     def groups(self) -> list[Tensor]:
         """Positions of the loss tokens of each selection group, in flat order."""
@@ -83,13 +78,13 @@ def token_view(
     """Gather the step's tokens from every rank and label each with its selection group (algo.scope)."""
     sizes = [len(t.response_ids) for t in trajs]
 
-    def flat(xs: list[Tensor]) -> Tensor:
-        return torch.cat([x.reshape(-1).to(torch.float64) for x in xs]) if xs else torch.zeros(0, dtype=torch.float64)
+    def flat(xs: list[Tensor]) -> Tensor:  # float32: log-probs and entropies are float32; ids < 2^24
+        return torch.cat([x.reshape(-1).to(torch.float32) for x in xs]) if xs else torch.zeros(0)
 
     lp, mine = learner.all_gather_flat(flat(old_logprobs))
     ent, _ = learner.all_gather_flat(flat(entropies))
     adv, _ = learner.all_gather_flat(flat([torch.full((n,), float(a)) for n, a in zip(sizes, advantages)]))
-    mask, _ = learner.all_gather_flat(flat([m.to(torch.float64) for m in masks]))
+    mask, _ = learner.all_gather_flat(flat([m.to(torch.float32) for m in masks]))
 
     need_verl = algo.scope == "verl" or algo.loss_agg == "verl"
     verl_traj_group: list[int] = []
@@ -114,7 +109,7 @@ def token_view(
         return flat([torch.full((n,), float(g)) for n, g in zip(sizes, group_of_traj)])
 
     if algo.scope == "batch":
-        local_group = torch.zeros(sum(sizes), dtype=torch.float64)
+        local_group = torch.zeros(sum(sizes))
     elif algo.scope == "micro_batch":  # this learner's update plan, labelled per rank
         of_traj = [0] * len(trajs)
         for k, idx in enumerate(learner.micro_batch_plan(trajs)):
@@ -138,7 +133,6 @@ def token_view(
         rows_per_verl_group=rows,
         n_trajectories=n_global,
         mine=mine,
-        sizes=sizes,
     )
 
 
@@ -242,55 +236,63 @@ def prepare_update(
 ) -> tuple[UpdateInputs, list[Tensor] | None]:
     """The learner's inputs for this step, and STARE's omega per trajectory (None while its gate is off
     or STARE is not used). seed: this step's seed (Clip-Cov's draw). penalized: trajectories whose
-    reward DAPO's overlong penalty changed (for algo/selected_frac)."""
+    reward DAPO's overlong penalty changed (for algo/selected_frac). Without a selection to make (no
+    open STARE gate, no token method, token-mean aggregation) nothing is gathered over ranks."""
     masks, n_void = void_masks(trajs, algo)
-    view = token_view(learner, trajs, advantages, old_logprobs, entropies, masks, algo)
     metrics: dict[str, float] = {}
-
-    omega = None
-    if controller is not None and controller.gate_on:
-        omega, stare_metrics = stare_omega(view, controller, algo.stare.top_p, algo.stare.variant)
-        metrics.update(stare_metrics)
-    elif controller is not None:
+    if controller is not None and not controller.gate_on:
         metrics.update({"stare/reweighted_frac": 0.0, "stare/mean_weight": 1.0})
-    effects, method_metrics = token_methods(view, algo, seed)
-    metrics.update(method_metrics)
-
-    final_mask = view.mask & effects["keep"] if "keep" in effects else view.mask
-    weights = None
-    for w in (omega, effects.get("weights")):
-        if w is not None:
-            weights = w.clone() if weights is None else weights * w
-    if algo.loss_agg == "verl":
-        agg = verl_aggregation_weights(view, final_mask)
-        weights = agg if weights is None else weights * agg
+    sizes = [len(t.response_ids) for t in trajs]
+    local_mask = torch.cat(masks) if trajs else torch.zeros(0, dtype=torch.bool)  # [this rank's tokens]
+    local_sel = torch.zeros(local_mask.shape, dtype=torch.bool)  # selected or changed by the algorithm
+    weights = adv_shaped = kl_coef = omega = None
+    final_mask = local_mask
+    if (controller is not None and controller.gate_on) or algo.methods or algo.loss_agg == "verl":
+        view = token_view(learner, trajs, advantages, old_logprobs, entropies, masks, algo)
+        selected = torch.zeros(view.mask.shape, dtype=torch.bool)
+        if controller is not None and controller.gate_on:
+            omega, stare_metrics = stare_omega(view, controller, algo.stare.top_p, algo.stare.variant)
+            metrics.update(stare_metrics)
+            selected |= omega != 1.0
+        effects, method_metrics = token_methods(view, algo, seed)
+        metrics.update(method_metrics)
+        selected |= effects.get("selected", selected)
+        global_final = view.mask & effects["keep"] if "keep" in effects else view.mask
+        for w in (omega, effects.get("weights")):
+            if w is not None:
+                weights = w.clone() if weights is None else weights * w
+        if algo.loss_agg == "verl":
+            agg = verl_aggregation_weights(view, global_final)
+            weights = agg if weights is None else weights * agg
+        local_sel = selected[view.mine] & view.mask[view.mine]
+        final_mask = global_final[view.mine]
+        weights = None if weights is None else weights[view.mine]
+        omega = None if omega is None else omega[view.mine]
+        adv_shaped = effects["advantages"][view.mine] if "advantages" in effects else None
+        kl_coef = effects["kl_coef"][view.mine] if "kl_coef" in effects else None
 
     # algo/selected_frac: loss tokens any part of the algorithm selected or changed, over all ranks.
-    selected = effects.get("selected", torch.zeros(view.mask.shape, dtype=torch.bool)).clone()
-    if omega is not None:
-        selected |= omega != 1.0
-    orig = torch.cat([torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]) if trajs else torch.zeros(0)
-    local_extra = orig & ~torch.cat(masks) if trajs else torch.zeros(0, dtype=torch.bool)  # void-masked
-    if penalized and trajs:
-        local_extra |= torch.cat([torch.full((n,), bool(p)) for n, p in zip(view.sizes, penalized)]) & orig
-    local_sel = (selected[view.mine] & view.mask[view.mine]) | local_extra
+    orig = torch.cat([torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]) if trajs else local_mask
+    local_sel |= orig & ~local_mask  # void-masked
+    if penalized and trajs:  # DAPO's overlong penalty changed their reward
+        local_sel |= torch.cat([torch.full((n,), bool(p)) for n, p in zip(sizes, penalized)]) & orig
     counts = learner.all_reduce_sum(
-        torch.tensor([float(local_sel.sum()), float(orig.sum()) if trajs else 0.0, float(n_void)], dtype=torch.float64)
+        torch.tensor([float(local_sel.sum()), float(orig.sum()), float(n_void)], dtype=torch.float64)
     )
     metrics["algo/selected_frac"] = float(counts[0] / counts[1].clamp(min=1.0))
     metrics["algo/void_masked"] = float(counts[2])
 
-    # This rank's share, per trajectory.
+    def per_traj(flat: Tensor) -> list[Tensor]:
+        return list(torch.split(flat, sizes))
+
     new_trajs = list(trajs)
-    if "keep" in effects or n_void:
-        for i, (t, m) in enumerate(zip(trajs, view.split_mine(final_mask))):
+    if not torch.equal(final_mask, orig):
+        for i, (t, m) in enumerate(zip(trajs, per_traj(final_mask))):
             if not torch.equal(m, torch.tensor(t.loss_mask, dtype=torch.bool)):
                 new_trajs[i] = dataclasses.replace(t, loss_mask=m.to(torch.long).tolist())
-    adv_out: list = list(advantages)
-    if "advantages" in effects:
-        adv_out = [a.to(torch.float32) for a in view.split_mine(effects["advantages"])]
-    token_weights = [w.to(torch.float32) for w in view.split_mine(weights)] if weights is not None else None
-    terms = {"kl_coef": view.split_mine(effects["kl_coef"])} if "kl_coef" in effects else {}
+    adv_out: list = list(advantages) if adv_shaped is None else per_traj(adv_shaped.to(torch.float32))
+    token_weights = None if weights is None else per_traj(weights.to(torch.float32))
+    terms = {} if kl_coef is None else {"kl_coef": per_traj(kl_coef)}
     old: list[Tensor] | None = old_logprobs
     tis_cap = algo.tis_cap
     if algo.ratio_one_on_policy:
@@ -302,6 +304,6 @@ def prepare_update(
             ]
             token_weights = tis if token_weights is None else [a * b for a, b in zip(token_weights, tis)]
             tis_cap = None
-    omegas = view.split_mine(omega) if omega is not None else None
+    omegas = None if omega is None else per_traj(omega)
     inputs = UpdateInputs(new_trajs, adv_out, token_weights, old, tis_cap, terms, metrics)
     return inputs, omegas
