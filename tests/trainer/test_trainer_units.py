@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights
-from stare_tir.algos.token_config import ClipCovConfig, VerlPartitionConfig
+from stare_tir.algos.token_config import ClipCovConfig, StapoConfig, VerlPartitionConfig
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
@@ -501,3 +501,78 @@ def test_official_recipe_and_baseline_configs_hold_their_values():
     assert load_config(TrainConfig, configs / "retool_qwen2.5_7b_simpletir.yaml").algo.void_turns == "mask"
     for name in ("stare", "grpo_ds"):  # the 7B configs over-sample as the official recipe does
         assert load_config(TrainConfig, configs / f"retool_qwen2.5_7b_{name}.yaml").algo.oversample_k == 3
+
+
+class ThreadRank(OneRankLearner):
+    """One of `world` ranks simulated by threads: all-gather and all-reduce through a barrier."""
+
+    def __init__(self, rank, world, shared, barrier):
+        self.rank, self.world_size, self.shared, self.barrier = rank, world, shared, barrier
+
+    def _exchange(self, x):
+        self.barrier.wait()
+        self.shared[self.rank] = x.clone()
+        self.barrier.wait()
+        parts = [self.shared[r] for r in range(self.world_size)]
+        self.barrier.wait()
+        return parts
+
+    def all_reduce_sum(self, x):
+        return sum(self._exchange(x))
+
+    def all_gather_flat(self, x):
+        parts = self._exchange(x.reshape(-1))
+        start = sum(p.numel() for p in parts[: self.rank])
+        return torch.cat(parts), slice(start, start + parts[self.rank].numel())
+
+
+@pytest.mark.parametrize("scope", ["batch", "verl"])
+def test_selections_do_not_depend_on_how_the_batch_is_split_over_ranks(scope):
+    import threading
+
+    trajs = [traj(g, r, n_model=2 + (3 * g + int(r > 0)) % 7) for g in range(6) for r in (1.0, -1.0, -1.0)]
+    lps, ents = recompute(trajs, seed=4)
+    adv, _ = group_advantages(trajs, "grpo")
+    algo = AlgoConfig(
+        name="stare",
+        token_methods=["entropy_adv", "stapo", "kl_cov"],
+        scope=scope,
+        loss_agg="verl" if scope == "verl" else "token-mean",
+        verl_partition=VerlPartitionConfig(ranks=3, token_budget=30),
+        stare=StareConfig(top_p=0.3, variant="C2", w=1.5, m=0.5),
+        stapo=StapoConfig(prob_max=0.2, entropy_quantile=0.5),
+    )
+    ctrl = StareController.from_config(algo.stare)
+    ctrl.update(0.0)
+    whole, _ = prepare_update(OneRankLearner(), trajs, adv, lps, ents, algo, ctrl, seed=3)
+    assert any((w != 1.0).any() for w in whole.token_weights)  # STARE (and verl's weights) acted
+    assert any(a.loss_mask != b.loss_mask for a, b in zip(whole.trajs, trajs))  # STAPO silenced some
+
+    halves = [list(range(0, 9)), list(range(9, 18))]  # rank-major: rank 0 holds the first half
+    out, shared, barrier = {}, {}, threading.Barrier(2)
+
+    def rank(r):
+        idx = halves[r]
+        out[r] = prepare_update(
+            ThreadRank(r, 2, shared, barrier),
+            [trajs[i] for i in idx],
+            [adv[i] for i in idx],
+            [lps[i] for i in idx],
+            [ents[i] for i in idx],
+            algo,
+            ctrl,
+            seed=3,
+        )[0]
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    split_w = out[0].token_weights + out[1].token_weights
+    assert all(torch.equal(a, b) for a, b in zip(whole.token_weights, split_w))
+    assert all(torch.equal(a, b) for a, b in zip(whole.advantages, out[0].advantages + out[1].advantages))
+    assert [t.loss_mask for t in whole.trajs] == [t.loss_mask for t in out[0].trajs + out[1].trajs]
+    whole_kl = whole.token_terms["kl_coef"]
+    assert all(
+        torch.equal(a, b) for a, b in zip(whole_kl, out[0].token_terms["kl_coef"] + out[1].token_terms["kl_coef"])
+    )
+    assert whole.metrics == out[0].metrics == out[1].metrics
