@@ -330,7 +330,7 @@ def smooth(y, k: int):
     return out
 
 
-def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5, name: str = "entropy.png") -> None:
+def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5, filename: str = "entropy.png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -393,7 +393,7 @@ def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5, name: str = "
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(docs / name, dpi=110)
+    fig.savefig(docs / filename, dpi=110)
     plt.close(fig)
 
 
@@ -576,7 +576,7 @@ def main(argv=None) -> None:
     meta["study"] = args.study
     write_table(arms, results, docs, meta, stem=stem)
     if results:
-        plot(arms, results, docs, name=figure)
+        plot(arms, results, docs, filename=figure)
     print(f"[study] wrote {docs / (stem + '.md')} ({len(results)} arms)", flush=True)
 
 
