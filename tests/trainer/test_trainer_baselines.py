@@ -114,3 +114,7 @@ def test_every_baseline_trains_the_tiny_config_and_logs_selected_frac(tmp_path):
     assert trained["entropy_adv"]["algo/selected_frac"] > 0.5  # most tokens get the entropy bonus
     assert trained["kl_cov_2ep"]["algo/kl_cov/selected_frac"] > 0.1
     assert trained["official"]["stare/reweighted_frac"] > 0
+    # ratio_one_on_policy: old = the update's own log-probs, so the ratio is exactly 1 everywhere.
+    off = trained["official"]
+    assert off["update/pg/ratio_max"] == 1.0 and off["update/pg/approx_kl"] == 0.0
+    assert off["update/pg/clipfrac_high"] == off["update/pg/clipfrac_low"] == 0.0
