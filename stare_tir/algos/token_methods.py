@@ -187,8 +187,10 @@ def entropy_80_20(
 
     Only the ceil(top_frac * N) tokens of highest entropy stay in the loss, which becomes the
     token-mean over them (the authors' verl code: `loss_mask = response_mask * entropy_top_mask`).
-    The rest get exactly zero gradient. Their code takes the ceiling as int(x + 0.9999); this is the
-    exact ceiling. top_frac = 1 keeps every token (GRPO-ds). selected = the tokens kept.
+    The rest get exactly zero gradient. Their code takes the ceiling as int(x + 0.9999) (which absorbs
+    float noise such as 0.2 * 15 = 3.0000000000000004); this is the exact decimal ceiling, the same
+    count for top_frac = 0.2. Their selection runs per micro-batch (algo.scope=micro_batch or verl
+    for that). top_frac = 1 keeps every token (GRPO-ds). selected = the tokens kept.
     """
     n = entropy.numel()
     device = entropy.device
