@@ -7,6 +7,8 @@
 3. Chunked log-probs + entropy (forward+backward) vs the naive full-logits path at the Qwen2.5
    vocabulary (151,665): peak memory, each path in a fresh subprocess (peak RSS minus the RSS
    before the computation) -> logprob_mem_ratio (target <= 0.25), plus the largest differences.
+4. Each baseline token method (its selection over the batch, then the loss with its effect, forward
+   + backward) vs the plain GRPO loss on the same 1M tokens -> <method>_loss_ratio, one thread.
 
 Timings are medians over interleaved repeats; a ratio is the median over repeats of the two
 times measured in the same round, so drifting machine load hits both sides alike. The load
@@ -31,6 +33,7 @@ import torch
 from stare_tir.algos.logprobs import logprobs_and_entropy
 from stare_tir.algos.policy_loss import policy_loss
 from stare_tir.algos.stare import StareController, stare_token_weights
+from stare_tir.algos.token_methods import TOKEN_METHODS, get_token_method
 
 QWEN25_VOCAB = 151_665
 
@@ -95,6 +98,59 @@ def bench_loss(n_tokens: int, repeats: int) -> dict[str, float]:
         "stare_weights_ms": med["weights"] * 1e3,
         "loss_tokens": float(b * t),
     }
+
+
+def bench_methods(n_tokens: int, repeats: int) -> dict[str, float]:
+    """Every registered token method as the trainer runs it: the method on the flat loss tokens, its
+    effect placed on the [B, T] batch (shaped advantages, weights, narrowed mask, KL coefficients),
+    the loss forward + backward. Against the plain GRPO loss, interleaved in the same run."""
+    from stare_tir.algos.policy_loss import POLICY_LOSSES
+
+    g = torch.Generator().manual_seed(0)
+    t = 4096
+    b = n_tokens // t
+    logprobs = (-torch.rand(b, t, generator=g) * 3).requires_grad_()  # [B, T]
+    old = logprobs.detach() + 0.05 * torch.randn(b, t, generator=g)
+    entropy = torch.rand(b, t, generator=g) * 2
+    adv = (torch.randn(b, 1, generator=g) * 3).expand(b, t).contiguous()  # spread: Clip-Cov has candidates
+    mask = torch.ones(b, t)
+    m = mask.bool()
+
+    def plain() -> None:
+        logprobs.grad = None
+        loss, _ = policy_loss(logprobs, old, adv, mask)
+        loss.backward()
+
+    def method(name: str) -> Callable[[], None]:
+        fn = get_token_method(name)
+        loss_fn = POLICY_LOSSES["kl_cov" if name == "kl_cov" else "clip"]
+
+        def run() -> None:
+            logprobs.grad = None
+            e = fn(old[m], entropy[m], adv[m], generator=torch.Generator().manual_seed(1))
+            a, msk, w, kl = adv, mask, None, None
+            if e.advantages is not None:
+                a = adv.clone()
+                a[m] = e.advantages
+            if e.keep is not None:
+                msk = mask.clone()
+                msk[m] = e.keep.to(mask.dtype)
+            if e.weights is not None:
+                w = torch.ones_like(adv)
+                w[m] = e.weights
+            if e.kl_coef is not None:
+                kl = torch.zeros_like(adv)
+                kl[m] = e.kl_coef
+            loss, _ = loss_fn(logprobs, old, a, msk, token_weights=w, kl_coef=kl)
+            loss.backward()
+
+        return run
+
+    fns = {"grpo": plain, **{name: method(name) for name in sorted(TOKEN_METHODS)}}
+    med, ratio = interleaved_medians(fns, repeats)
+    out = {f"{name}_loss_ratio": ratio[name] for name in TOKEN_METHODS}
+    out.update({f"methods_{name}_ms": med[name] * 1e3 for name in fns})
+    return out
 
 
 def bench_step(repeats: int) -> dict[str, float]:
@@ -255,6 +311,7 @@ def main() -> None:
     ap.add_argument("--loss-tokens", type=int, default=1 << 20)
     ap.add_argument("--loss-repeats", type=int, default=41)
     ap.add_argument("--step-repeats", type=int, default=21)
+    ap.add_argument("--method-repeats", type=int, default=15)
     ap.add_argument("--n", type=int, default=2048, help="tokens for the memory benchmark")
     ap.add_argument("--hdim", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=QWEN25_VOCAB)
@@ -307,11 +364,25 @@ def main() -> None:
             f"{results[name + '_err_chunked']:.1e}, naive {results[name + '_err_naive']:.1e}",
             flush=True,
         )
+    torch.set_num_threads(1)  # the methods' selections are single-threaded sorts and scans
+    results.update(bench_methods(args.loss_tokens, args.method_repeats))
+    torch.set_num_threads(threads)
+    print(
+        f"[4] token methods on {int(results['loss_tokens'])} tokens, one thread, vs GRPO "
+        f"{results['methods_grpo_ms']:.1f} ms: "
+        + ", ".join(f"{n} {results[n + '_loss_ratio']:.3f}" for n in sorted(TOKEN_METHODS)),
+        flush=True,
+    )
     results["bench_seconds"] = time.perf_counter() - t0
     # Other processes on the machine inflate every timing; the 1-minute load average at the end
     # says how far the ratios above can be trusted.
     results["load_avg_1m"] = os.getloadavg()[0]
-    head = ["stare_loss_ratio", "stare_step_ratio", "logprob_mem_ratio"]
+    head = [
+        "stare_loss_ratio",
+        "stare_step_ratio",
+        "logprob_mem_ratio",
+        *(f"{n}_loss_ratio" for n in sorted(TOKEN_METHODS)),
+    ]
     rest = [k for k in results if k not in head]
     print("RESULT " + " ".join(f"{k}={results[k]:.4g}" for k in head + rest))
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env python
-"""Entropy-dynamics study of STARE vs GRPO-ds on the tiny CPU setup (issue 8).
+"""Entropy-dynamics study of STARE and the STARE paper's baselines on the tiny CPU setup.
 
-Runs each arm (GRPO-ds, STARE-O1, STARE-C2, open-loop W=1.01, open-loop W=2.0, STARE-O1 at
-extra target entropies) for each seed, all from ONE shared SFT checkpoint with the same data
-order (data.seed=0) and the same sampling seed per seed index, via `scripts/train_tir.py`.
+`--study stare` (default) runs STARE's arms (GRPO-ds, STARE-O1, STARE-C2, open-loop W=1.01 and W=2.0,
+STARE-O1 at extra target entropies); `--study baselines` runs GRPO-ds, STARE-O1 and each baseline
+method (DAPO, KL-Cov, Clip-Cov, the 80/20 rule, the entropy advantage, STAPO, SimpleTIR's void-turn
+mask). Every arm runs for each seed, all from ONE shared SFT checkpoint with the same data order
+(data.seed=0) and the same sampling seed per seed index, via `scripts/train_tir.py`.
 Resumable: an arm/seed whose run dir already holds summary.json is skipped.
 
 Writes <docs>/entropy.png (entropy per arm, mean and min-max spread over seeds, target band
-shaded; training accuracy and held-out accuracy), <docs>/table.md and <docs>/table.json.
+shaded; training accuracy and held-out accuracy), <docs>/table.md and <docs>/table.json; for
+`--study baselines` <docs>/baselines.png, <docs>/baselines_table.md and <docs>/baselines_table.json.
 
 Example (reduced study):
     OMP_NUM_THREADS=2 python scripts/study_entropy.py --seeds 0 --steps 25 --lr 2e-4
@@ -75,6 +78,28 @@ def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
         "label": f"STARE-C2 adaptive, M->0.1 (H*={target})",
         "optional": True,
     }
+    # The STARE paper's baselines, each GRPO-ds plus one method at its paper/code defaults
+    # (stare_tir.train_config.ALGO_PRESETS); their study is `--study baselines`.
+    baselines = {
+        "dapo": (["algo.name=dapo"], "DAPO (overlong penalty, 3x over-sampling)"),
+        "kl_cov": (["algo.name=kl_cov"], "KL-Cov (k=0.002)"),
+        "clip_cov": (["algo.name=clip_cov"], "Clip-Cov (r=2e-4)"),
+        "entropy_80_20": (["algo.name=entropy_80_20"], "80/20 rule (top 20% entropy)"),
+        "entropy_adv": (["algo.name=entropy_adv"], "entropy advantage (0.4, 2)"),
+        "stapo": (["algo.name=stapo"], "STAPO (p<0.01, H<q0.05)"),
+        "simpletir": (["algo.name=grpo_ds", "algo.void_turns=mask"], "SimpleTIR void-turn mask"),
+        # KL-Cov's penalty |log pi - log pi_old| has zero gradient at the first update (pi = pi_old):
+        # a second pass over each batch is where it acts, so it is also run with two, against
+        # GRPO-ds with two.
+        "kl_cov_2ep": (["algo.name=kl_cov", "algo.ppo_epochs=2"], "KL-Cov, 2 passes per batch"),
+        "grpo_ds_2ep": (["algo.name=grpo_ds", "algo.ppo_epochs=2"], "GRPO-ds, 2 passes per batch"),
+    }
+    for name, (overrides, label) in baselines.items():
+        arms[name] = {
+            "overrides": [*overrides, f"algo.stare.target_entropy={target}"],
+            "label": label,
+            "study": "baselines",
+        }
     for t in extra_targets:
         if t == target:
             continue
@@ -174,6 +199,13 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         # Over gated steps only: how strongly STARE reweighted, and how many L+ tokens could raise
         # entropy at all (surprisal above their position's entropy).
         "mean_weight": gated_mean("stare/mean_weight"),
+        # Share of loss tokens the algorithm selected or changed, mean over all steps.
+        "selected_frac": (
+            sum(r.get("algo/selected_frac") or 0.0 for r in rows) / len(rows)
+            if rows and any("algo/selected_frac" in r for r in rows)
+            else None
+        ),
+        "sampling_rounds": sum(r.get("batch/sampling_rounds", 0.0) for r in rows) / len(rows) if rows else None,
         "lplus_s_gt_h": gated_mean("stare/lplus_s_gt_h_frac"),
         "entropy": H,
         "gate": gate,
@@ -209,6 +241,8 @@ def aggregate(per_seed: list[dict]) -> dict:
         "first_gate_step",
         "mean_weight",
         "lplus_s_gt_h",
+        "selected_frac",
+        "sampling_rounds",
     ]
     out = {}
     for k in keys:
@@ -238,7 +272,7 @@ def fmt(v, p="{:.3f}", sd=None):
     return s + (" ± " + p.replace("+", "").format(sd) if sd is not None else "")
 
 
-def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
+def write_table(arms: dict, results: dict, docs: Path, meta: dict, stem: str = "table") -> None:
     lines = [
         "# Entropy study table\n",
         f"Settings: `{json.dumps(meta)}`\n",
@@ -252,10 +286,12 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
         "Mean weight and L+ s>H are over gated steps: the mean STARE weight of model tokens, and "
         "the share of L+ tokens whose surprisal exceeds their position's entropy (only those "
         "can raise entropy when reinforced).\n",
+        "Selected = mean over steps of algo/selected_frac, the share of loss tokens the algorithm "
+        "selected or changed; rounds = mean sampling rounds (barriers) per step.\n",
         "| arm | H* | seeds | H step1 | H final | H 2nd half | paired diff vs GRPO-ds | H min | mean abs(H-H*) after gate | frac gated "
         "| held-out acc (before -> after) | train acc (final) | tool calls | response len "
-        "| mean weight | L+ s>H |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mean weight | L+ s>H | selected | rounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in arms.items():
         if name not in results:
@@ -271,14 +307,15 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict) -> None:
             f"{fmt(a['acc_before_rl'], '{:.2f}')} -> {fmt(a['acc_after_rl'], '{:.2f}', a['acc_after_rl_sd'])} | "
             f"{fmt(a['acc_train_final'], '{:.2f}')} | {fmt(a['tool_calls'], '{:.2f}')} | "
             f"{fmt(a['response_len'], '{:.1f}')} | {fmt(a['mean_weight'], '{:.4f}')} | "
-            f"{fmt(a['lplus_s_gt_h'], '{:.3f}')} |"
+            f"{fmt(a['lplus_s_gt_h'], '{:.3f}')} | {fmt(a.get('selected_frac'), '{:.4f}')} | "
+            f"{fmt(a.get('sampling_rounds'), '{:.2f}')} |"
         )
-    (docs / "table.md").write_text("\n".join(lines) + "\n")
+    (docs / f"{stem}.md").write_text("\n".join(lines) + "\n")
     slim = {
         n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
         for n, r in results.items()
     }
-    (docs / "table.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
+    (docs / f"{stem}.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
 
 
 def smooth(y, k: int):
@@ -293,7 +330,7 @@ def smooth(y, k: int):
     return out
 
 
-def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5) -> None:
+def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5, filename: str = "entropy.png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -356,7 +393,7 @@ def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5) -> None:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(docs / "entropy.png", dpi=110)
+    fig.savefig(docs / filename, dpi=110)
     plt.close(fig)
 
 
@@ -392,11 +429,19 @@ def main(argv=None) -> None:
         "the one equal to --target reuses the stare_o1 arm)",
     )
     p.add_argument(
+        "--study",
+        choices=["stare", "baselines"],
+        default="stare",
+        help="stare: STARE's arms (table.md, entropy.png); baselines: GRPO-ds, STARE-O1 and the "
+        "baseline methods (baselines_table.md, baselines.png) (default: stare)",
+    )
+    p.add_argument(
         "--arms",
         nargs="*",
         default=None,
-        help="subset of arm names to run (default: the issue's arms): grpo_ds stare_o1 "
-        "stare_c2 open_w1.01 open_w2.0 stare_o1_t<T> c2_adaptive",
+        help="subset of arm names to run (default: the study's arms): grpo_ds stare_o1 "
+        "stare_c2 open_w1.01 open_w2.0 stare_o1_t<T> c2_adaptive; baselines: dapo kl_cov clip_cov "
+        "entropy_80_20 entropy_adv stapo simpletir kl_cov_2ep grpo_ds_2ep",
     )
     p.add_argument(
         "--extra-arms",
@@ -456,6 +501,10 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     docs.mkdir(parents=True, exist_ok=True)
     arms = arm_specs(args.target, args.targets)
+    if args.study == "baselines":  # the reference arms, then the baselines
+        arms = {k: v for k, v in arms.items() if k in ("grpo_ds", "stare_o1") or v.get("study") == "baselines"}
+    else:
+        arms = {k: v for k, v in arms.items() if v.get("study") != "baselines"}
     if args.arms:
         unknown = set(args.arms) - set(arms)
         if unknown:
@@ -467,8 +516,9 @@ def main(argv=None) -> None:
     if not args.report_only:
         sft = ensure_sft(args)
         todo = []
-        for name, spec in arms.items():
-            for seed in args.seeds:
+        # Seed-major: an interrupted study holds every arm at the seeds it reached.
+        for seed in args.seeds:
+            for name, spec in arms.items():
                 rd = out / f"{name}_s{seed}"
                 if (rd / "summary.json").is_file():
                     print(f"[study] skip {rd} (done)", flush=True)
@@ -522,10 +572,12 @@ def main(argv=None) -> None:
         "set": args.set,
     }
     add_paired_diffs(results)
-    write_table(arms, results, docs, meta)
+    stem, figure = ("baselines_table", "baselines.png") if args.study == "baselines" else ("table", "entropy.png")
+    meta["study"] = args.study
+    write_table(arms, results, docs, meta, stem=stem)
     if results:
-        plot(arms, results, docs)
-    print(f"[study] wrote {docs / 'table.md'} ({len(results)} arms)", flush=True)
+        plot(arms, results, docs, filename=figure)
+    print(f"[study] wrote {docs / (stem + '.md')} ({len(results)} arms)", flush=True)
 
 
 if __name__ == "__main__":

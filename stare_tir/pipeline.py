@@ -54,7 +54,7 @@ def preflight(cfg: TrainConfig) -> None:
     info = check_sandbox(cfg.sandbox)
     check_sft_traces(cfg)
     check_data(cfg.data)
-    check_registry_names(cfg.algo.advantage, cfg.algo.policy_loss)  # imports torch: last
+    check_registry_names(cfg.algo.advantage, cfg.algo.loss_name)  # imports torch: last
     logger.info(
         f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
     )

@@ -6,57 +6,160 @@ directory's config.yaml holds; its sections are the components' own config datac
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
 from stare_tir.algos.stare_config import StareConfig
+from stare_tir.algos.token_config import (
+    TOKEN_METHOD_NAMES,
+    ClipCovConfig,
+    EntropyAdvConfig,
+    KLCovConfig,
+    OverlongPenaltyConfig,
+    StapoConfig,
+    TopEntropyConfig,
+    VerlPartitionConfig,
+)
 from stare_tir.components import ModelConfig
 from stare_tir.data import DataConfig
 from stare_tir.learner import LearnerConfig
 from stare_tir.rollout.engine import RolloutConfig
 from stare_tir.sft import ColdStartConfig
 
+# algo.name presets: what each name turns on. All but grpo build on GRPO-ds (clip-higher,
+# token-mean, dynamic sampling), as the STARE paper's comparisons do. "token_methods" name registered
+# functions of stare_tir.algos.token_methods; "policy_loss" one of stare_tir.algos.policy_loss.
+ALGO_PRESETS: dict[str, dict] = {
+    "grpo": {"dynamic_sampling": False},
+    "grpo_ds": {},
+    "stare": {},
+    "dapo": {"overlong_penalty": True, "oversample": 3},
+    "kl_cov": {"token_methods": ["kl_cov"], "policy_loss": "kl_cov"},
+    "clip_cov": {"token_methods": ["clip_cov"]},
+    "entropy_80_20": {"token_methods": ["entropy_80_20"]},
+    "entropy_adv": {"token_methods": ["entropy_adv"]},
+    "stapo": {"token_methods": ["stapo"]},
+}
+AlgoName = Literal["grpo", "grpo_ds", "stare", "dapo", "kl_cov", "clip_cov", "entropy_80_20", "entropy_adv", "stapo"]
+
 
 @dataclass
 class AlgoConfig:
     # grpo: symmetric clip, no dynamic sampling. grpo_ds: clip-higher, token-mean, dynamic sampling
-    # (DAPO-style). stare: grpo_ds + STARE token reweighting (variant and gate in `stare`).
-    name: Literal["grpo", "grpo_ds", "stare"] = "stare"
+    # (DAPO-style). stare: grpo_ds + STARE token reweighting (variant and gate in `stare`). The
+    # STARE paper's baselines, each grpo_ds plus one method (ALGO_PRESETS): dapo (soft overlong
+    # penalty and 3x over-sampling), kl_cov, clip_cov, entropy_80_20, entropy_adv, stapo.
+    name: AlgoName = "stare"
     # Advantage estimator, by its name in `stare_tir.algos.advantage` (register_advantage_estimator):
     # "grpo" normalises rewards inside each group by the group std, "drgrpo" only centres them.
     advantage: str = "grpo"
     # Policy loss, by its name in `stare_tir.algos.policy_loss` (register_policy_loss): "clip" is
-    # the clipped surrogate with clip-higher, dual clip, TIS and STARE's token weights.
-    policy_loss: str = "clip"
+    # the clipped surrogate with clip-higher, dual clip, TIS and token weights; "kl_cov" KL-Cov's
+    # unclipped one. None: the preset's (kl_cov for algo.name=kl_cov, clip otherwise).
+    policy_loss: str | None = None
+    # Token-level methods applied in order, by their names in `stare_tir.algos.token_methods`
+    # (kl_cov, clip_cov, entropy_80_20, entropy_adv, stapo); their settings are the sections of the
+    # same names below. None: the preset's ([] for grpo/grpo_ds/stare/dapo). STARE's own weights
+    # come on top when algo.name=stare.
+    token_methods: list[str] | None = None
+    # Lower clip; 1 removes it (Clip-Cov's script).
     clip_low: float = 0.2
     # Upper clip; ignored (set to clip_low) for plain grpo.
     clip_high: float = 0.28
-    # Dual-clip bound for negative advantages (None disables).
+    # Dual-clip bound for negative advantages (None disables). verl's default 3; the official STARE
+    # scripts use 10.
     dual_clip_c: float | None = 3.0
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    # token-mean over the global batch (all micro-batches and ranks); the seq-mean modes; or "verl":
+    # verl's token-mean inside each micro-batch of its partition (`verl_partition`), scaled by the
+    # micro-batch's share of the rows, as the official runs aggregate (a verl behaviour that also
+    # affects GRPO-ds).
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "verl"] = "token-mean"
     # Truncated importance sampling cap for rollout/trainer logprob mismatch (None: off).
     tis_cap: float | None = None
-    # Refill rounds when too few groups have non-equal rewards (grpo_ds / stare only).
+    # With ppo_epochs == 1: the update's old log-probs are its own, detached (ratio exactly 1, as
+    # verl does on-policy) instead of the recompute pass's (ratio 1 up to the numerical difference
+    # of two forward passes). The recompute pass still gives entropy, surprisal and TIS.
+    ratio_one_on_policy: bool = False
+    # Where selections happen (STARE's L+/L-, the token methods' top-k and quantiles): "batch" (every
+    # loss token of the step, all ranks), "micro_batch" (inside each micro-batch of this learner's
+    # update plan) or "verl" (inside each micro-batch of verl's partition, `verl_partition`: the
+    # official runs' groups).
+    scope: Literal["batch", "micro_batch", "verl"] = "batch"
+    # The official runs' layout, for scope=verl and loss_agg=verl.
+    verl_partition: VerlPartitionConfig = field(default_factory=VerlPartitionConfig)
+    # Sampling rounds when too few groups have non-equal rewards (dynamic sampling only); each round
+    # is a barrier on its slowest trajectory. The official STARE scripts allow 10.
     dynamic_sampling_rounds: int = 3
-    # Drop trajectories with a void turn (neither code nor answer) from the loss.
-    filter_void_turns: bool = False
+    # Over-sampling k: a round rolls out k x the missing prompts and keeps the first informative
+    # groups, so one barrier fills the batch in most steps (DAPO and the official STARE scripts:
+    # 192 prompts for 64 groups, k = 3). None: the preset's (3 for dapo, 1 otherwise).
+    oversample: int | None = None
+    # Trajectories with a void turn (a model turn with neither code nor answer, SimpleTIR): "keep";
+    # "drop" them before the group statistics; or "mask" them: loss mask zeroed, the trajectory kept
+    # in its group's advantage statistics (SimpleTIR's handling).
+    void_turns: Literal["keep", "drop", "mask"] = "keep"
     # Drop trajectories cut by the token budget from the loss (DAPO overlong filtering).
     filter_overlong: bool = False
+    # DAPO's soft overlong penalty on the reward.
+    overlong_penalty: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)
     # Policy-gradient passes over each batch (1 = on-policy; old logprobs still recomputed).
     ppo_epochs: int = 1
     stare: StareConfig = field(default_factory=StareConfig)
+    kl_cov: KLCovConfig = field(default_factory=KLCovConfig)
+    clip_cov: ClipCovConfig = field(default_factory=ClipCovConfig)
+    entropy_80_20: TopEntropyConfig = field(default_factory=TopEntropyConfig)
+    entropy_adv: EntropyAdvConfig = field(default_factory=EntropyAdvConfig)
+    stapo: StapoConfig = field(default_factory=StapoConfig)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.clip_low < 1.0:
-            raise ValueError(f"clip_low={self.clip_low!r}: must be in (0, 1)")
-        if not 0.0 < self.clip_high < 1.0:
-            raise ValueError(f"clip_high={self.clip_high!r}: must be in (0, 1)")
+        if self.name not in ALGO_PRESETS:
+            raise ValueError(f"name={self.name!r}: one of {sorted(ALGO_PRESETS)}")
+        if not 0.0 < self.clip_low <= 1.0:
+            raise ValueError(f"clip_low={self.clip_low!r}: must be in (0, 1]")
+        if not self.clip_high > 0.0:
+            raise ValueError(f"clip_high={self.clip_high!r}: must be > 0")
         if self.dynamic_sampling_rounds < 1:
             raise ValueError(f"dynamic_sampling_rounds={self.dynamic_sampling_rounds!r}: must be >= 1")
         if self.ppo_epochs < 1:
             raise ValueError(f"ppo_epochs={self.ppo_epochs!r}: must be >= 1")
+        if self.ratio_one_on_policy and self.ppo_epochs != 1:
+            raise ValueError(
+                f"ratio_one_on_policy with ppo_epochs={self.ppo_epochs}: old = current holds only for one "
+                "update per batch; set algo.ppo_epochs=1 or algo.ratio_one_on_policy=false"
+            )
+        if self.oversample is not None and self.oversample < 1:
+            raise ValueError(f"oversample={self.oversample!r}: must be >= 1")
+        unknown = [m for m in self.methods if m not in TOKEN_METHOD_NAMES]
+        if unknown:
+            raise ValueError(
+                f"token_methods={self.token_methods!r}: unknown {unknown}; choose from {TOKEN_METHOD_NAMES}"
+            )
+
+    # Settings left unset (None) take the preset's value (ALGO_PRESETS); an explicit value wins. The
+    # fields keep None, so a saved config.yaml still follows its algo.name.
+    @property
+    def loss_name(self) -> str:
+        """The policy loss this run uses."""
+        return self.policy_loss or ALGO_PRESETS[self.name].get("policy_loss", "clip")
+
+    @property
+    def methods(self) -> list[str]:
+        """The token methods this run applies, in order."""
+        if self.token_methods is not None:
+            return list(self.token_methods)
+        return list(ALGO_PRESETS[self.name].get("token_methods", []))
+
+    @property
+    def oversample_k(self) -> int:
+        return self.oversample if self.oversample is not None else ALGO_PRESETS[self.name].get("oversample", 1)
+
+    @property
+    def overlong_penalty_on(self) -> bool:
+        on = self.overlong_penalty.enabled
+        return on if on is not None else ALGO_PRESETS[self.name].get("overlong_penalty", False)
 
     @property
     def use_stare(self) -> bool:
@@ -64,11 +167,15 @@ class AlgoConfig:
 
     @property
     def dynamic_sampling(self) -> bool:
-        return self.name in ("grpo_ds", "stare")
+        return ALGO_PRESETS[self.name].get("dynamic_sampling", True)
 
     @property
     def effective_clip_high(self) -> float:
         return self.clip_low if self.name == "grpo" else self.clip_high
+
+    def method_settings(self, name: str) -> dict:
+        """The keyword settings of token method `name` (its config section)."""
+        return dataclasses.asdict(getattr(self, name))
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Algorithmic core: pure tensor functions (advantages, policy loss, STARE, chunked log-probs).
+"""Algorithmic core: pure tensor functions (advantages, policy losses, STARE, the baselines' token
+methods, verl's batch partition, chunked log-probs).
 
 No I/O, no config mutation: tensors and explicit scalars in, (result, metrics) out.
 
@@ -17,6 +18,7 @@ _WHERE = {
         "broadcast_to_tokens",
         "compute_group_advantages",
         "get_advantage_estimator",
+        "overlong_penalty",
         "register_advantage_estimator",
     ),
     "logprobs": ("logprobs_and_entropy", "logprobs_and_entropy_from_logits"),
@@ -31,6 +33,23 @@ _WHERE = {
     ),
     "stare": ("StareController", "num_selected", "stare_token_weights", "stare_token_weights_scoped"),
     "stare_config": ("StareConfig",),
+    "token_config": (
+        "ClipCovConfig",
+        "EntropyAdvConfig",
+        "KLCovConfig",
+        "OverlongPenaltyConfig",
+        "StapoConfig",
+        "TopEntropyConfig",
+        "VerlPartitionConfig",
+    ),
+    "token_methods": (
+        "TOKEN_METHODS",
+        "TokenEffect",
+        "combine_effects",
+        "get_token_method",
+        "register_token_method",
+    ),
+    "verl_partition": ("balanced_partition", "rank_shares", "verl_micro_batches", "workload"),
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 

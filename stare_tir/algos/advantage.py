@@ -108,6 +108,21 @@ def drgrpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> 
     return compute_group_advantages(rewards, group_ids, norm_by_std=False, eps=eps)
 
 
+def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, Eq. 13; verl
+    `DAPORewardManager`), added to each trajectory's reward before the group advantages:
+
+        min(-(|y| - (L_max - L_cache)) / L_cache * factor, 0)
+
+    0 up to L_max - L_cache tokens, then falling linearly to -factor at L_max. lengths: [N] response
+    tokens per trajectory (|y|); max_len: L_max; buffer: L_cache. Returns [N] float32 (<= 0).
+    """
+    if not 0 < buffer <= max_len:
+        raise ValueError(f"buffer={buffer!r}: the overlong buffer must be in [1, max_len={max_len}]")
+    exceed = lengths.to(torch.float64) - (max_len - buffer)  # [N]
+    return torch.clamp(-exceed / buffer * factor, max=0.0).to(torch.float32)
+
+
 def broadcast_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
     """Spread per-sequence advantages [B] over tokens: returns [B, T], zero where mask == 0."""
     return advantages.to(torch.float32)[:, None] * mask.to(torch.float32)  # [B, T]

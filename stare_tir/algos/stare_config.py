@@ -26,21 +26,18 @@ class StareConfig:
     adaptive: bool = False
     # Step size a of the adaptive schedule.
     adapt_rate: float = 0.01
-    # Upper bound for W under the adaptive schedule.
+    # Upper bound for W under the adaptive schedule (the authors' code defaults to 1.5).
     w_max: float = 2.0
     # Lower bound for M under the adaptive schedule (> 0 keeps every gradient's sign).
     m_min: float = 0.5
     # Gate always on (the paper's open-loop ablation).
     open_loop: bool = False
-    # "batch": select over all micro-batches and ranks of the step (the definition);
-    # "micro_batch": select inside each micro-batch (matches the reference implementation).
-    scope: Literal["batch", "micro_batch"] = "batch"
+    # Where L+ and L- are selected is algo.scope: "batch" (the paper's batch-internal quantile) or,
+    # to reproduce the authors' runs, "verl" (inside each micro-batch of verl's partition).
 
     def __post_init__(self) -> None:
         if self.variant not in ("O1", "C2"):
             raise ValueError(f"variant={self.variant!r}: one of 'O1', 'C2'")
-        if self.scope not in ("batch", "micro_batch"):
-            raise ValueError(f"scope={self.scope!r}: one of 'batch', 'micro_batch'")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
         if self.w_max < 1.0:

@@ -315,6 +315,7 @@ class Learner:
         loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean",
         tis_cap: float | None = None,
         loss_fn: Callable[..., tuple[Tensor, dict]] | None = None,
+        token_terms: dict[str, Sequence[Tensor]] | None = None,
     ) -> dict[str, float]:
         """One optimizer step of the clipped policy loss over this rank's `trajs`.
 
@@ -324,6 +325,8 @@ class Learner:
         tis_cap: truncated importance sampling against each trajectory's rollout_logprobs.
         loss_fn: a registered policy loss (`algos.policy_loss.get_policy_loss(name)`, the config's
             algo.policy_loss) with `policy_loss`'s signature; None: the clipped surrogate.
+        token_terms: further per-token inputs of loss_fn by keyword (e.g. KL-Cov's `kl_coef`), per
+            trajectory a response-length tensor; loss_fn receives each as a [B, R] tensor.
         The loss is aggregated over the global batch (all micro-batches, all ranks).
         """
         import torch
@@ -332,7 +335,9 @@ class Learner:
 
         pg_loss = loss_fn if loss_fn is not None else policy_loss
         n = len(trajs)
-        for name, v in (("advantages", advantages), ("token_weights", token_weights), ("old_logprobs", old_logprobs)):
+        terms = dict(token_terms or {})
+        named = (("advantages", advantages), ("token_weights", token_weights), ("old_logprobs", old_logprobs))
+        for name, v in (*named, *terms.items()):
             if v is not None and len(v) != n:
                 raise ValueError(f"{name}: {len(v)} entries for {n} trajectories")
         if tis_cap is not None and old_logprobs is None:
@@ -362,6 +367,7 @@ class Learner:
                 agg=loss_agg,
                 global_tokens=denom_tok,
                 global_seqs=denom_seq,
+                **{k: mb.per_token(v).to(self.device) for k, v in terms.items()},
             )
 
         return self._optimizer_step(trajs, mb_loss)

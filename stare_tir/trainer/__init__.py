@@ -1,6 +1,7 @@
 """The RL loop: rollouts -> rewards -> filters -> advantages -> recompute -> STARE -> update -> sync.
 
 `loop.train_rl` is the stage; `step.rl_step` one step; `batch` collects a step's trajectories;
+`shaping` turns them into the learner's inputs (STARE, the token methods, verl's aggregation);
 `weight_sync` pushes weights to the rollout servers; `checkpoint` saves and resumes; `run` builds
 the parts once. The names below are the package's public surface.
 """
@@ -10,6 +11,7 @@ from stare_tir.trainer.batch import collect_batch, drop_for_update, informative_
 from stare_tir.trainer.checkpoint import latest_checkpoint, resume_from, save_checkpoint
 from stare_tir.trainer.loop import evaluate_heldout, train_rl
 from stare_tir.trainer.run import Run, build_run, close_run
+from stare_tir.trainer.shaping import TokenView, UpdateInputs, prepare_update, token_view
 from stare_tir.trainer.step import (
     batch_entropy,
     check_empty_steps,
@@ -17,15 +19,17 @@ from stare_tir.trainer.step import (
     group_advantages,
     logprob_mismatch,
     lplus_entropy_raising_frac,
+    reward_penalties,
     rl_step,
-    stare_weights,
 )
 from stare_tir.trainer.weight_sync import release_rollout_memory, resume_rollout_memory, sync_weights
 
 __all__ = [
     "AlgoConfig",
     "Run",
+    "TokenView",
     "TrainConfig",
+    "UpdateInputs",
     "batch_entropy",
     "build_run",
     "check_empty_steps",
@@ -38,6 +42,8 @@ __all__ = [
     "informative_groups",
     "latest_checkpoint",
     "logprob_mismatch",
+    "prepare_update",
+    "reward_penalties",
     "lplus_entropy_raising_frac",
     "release_rollout_memory",
     "resume_from",
@@ -45,7 +51,7 @@ __all__ = [
     "rl_step",
     "rollout_seed",
     "save_checkpoint",
-    "stare_weights",
     "sync_weights",
+    "token_view",
     "train_rl",
 ]

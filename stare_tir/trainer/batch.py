@@ -1,4 +1,4 @@
-"""Collecting one step's batch: rollouts, drops by reason, dynamic sampling over rounds."""
+"""Collecting one step's batch: rollouts, drops by reason, dynamic sampling over rounds, over-sampling."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def drop_for_update(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[list[Tra
 
     sandbox_error: the infrastructure failed, the code did not; scoring it would bias advantages.
     rollout_error: the env or backend raised; the trajectory is incomplete, its reward meaningless.
-    void turns / overlong: optional DAPO-style filters.
+    void turns (algo.void_turns=drop) / overlong (algo.filter_overlong): optional filters. With
+    void_turns=mask the trajectory stays (its loss mask is zeroed later, `trainer.shaping`).
     """
     kept, counts = [], {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0}
     for t in trajs:
@@ -29,7 +30,7 @@ def drop_for_update(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[list[Tra
             counts["sandbox_error"] += 1
         elif t.finish_reason == "error":
             counts["rollout_error"] += 1
-        elif algo.filter_void_turns and t.void_turns > 0:
+        elif algo.void_turns == "drop" and t.void_turns > 0:
             counts["void_turn"] += 1
         elif algo.filter_overlong and t.finish_reason == "max_tokens":
             counts["overlong"] += 1
@@ -49,31 +50,43 @@ def informative_groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
 def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajectory], dict]:
     """Roll out prompts until the batch holds `prompts_per_step` usable groups (dynamic sampling).
 
-    Returns (trajectories for the update, every trajectory rolled out, metrics). Every rank takes
-    the same prompts from the sampler and keeps its own round-robin share, so the data position
-    is identical on all ranks and in checkpoints.
+    Each round rolls out k = algo.oversample times the groups still missing and keeps the first
+    informative ones, in prompt order, so with k large enough one round (one barrier on the slowest
+    trajectory) fills the batch; the informative groups beyond it are counted and not used (DAPO's
+    and the official STARE scripts' `batch[:traj_bsz]`). Every rank takes the same prompts from the
+    sampler and keeps its own round-robin share, so the data position is identical on all ranks
+    and in checkpoints, and a resumed run takes exactly the prompts an uninterrupted one would.
+
+    Returns (trajectories for the update, every trajectory rolled out, metrics).
     """
     cfg, algo = run.cfg, run.cfg.algo
     want = cfg.trainer.prompts_per_step
+    share = -(-want // run.learner.world_size)  # ceil: at most this many groups per rank
+    k = algo.oversample_k if algo.dynamic_sampling else 1
     groups: list[list[Trajectory]] = []
     rolled: list[Trajectory] = []
     drops = {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0, "equal_reward_groups": 0}
     rounds = algo.dynamic_sampling_rounds if algo.dynamic_sampling else 1
+    barriers = prompts = 0
     for rnd in range(rounds):
-        need = want - int(run.learner.all_reduce_sum(torch.tensor([float(len(groups))])).item())
+        need = want  # the first round asks for the whole batch (ranks share it round-robin)
+        if rnd > 0:  # groups missing over all ranks: a rank with more than its share cannot lend them
+            need = int(run.learner.all_reduce_sum(torch.tensor([float(max(share - len(groups), 0))])).item())
         if need <= 0:
             break
-        problems = run.learner.shard(run.sampler.take(need))
+        problems = run.learner.shard(run.sampler.take(k * need))
+        prompts += k * need
+        barriers += 1
         # Seeds derive from (step, round, rank): a resumed run samples exactly what an uninterrupted
         # one would, and no two ranks share the sampling streams of their k-th problem.
         with run.engine.configured(seed=rollout_seed(cfg.trainer.seed, step, rnd, run.learner.rank)):
             trajs, _ = run.engine.run(problems, cfg.rollout.n_per_prompt)
         for t in trajs:  # unique group ids across rounds and ranks
-            t.group_id = (rnd * want + t.group_id) * run.learner.world_size + run.learner.rank
+            t.group_id = (rnd * k * want + t.group_id) * run.learner.world_size + run.learner.rank
         rolled += trajs
         kept, counts = drop_for_update(trajs, algo)
-        for k, v in counts.items():
-            drops[k] += v
+        for key, v in counts.items():
+            drops[key] += v
         if algo.dynamic_sampling:
             good = informative_groups(kept)
             drops["equal_reward_groups"] += len({t.group_id for t in kept}) - len(good)
@@ -83,10 +96,14 @@ def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajector
             for t in kept:
                 by_gid.setdefault(t.group_id, []).append(t)
             groups += list(by_gid.values())
-    share = -(-want // run.learner.world_size)  # ceil: at most this many groups per rank
     batch = [t for g in groups[:share] for t in g]
-    metrics = {f"dropped/{k}": v for k, v in drops.items()}
+    metrics = {f"dropped/{key}": v for key, v in drops.items()}
     metrics["batch/groups"] = float(len(groups[:share]))
     metrics["batch/trajectories"] = float(len(batch))
-    metrics["batch/sampling_rounds"] = float(rnd + 1)
+    # Barriers (rounds, each waiting for its slowest trajectory), prompts rolled out, and informative
+    # groups generated beyond the batch (over-sampling's cost), summed over ranks.
+    metrics["batch/sampling_rounds"] = float(barriers)
+    totals = run.learner.all_reduce_sum(torch.tensor([float(max(len(groups) - share, 0))]))
+    metrics["batch/leftover_groups"] = float(totals[0])
+    metrics["batch/prompts"] = float(prompts)
     return batch, rolled, metrics

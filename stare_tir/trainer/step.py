@@ -7,14 +7,15 @@ import time
 import torch
 from loguru import logger
 
-from stare_tir.algos.advantage import get_advantage_estimator
+from stare_tir.algos.advantage import get_advantage_estimator, overlong_penalty
 from stare_tir.algos.policy_loss import get_policy_loss
-from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights, stare_token_weights_scoped
 from stare_tir.learner import Learner
 from stare_tir.rollout.engine import rollout_stats
 from stare_tir.rollout.trajectory import Trajectory
+from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.batch import collect_batch
 from stare_tir.trainer.run import Run
+from stare_tir.trainer.shaping import prepare_update
 from stare_tir.trainer.weight_sync import (
     release_rollout_memory,
     resume_rollout_memory,
@@ -23,10 +24,27 @@ from stare_tir.trainer.weight_sync import (
 )
 
 
-def group_advantages(trajs: list[Trajectory], estimator: str) -> tuple[list[float], dict]:
+def reward_penalties(trajs: list[Trajectory], algo: AlgoConfig, max_len: int) -> list[float]:
+    """DAPO's soft overlong penalty per trajectory (algo.overlong_penalty; all 0 when it is off).
+    |y| counts every response token, model and tool output, as verl's reward manager does."""
+    cfg = algo.overlong_penalty
+    if not algo.overlong_penalty_on or not trajs:
+        return [0.0] * len(trajs)
+    buffer = cfg.buffer_tokens if cfg.buffer_tokens is not None else max(1, round(0.2 * max_len))
+    lengths = torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.float64)
+    return overlong_penalty(lengths, max_len, buffer, cfg.factor).tolist()
+
+
+def group_advantages(
+    trajs: list[Trajectory], estimator: str, penalties: list[float] | None = None
+) -> tuple[list[float], dict]:
     """Group advantages by the registered estimator `estimator` (algo.advantage), one scalar per
-    trajectory: grpo normalises rewards inside each group by its std, drgrpo only centres them."""
+    trajectory: grpo normalises rewards inside each group by its std, drgrpo only centres them.
+    penalties: added to the rewards first (DAPO's overlong penalty). Which groups are informative
+    was decided on the rewards alone (DAPO filters on accuracy, before the penalty)."""
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)  # [N]
+    if penalties is not None:
+        rewards = rewards + torch.tensor(penalties, dtype=torch.float32)
     group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)  # [N]
     adv, metrics = get_advantage_estimator(estimator)(rewards, group_ids)
     return adv.tolist(), metrics
@@ -69,49 +87,6 @@ def lplus_entropy_raising_frac(
         counts[1] += float(sel.sum())
     counts = learner.all_reduce_sum(counts)
     return float(counts[0] / counts[1]) if counts[1] > 0 else None
-
-
-def stare_weights(
-    learner: Learner,
-    trajs: list[Trajectory],
-    advantages: list[float],
-    old_logprobs: list[torch.Tensor],
-    controller: StareController,
-    cfg: StareConfig,
-) -> tuple[list[torch.Tensor] | None, dict]:
-    """omega per trajectory (None while the gate is off: the update is then exactly GRPO's).
-
-    Surprisal is -log pi from this step's recompute pass; selection runs over every model token of
-    the global batch (all micro-batches, all ranks) or, with scope=micro_batch, inside each
-    micro-batch of the update plan, as in the reference implementation.
-    """
-    if not controller.gate_on:
-        return None, {"stare/reweighted_frac": 0.0, "stare/mean_weight": 1.0}
-    masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]
-    surprisal = [-lp for lp in old_logprobs]
-    adv_tok = [torch.full_like(lp, a) for lp, a in zip(old_logprobs, advantages)]
-    kw = dict(top_p=cfg.top_p, w=controller.w, m=controller.m, variant=cfg.variant)
-    if cfg.scope == "batch":
-        flat = lambda xs: torch.cat([x.reshape(-1) for x in xs]) if xs else torch.zeros(0)  # noqa: E731
-        s_all, mine = learner.all_gather_flat(flat(surprisal))
-        a_all, _ = learner.all_gather_flat(flat(adv_tok))
-        m_all, _ = learner.all_gather_flat(flat(masks).float())
-        omega_all, metrics = stare_token_weights(s_all, a_all, mask=m_all > 0.5, **kw)
-        omega_flat = omega_all[mine]
-        return list(torch.split(omega_flat, [len(t.response_ids) for t in trajs])), metrics
-    plan = learner.micro_batch_plan(trajs)
-    omegas: list[torch.Tensor | None] = [None] * len(trajs)
-    parts, metrics = stare_token_weights_scoped(
-        [torch.cat([surprisal[i] for i in idx]) for idx in plan],
-        [torch.cat([adv_tok[i] for i in idx]) for idx in plan],
-        masks=[torch.cat([masks[i] for i in idx]) for idx in plan],
-        scope="micro_batch",
-        **kw,
-    )
-    for idx, part in zip(plan, parts):
-        for i, w in zip(idx, torch.split(part, [len(trajs[i].response_ids) for i in idx])):
-            omegas[i] = w
-    return omegas, metrics  # type: ignore[return-value]
 
 
 def global_means(learner: Learner, means: dict[str, float], count: int) -> dict[str, float]:
@@ -158,8 +133,12 @@ def rl_step(run: Run, step: int) -> dict:
     run.empty_in_row = 0
     release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
 
-    advantages, adv_metrics = group_advantages(batch, algo.advantage)
+    penalties = reward_penalties(batch, algo, cfg.rollout.max_total_tokens)
+    advantages, adv_metrics = group_advantages(batch, algo.advantage, penalties)
     metrics.update(adv_metrics)
+    if algo.overlong_penalty_on:
+        mean_penalty = {"reward/overlong_penalty": sum(penalties) / max(len(penalties), 1)}
+        metrics.update(global_means(learner, mean_penalty, len(penalties)))
 
     t1 = time.perf_counter()
     old_logprobs, entropies = learner.compute_logprobs_entropy(batch)
@@ -168,12 +147,24 @@ def rl_step(run: Run, step: int) -> dict:
     metrics.update(logprob_mismatch(batch, old_logprobs))
     t_recompute = time.perf_counter() - t1
 
-    omega = None
+    # STARE's gate, then every token-level change (STARE's weights, the baselines, void-turn masking,
+    # verl's aggregation) as the learner's inputs.
     if algo.use_stare:
         run.controller.update(entropy)
-        omega, stare_metrics = stare_weights(learner, batch, advantages, old_logprobs, run.controller, algo.stare)
+    inputs, omega = prepare_update(
+        learner,
+        batch,
+        advantages,
+        old_logprobs,
+        entropies,
+        algo,
+        run.controller if algo.use_stare else None,
+        seed=cfg.trainer.seed * 1_000_003 + step,
+        penalized=[p < 0 for p in penalties],
+    )
+    metrics.update(inputs.metrics)
+    if algo.use_stare:
         metrics.update(run.controller.metrics())
-        metrics.update(stare_metrics)
         metrics["stare/gate_on"] = float(run.controller.gate_on)
         if omega is not None:
             metrics["stare/lplus_s_gt_h_frac"] = lplus_entropy_raising_frac(
@@ -184,16 +175,17 @@ def rl_step(run: Run, step: int) -> dict:
     applied = 0  # optimizer steps that changed the weights (a skipped one leaves them bit-identical)
     for _ in range(algo.ppo_epochs):
         update = learner.train_step(
-            batch,
-            advantages,
-            omega,
-            old_logprobs,
+            inputs.trajs,
+            inputs.advantages,
+            inputs.token_weights,
+            inputs.old_logprobs,
             clip_low=algo.clip_low,
             clip_high=algo.effective_clip_high,
             dual_clip_c=algo.dual_clip_c,
-            loss_agg=algo.loss_agg,
-            tis_cap=algo.tis_cap,
-            loss_fn=get_policy_loss(algo.policy_loss),
+            loss_agg="token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
+            tis_cap=inputs.tis_cap,
+            loss_fn=get_policy_loss(algo.loss_name),
+            token_terms=inputs.token_terms or None,
         )
         metrics.update({f"update/{k}": v for k, v in update.items()})
         if update["step_skipped"]:

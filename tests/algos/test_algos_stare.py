@@ -290,7 +290,6 @@ def test_config_validation_and_from_config():
         (dict(w=0.9), "w="),
         (dict(m=0.0), "m="),
         (dict(m_min=0.0), "m_min"),
-        (dict(scope="rank"), "scope"),
         (dict(w=2.5), "w="),
     ):
         with pytest.raises(ValueError, match=field):

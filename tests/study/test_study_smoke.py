@@ -81,3 +81,17 @@ def test_two_arms_two_steps_write_table_and_plot(tmp_path):
     # Resumable: a second call skips finished arms.
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.count("skip") == 2, proc.stdout
+
+    # The baselines study reuses the finished GRPO-ds run and the SFT; one more run (2 steps).
+    base_cmd = [c for c in cmd if c not in ("grpo_ds", "stare_o1")]
+    i = base_cmd.index("--arms")
+    base_cmd[i + 1 : i + 1] = ["grpo_ds", "entropy_80_20"]
+    proc = subprocess.run([*base_cmd, "--study", "baselines"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("skip") == 1 and "1 runs in" in proc.stdout
+    table = (docs / "baselines_table.md").read_text()
+    assert "GRPO-ds" in table and "80/20 rule" in table and "| selected |" in table
+    assert (docs / "baselines.png").stat().st_size > 0
+    data = json.loads((docs / "baselines_table.json").read_text())
+    assert data["meta"]["study"] == "baselines"
+    assert data["arms"]["entropy_80_20"]["agg"]["selected_frac"] == pytest.approx(0.2, abs=0.02)

@@ -1,0 +1,268 @@
+"""The STARE paper's token-level baselines, each a small pure function found by name.
+
+Every method sees the loss tokens (model-written tokens) of one selection group as flat tensors, in
+a fixed order: the log-probability of the sampled token and the entropy at its position under the
+policy of this step (from the recompute pass; equal to the update pass's own at the first update),
+and its advantage. It returns a `TokenEffect`:
+
+    advantages  shaped advantages (None: unchanged)
+    weights     constant factors >= 0 on the per-token loss (None: all 1); 0 silences a token while
+                it stays in the loss's normaliser (verl's `corr = 0` of Clip-Cov)
+    keep        tokens that stay in the loss (None: all); a removed token has exactly zero gradient
+                and leaves the normaliser too ("renormalise": 80/20 rule, STAPO)
+    kl_coef     per-token coefficient of |log pi - log pi_old| (KL-Cov), None: none
+    selected    the tokens the method selected or changed (logged as algo/selected_frac)
+
+With its selection empty or its coefficient 0 each method returns no change at all, so the update is
+GRPO-ds's bit for bit (tests/algos/test_algos_token_methods.py). Selections are exact: counts follow
+the stated formulas, ties at a threshold go to the lower position. Where a paper and its code differ,
+the code is followed and the docstring says so. Selection runs once per step on the recompute pass;
+verl selects inside the loss on every mini-batch with the current log-probs, which is the same
+thing for the first (on-policy) update.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class TokenEffect:
+    """What a token method does to the loss tokens of one selection group (see the module docstring)."""
+
+    selected: Tensor  # [N] bool
+    advantages: Tensor | None = None  # [N] float
+    weights: Tensor | None = None  # [N] float, >= 0
+    keep: Tensor | None = None  # [N] bool
+    kl_coef: Tensor | None = None  # [N] float
+    metrics: dict = field(default_factory=dict)
+
+
+TokenMethodFn = Callable[..., TokenEffect]
+
+TOKEN_METHODS: dict[str, TokenMethodFn] = {}
+
+
+def register_token_method(name: str) -> Callable[[TokenMethodFn], TokenMethodFn]:
+    """Decorator: make a token method selectable by name from the config (algo.token_methods)."""
+
+    def wrap(fn: TokenMethodFn) -> TokenMethodFn:
+        if name in TOKEN_METHODS:
+            raise ValueError(f"token method {name!r} registered twice")
+        TOKEN_METHODS[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_token_method(name: str) -> TokenMethodFn:
+    """Look a token method up by name; an unknown name lists the valid ones."""
+    try:
+        return TOKEN_METHODS[name]
+    except KeyError:
+        raise ValueError(f"token method {name!r} unknown; choose one of {sorted(TOKEN_METHODS)}") from None
+
+
+def ceil_frac(frac: float, n: int) -> int:
+    """ceil(frac * n) computed exactly in decimal (0.2 * 15 is 3, not 4), at least 1 when n > 0."""
+    if n <= 0:
+        return 0
+    return max(1, math.ceil(Fraction(repr(float(frac))) * n))
+
+
+def floor_frac(frac: float, n: int) -> int:
+    """max(1, int(frac * n)) as verl computes it (float product, truncated), for n > 0."""
+    return max(1, int(n * frac)) if n > 0 else 0
+
+
+def top_k_positions(values: Tensor, k: int) -> Tensor:
+    """Positions of exactly k largest entries (ties at the threshold go to the lower position).
+    O(N): the threshold is the k-th largest value (one selection, no sort)."""
+    n = values.numel()
+    if k <= 0:
+        return torch.zeros(0, dtype=torch.long, device=values.device)
+    if k >= n:
+        return torch.arange(n, device=values.device)
+    threshold = torch.kthvalue(values, n - k + 1).values  # the k-th largest
+    above = torch.nonzero(values > threshold).squeeze(1)
+    ties = torch.nonzero(values == threshold).squeeze(1)[: k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
+
+
+def quantile(values: Tensor, q: float) -> float:
+    """torch.quantile's linear-interpolation quantile by two selections instead of a sort."""
+    n = values.numel()
+    pos = q * (n - 1)
+    lo, frac = int(pos), pos - int(pos)
+    a = torch.kthvalue(values, lo + 1).values
+    if frac == 0.0 or lo + 1 >= n:
+        return float(a)
+    b = torch.kthvalue(values, lo + 2).values
+    return float(a + (b - a) * frac)
+
+
+def _mask_at(n: int, positions: Tensor, device: torch.device) -> Tensor:
+    out = torch.zeros(n, dtype=torch.bool, device=device)
+    out[positions] = True
+    return out
+
+
+def _covariance(advantages: Tensor, logprobs: Tensor) -> Tensor:
+    """Per-token (A - mean A) (log pi - mean log pi) over the group's tokens: the covariance terms whose
+    sum drives the entropy change of a policy-gradient step (Cui et al., Eq. 4)."""
+    a = advantages.double()
+    lp = logprobs.double()
+    return (a - a.mean()) * (lp - lp.mean())
+
+
+@register_token_method("kl_cov")
+def kl_cov(
+    logprobs: Tensor, entropy: Tensor, advantages: Tensor, *, ratio: float = 0.002, coef: float = 1.0, **_: object
+) -> TokenEffect:
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617; verl `compute_policy_loss_kl_cov`).
+
+    The k = max(1, floor(ratio * N)) tokens with the largest Cov_t = (A_t - mean A)(log pi_t - mean log pi)
+    get the penalty coef * |log pi_t - log pi_old,t| added to their loss; the loss itself is the
+    unclipped surrogate -A rho (the registered policy loss `kl_cov`). Defaults: ratio 0.002 and
+    coef 1 (the authors' 7B script; verl's config default ratio 0.0002 is their 32B setting). The
+    count truncates (verl: `int(len * ratio)`), unlike STARE's ceil. At rho = 1 the penalty's
+    gradient is 0 (d|x|/dx = 0 at 0): it acts only once the policy has moved from pi_old, i.e. from
+    the second update on a batch (the authors run 8 mini-batches per step).
+    """
+    n = logprobs.numel()
+    if n == 0 or coef == 0.0:
+        return TokenEffect(selected=torch.zeros(n, dtype=torch.bool, device=logprobs.device))
+    cov = _covariance(advantages, logprobs)
+    sel = _mask_at(n, top_k_positions(cov, floor_frac(ratio, n)), logprobs.device)
+    return TokenEffect(selected=sel, kl_coef=sel.to(torch.float32) * coef)
+
+
+@register_token_method("clip_cov")
+def clip_cov(
+    logprobs: Tensor,
+    entropy: Tensor,
+    advantages: Tensor,
+    *,
+    ratio: float = 0.0002,
+    lb: float = 1.0,
+    ub: float = 5.0,
+    generator: torch.Generator | None = None,
+    **_: object,
+) -> TokenEffect:
+    """Clip-Cov (Cui et al. 2025; verl `compute_policy_loss_clip_cov`).
+
+    Candidates: tokens with lb < Cov_t < ub (Cov_t as in KL-Cov). min(max(1, floor(ratio * N)),
+    |candidates|) of them, drawn uniformly at random (`generator`: seeded per step, so a resumed
+    run draws the same), get weight 0: zero gradient, still counted in the token-mean's normaliser
+    (verl multiplies their loss by `corr = 0`). Defaults: ratio 2e-4, window (1, 5) (the authors'
+    script). verl also excludes tokens its clip already silences; at rho = 1 there are none. The
+    authors' script runs it with clip ratios 1/1, i.e. without the standard clip
+    (configs/retool_qwen2.5_7b_clip_cov.yaml).
+    """
+    n = logprobs.numel()
+    device = logprobs.device
+    if n == 0:
+        return TokenEffect(selected=torch.zeros(0, dtype=torch.bool, device=device))
+    cov = _covariance(advantages, logprobs)
+    cand = torch.nonzero((cov > lb) & (cov < ub)).squeeze(1)  # ascending positions
+    k = min(floor_frac(ratio, n), cand.numel())
+    if k == 0 or ratio == 0.0:
+        return TokenEffect(selected=torch.zeros(n, dtype=torch.bool, device=device))
+    pick = torch.randperm(cand.numel(), generator=generator)[:k].to(device)
+    sel = _mask_at(n, cand[pick], device)
+    return TokenEffect(selected=sel, weights=(~sel).to(torch.float32))
+
+
+@register_token_method("entropy_80_20")
+def entropy_80_20(
+    logprobs: Tensor, entropy: Tensor, advantages: Tensor, *, top_frac: float = 0.2, **_: object
+) -> TokenEffect:
+    """The 80/20 rule (Wang et al. 2025, arXiv 2506.01939, "Beyond the 80/20 Rule").
+
+    Only the ceil(top_frac * N) tokens of highest entropy stay in the loss, which becomes the
+    token-mean over them (the authors' verl code: `loss_mask = response_mask * entropy_top_mask`).
+    The rest get exactly zero gradient. Their code takes the ceiling as int(x + 0.9999) (which absorbs
+    float noise such as 0.2 * 15 = 3.0000000000000004); this is the exact decimal ceiling, the same
+    count for top_frac = 0.2. Their selection runs per micro-batch (algo.scope=micro_batch or verl
+    for that). top_frac = 1 keeps every token (GRPO-ds). selected = the tokens kept.
+    """
+    n = entropy.numel()
+    device = entropy.device
+    if n == 0:
+        return TokenEffect(selected=torch.zeros(0, dtype=torch.bool, device=device))
+    k = ceil_frac(top_frac, n)
+    if k == n:
+        return TokenEffect(selected=torch.ones(n, dtype=torch.bool, device=device))  # keeps everything
+    keep = _mask_at(n, top_k_positions(entropy, k), device)
+    return TokenEffect(selected=keep, keep=keep)
+
+
+@register_token_method("entropy_adv")
+def entropy_adv(
+    logprobs: Tensor, entropy: Tensor, advantages: Tensor, *, alpha: float = 0.4, kappa: float = 2.0, **_: object
+) -> TokenEffect:
+    """Entropy-based advantage (Cheng et al. 2025, arXiv 2506.14758).
+
+    A' = A + min(alpha * H, |A| / kappa), H the (detached) entropy at the token's position. With
+    kappa > 1 the bonus is below |A|, so every A' keeps the sign of A (and A = 0 stays 0). Defaults
+    alpha 0.4, kappa 2 (the paper's GRPO setting). alpha = 0 leaves A bit for bit. selected = the
+    tokens whose advantage changed.
+    """
+    a = advantages.to(torch.float32)
+    bonus = torch.minimum(alpha * entropy.to(torch.float32), a.abs() / kappa)  # [N], >= 0
+    shaped = a + bonus
+    return TokenEffect(selected=bonus > 0, advantages=shaped)
+
+
+@register_token_method("stapo")
+def stapo(
+    logprobs: Tensor,
+    entropy: Tensor,
+    advantages: Tensor,
+    *,
+    prob_max: float = 0.01,
+    entropy_quantile: float = 0.05,
+    entropy_max: float | None = None,
+    **_: object,
+) -> TokenEffect:
+    """STAPO's silencing of spurious tokens (Liu et al. 2026, arXiv 2602.15620).
+
+    A token is spurious when A > 0, pi(token) < prob_max and H < tau_h, tau_h = entropy_max or else
+    the entropy_quantile-quantile of the group's token entropies (linear interpolation, as
+    torch.quantile). Spurious tokens leave the loss and its normaliser ("mask and renormalise over
+    valid tokens"). See `StapoConfig` for where the thresholds come from. prob_max = 0 silences none.
+    """
+    n = entropy.numel()
+    device = entropy.device
+    if n == 0 or prob_max <= 0.0:
+        return TokenEffect(selected=torch.zeros(n, dtype=torch.bool, device=device))
+    h = entropy.double()
+    tau_h = entropy_max if entropy_max is not None else quantile(h, entropy_quantile)
+    # pi < prob_max, compared in log space (the recompute pass gives log pi)
+    spurious = (advantages > 0) & (logprobs.double() < math.log(prob_max)) & (h < tau_h)
+    if not bool(spurious.any()):
+        return TokenEffect(selected=spurious)
+    return TokenEffect(selected=spurious, keep=~spurious)
+
+
+def combine_effects(effects: list[TokenEffect], advantages: Tensor) -> TokenEffect:
+    """Compose methods applied in order to the same tokens: the last shaped advantages, the product of
+    weights, the intersection of kept tokens, the sum of KL coefficients, the union of selections."""
+    out = TokenEffect(selected=torch.zeros(advantages.numel(), dtype=torch.bool, device=advantages.device))
+    for e in effects:
+        out.selected = out.selected | e.selected
+        if e.advantages is not None:
+            out.advantages = e.advantages
+        if e.weights is not None:
+            out.weights = e.weights if out.weights is None else out.weights * e.weights
+        if e.keep is not None:
+            out.keep = e.keep if out.keep is None else out.keep & e.keep
+        if e.kl_coef is not None:
+            out.kl_coef = e.kl_coef if out.kl_coef is None else out.kl_coef + e.kl_coef
+    return out
