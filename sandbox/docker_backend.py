@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -116,6 +117,14 @@ class DockerSandbox:
                 f"docker image {image} holds other sandbox code than this checkout: "
                 "rebuild it with `python -m sandbox.docker.build`"
             )
+        missing = sorted(
+            {m.split(".")[0] for m in self.cfg.preload} - set(labels.get("stare-sandbox.packages", "").split())
+        )
+        if missing:  # the local root holds the preloaded packages: the image must hold the same
+            raise SandboxError(
+                f"docker image {image} was built without {' '.join(missing)} (sandbox.preload): rebuild it with "
+                f"`python -m sandbox.docker.build --packages {' '.join(sorted(set(self.cfg.preload)))}`"
+            )
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
         self.uids = UidPool()
         self.info = {
@@ -126,6 +135,7 @@ class DockerSandbox:
             "seccomp": "Docker's default profile + the sandbox's filter",
             "network": False,
             "uids": "per-container uid from a host-wide pool",
+            "stop": "SIGSTOP/SIGKILL loop",
             "not_enforced": [
                 "per-session uid inside a container (its sessions run one after another, each cleaned up by the reaper)"
             ],

@@ -53,7 +53,11 @@ WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py
 
 def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
     """What this sandbox really enforces (from the worker's report), for logs and run summaries."""
-    info = {k: hello[k] for k in ("cgroups", "seccomp", "cpu_quota", "rootless", "cgroup_error") if k in hello}
+    info = {
+        k: hello[k]
+        for k in ("cgroups", "seccomp", "cpu_quota", "rootless", "cgroup_error", "stop", "root")
+        if k in hello
+    }
     info.update(
         backend="local",
         network=cfg.limits.network,
@@ -63,7 +67,8 @@ def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
     weaker = []
     if not hello.get("cgroups"):
         weaker += [
-            "memory summed over a session's processes (RLIMIT_AS per process instead; memfd and SysV shm escape it)",
+            "memory summed over a session's processes (RLIMIT_AS per process instead; memfd and SysV shm "
+            "escape it; a cell over it gets a MemoryError, status error, since no kernel OOM kill is seen)",
             "a pids cgroup (RLIMIT_NPROC in the session's own user namespace instead)",
         ]
     if not hello.get("cpu_quota"):
@@ -114,6 +119,8 @@ class LocalSandbox:
         return self.worker
 
     async def _start_worker(self) -> WorkerClient:
+        from . import _rootfs
+
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = {
             "mode": "local",
@@ -123,9 +130,10 @@ class LocalSandbox:
             "seccomp": self.cfg.seccomp,
             "allow_no_seccomp": self.cfg.allow_no_seccomp,
             "allow_no_cgroups": self.cfg.allow_no_cgroups,
+            "rootfs_cache": self.cfg.rootfs_cache,
+            "rootfs_default": _rootfs.default_cache_dir(),  # ours: the worker's HOME is the code's
         }
         env = self.cfg.code_env(dict(os.environ))
-        env["PATH"] = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
         env.setdefault("USER", "sandbox")
         try:
             self.popen = subprocess.Popen(
