@@ -154,7 +154,7 @@ def cgroup_mounts(mountinfo: bytes) -> dict[str, str]:
     mounts: dict[str, str] = {}
     for line in mountinfo.split(b"\n"):
         pre, sep, post = line.partition(b" - ")
-        fields, info = pre.split(), post.split()
+        fields, info = pre.split(b" "), post.split(b" ")  # single spaces: other blanks are path bytes
         if not sep or len(fields) < 5 or len(info) < 3:
             continue
         if info[0] == b"cgroup":
@@ -180,7 +180,7 @@ def mount_points(mountinfo: bytes) -> list[tuple[str, list[bytes]]]:
     """(mount point, its options) of every line of /proc/<pid>/mountinfo."""
     out = []
     for line in mountinfo.split(b"\n"):
-        fields = line.split()
+        fields = line.split(b" ")  # single spaces: other blanks are path bytes
         if len(fields) > 5:
             out.append((mount_point(fields[4]), fields[5].split(b",")))
     return out

@@ -117,9 +117,8 @@ class DockerSandbox:
                 f"docker image {image} holds other sandbox code than this checkout: "
                 "rebuild it with `python -m sandbox.docker.build`"
             )
-        missing = sorted(
-            {m.split(".")[0] for m in self.cfg.preload} - set(labels.get("stare-sandbox.packages", "").split())
-        )
+        wanted = {m.split(".")[0] for m in self.cfg.preload} - set(sys.stdlib_module_names)
+        missing = sorted(wanted - set(labels.get("stare-sandbox.packages", "").split()))
         if missing:  # the local root holds the preloaded packages: the image must hold the same
             raise SandboxError(
                 f"docker image {image} was built without {' '.join(missing)} (sandbox.preload): rebuild it with "
