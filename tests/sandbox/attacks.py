@@ -90,8 +90,8 @@ TIMERS = {
 }
 
 
-# Run inside the sandbox: every file the cell may execute (a regular file with an exec bit it may
-# use, on any mount but its own /tmp and the kernel's), and which of them are programs: ELF files
+# Run inside the sandbox: every file the cell may execute (a non-empty regular file with an exec bit
+# it may use, on any mount but its own /tmp and the kernel's; Docker's empty /.dockerenv runs nothing), and which of them are programs: ELF files
 # with an interpreter (or static executables) and #! scripts.
 LIST_EXECUTABLES = r"""
 import hashlib, json, os, stat, struct
@@ -116,7 +116,7 @@ for top, dirs, files in os.walk('/'):
         path = os.path.join(top, name)
         try:
             st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode) or not os.access(path, os.X_OK):
+            if not stat.S_ISREG(st.st_mode) or not st.st_size or not os.access(path, os.X_OK):
                 continue
             with open(path, 'rb') as f:
                 head = f.read(4096)

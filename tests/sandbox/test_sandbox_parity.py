@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import Limits
-from sandbox._rootfs import SHELL_UTILS
+from sandbox.docker.build import SHELL_UTILS
 
 pytestmark = pytest.mark.xdist_group("sandbox-parity")
 _spec = importlib.util.spec_from_file_location("sandbox_attacks", Path(__file__).with_name("attacks.py"))

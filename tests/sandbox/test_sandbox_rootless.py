@@ -187,7 +187,7 @@ def test_a_rootless_cell_finds_the_same_programs(seen):
     listing = seen["executables"]
     assert isinstance(listing, dict), listing
     in_usr_bin = {os.path.basename(p) for p in listing["programs"] if p.startswith("/usr/bin/")}
-    from sandbox._rootfs import SHELL_UTILS
+    from sandbox.docker.build import SHELL_UTILS
 
     assert in_usr_bin == set(SHELL_UTILS), in_usr_bin ^ set(SHELL_UTILS)
     assert listing["count"] < 400, listing["count"]
