@@ -33,15 +33,27 @@ class Cgroups:
         self.name, self.v2, self.cpu = name, v2, cpu  # v2: the limits are cgroup v2's
         self.freezer, self.freezer_v2 = freezer, freezer_v2  # index into dirs, or None
         self.grandparents, self.parents = [], []
-        for d in dirs:  # groups left by workers that were killed: empty, so rmdir is safe
-            _remove_stale(d)
-            gfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        for i, d in enumerate(dirs):
             try:
-                os.mkdir(name, dir_fd=gfd)
+                self._add(d)
+            except OSError:
+                if i != freezer or i == 0:
+                    raise
+                self.freezer = None  # a freezer-only hierarchy we may not use: stop by signals instead
+
+    def _add(self, d: str) -> None:
+        _remove_stale(d)  # groups left by workers that were killed: empty, so rmdir is safe
+        gfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                os.mkdir(self.name, dir_fd=gfd)
             except FileExistsError:
                 pass
-            self.grandparents.append(gfd)
-            self.parents.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=gfd))
+            self.parents.append(os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=gfd))
+        except OSError:
+            os.close(gfd)
+            raise
+        self.grandparents.append(gfd)
 
     @classmethod
     def create(cls, name: str) -> Cgroups:
@@ -123,6 +135,36 @@ class Cgroups:
             self.remove(sid)
             raise
         return fds
+
+    def guard(self) -> None:
+        """Fork a process that thaws every session group of this worker once the worker is gone.
+        A worker killed while sessions are frozen sends them SIGKILL (PDEATHSIG), which cgroup v1
+        holds until they thaw: without the guard they would stay, frozen, until the next worker
+        on the host removes stale groups (v2 delivers it to frozen tasks by itself)."""
+        if self.freezer is None or self.freezer_v2:
+            return
+        parent = self.parents[self.freezer]
+        r, w = os.pipe()
+        if os.fork() == 0:
+            try:
+                os.setsid()  # outside the worker's process group: a kill of that group spares it
+                low = 0
+                for keep in sorted((r, parent)):
+                    os.closerange(low, keep)
+                    low = keep + 1
+                os.closerange(low, 1 << 20)
+                while os.read(r, 1):  # b"" once every copy of the write end is closed: the worker died
+                    pass
+                for sub in os.listdir(parent):
+                    try:
+                        fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=parent)
+                        _write_at(fd, "freezer.state", "THAWED")
+                    except OSError:
+                        pass
+            finally:
+                os._exit(0)
+        os.close(r)
+        self.guard_fd = w  # inheritable by nothing: O_CLOEXEC, and sessions close their fds
 
     def _freezer_fd(self, fds: list[int]) -> int | None:
         return fds[self.freezer] if self.freezer is not None and len(fds) > self.freezer else None
@@ -210,20 +252,35 @@ class Cgroups:
 
 
 def _remove_stale(d: str) -> None:
+    """Remove the groups of workers that are gone. A session its worker left frozen (killed while
+    idle) holds the SIGKILL its worker's death sent it until it thaws (cgroup v1): thaw it first."""
     for old in os.listdir(d):
         pid = old.rpartition("-")[2]
         if old.startswith("stare-sandbox-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             for sub in os.listdir(os.path.join(d, old)):
                 if sub.startswith("s") and sub[1:].isdigit():
-                    _rmdir_quietly(os.path.join(d, old, sub))
+                    path = os.path.join(d, old, sub)
+                    for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                        try:
+                            with open(os.path.join(path, name), "w") as f:
+                                f.write(value)
+                        except OSError:
+                            pass
+                    for _ in range(50):  # the thawed tasks die at once; their group empties after
+                        if _rmdir_quietly(path):
+                            break
+                        time.sleep(0.001)
             _rmdir_quietly(os.path.join(d, old))
 
 
-def _rmdir_quietly(path: str) -> None:
+def _rmdir_quietly(path: str) -> bool:
     try:
         os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
     except OSError:
-        pass
+        return False
 
 
 def _write_at(dir_fd: int, name: str, value: str) -> None:

@@ -120,6 +120,7 @@ class Worker:
             else:
                 try:
                     self.cgroups = _cgroups.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+                    self.cgroups.guard()
                 except OSError as e:
                     if not self.cfg.get("allow_no_cgroups"):
                         raise OSError(
