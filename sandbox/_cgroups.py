@@ -177,13 +177,13 @@ class Cgroups:
             _write_at(fd, "cgroup.freeze", "1")
         else:
             _write_at(fd, "freezer.state", "FROZEN")
-        deadline, spins = time.monotonic() + timeout, 0
+        deadline, pause = time.monotonic() + timeout, 0.00005
         while not self._frozen(fd):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the session's cgroup did not freeze within {timeout:g}s")
-            spins += 1
-            if spins > 50:  # usually frozen within a few reads; then stop spinning on the CPU
-                time.sleep(0.0002)
+            # yield the CPU: the session's tasks must run to reach the freezer (2 cores, many jobs)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
 
     def _frozen(self, fd: int) -> bool:
         if self.freezer_v2:

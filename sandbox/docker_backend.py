@@ -10,6 +10,9 @@ Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine
   session shares copy-on-write. Processes: `--pids-limit` of `max_processes` + 8.
 - The same worker as the local backend runs inside as the container's init and forks one
   interpreter per session; wall time, output caps and statuses come from the same host-side code.
+  Between cells it stops the session with SIGSTOP/SIGKILL over every process of the code's uid
+  until none can run (sandbox/_park.py). The image holds the same files as the local backend's
+  root (sandbox/_rootfs.py), so a cell finds the same programs and packages.
 - Reuse: when a session ends (or its interpreter dies) a reaper running as the code's uid SIGKILLs
   every process of that uid and empties /tmp, /dev/shm, /dev/mqueue and the SysV IPC tables, then
   the container goes back to a warm pool of `docker.warm`. A container whose worker died is

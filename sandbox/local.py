@@ -12,18 +12,23 @@ Guarantees (each has an adversarial test in tests/sandbox/test_sandbox_local.py)
   is killed. status=output_limit, with what was read so far.
 - Network: a new network namespace without configured interfaces (loopback is down), and (with
   libseccomp) a filter allowing only AF_UNIX sockets.
-- Secrets: the code sees a fresh minimal environment, an allow-listed read-only root (system dirs
-  and this interpreter; no home directories, project tree, /var, /run or host /tmp), its own /proc
-  (only its own processes) and runs as an unprivileged uid with no capabilities and
-  no_new_privs. Optional seccomp denies ptrace, mount, user namespaces, bpf, keyctl, io_uring...
+- Secrets and programs: the code sees a fresh minimal environment, a read-only root holding the
+  same files as the Docker image (sandbox/_rootfs.py: the interpreter, its stdlib, the preloaded
+  packages, a few shell utilities and their libraries; no home directories, project tree, /var,
+  /run, host /tmp or host programs), its own /proc (only its own processes) and runs as an
+  unprivileged uid with no capabilities and no_new_privs. Optional seccomp denies ptrace, mount,
+  user namespaces, bpf, keyctl, io_uring...
 - CPU: a cgroup quota of `limits.cpus` per session. Between cells nothing of the session runs:
-  leftover processes are killed, leftover threads restart the session, and it is stopped.
+  it is frozen (cgroup freezer; rootless: stopped by signals), leftover processes are killed,
+  leftover threads restart the session, the timers it armed are disarmed (sandbox/_park.py).
 - Robustness: the host never parses the code's output to decide anything; the status comes from
-  one validated reply per cell on a separate channel and from the kernel (wait status, cgroup OOM
-  counter); anything else on that channel is tampering, scored as failed code. A dead session
-  interpreter is replaced at the next cell (its state is lost); a dead worker is restarted.
+  what the host observes (the cell's pipes, its clock, the kernel's wait status and cgroup OOM
+  counter) and one validated reply per cell carrying its exit code (cell-reported); anything
+  else on that channel is tampering, scored as failed code. Nothing read from /proc can take the
+  worker down (sandbox/_procfs.py). A dead session interpreter is replaced at the next cell (its
+  state is lost); a dead worker is restarted, and the next cell says the state is gone.
 Not covered: kernel exploits (use Docker or a VM for hostile code at scale); the code can forge
-its own cell's reply (nothing more: see sandbox/README.md).
+its own cell's exit code and change what later cells of its session report (see sandbox/README.md).
 Root gives all of the above. Without root the worker runs rootless in a user namespace of its
 own: the same namespaces, root, seccomp and limits, except that memory and processes are bounded
 by per-process rlimits (no cgroups) and each session is uid 0 of its own nested user namespace

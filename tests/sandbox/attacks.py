@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 
 # A child renames itself (prctl PR_SET_NAME) to bytes that are not UTF-8, or that mimic the
 # layout of /proc/<pid>/stat and status, then lingers; the worker reads its name after the cell.
@@ -54,27 +55,34 @@ def zombie_leader() -> str:
 
 
 # The cell patches the runner so that, right after sending each reply, the session forks a child
-# that appends the time to a file every 5 ms: it is born between the reply and the stop. (A fork
-# the stop interrupts is restarted by the kernel when the session resumes: that child then runs
-# in the next cell, like anything else the patched runner does there; only the gap must be quiet.)
+# that appends the wall-clock time to a file every 5 ms. 150 MB of ballast make each fork take
+# milliseconds, so the worker's stop lands while it is under way (the old worker looked for
+# leftovers, then sent SIGSTOP: a child whose fork was in flight escaped both). Whatever the
+# patched runner does after its reply goes on when the session resumes, in the next cell; only
+# the gap between cells must be quiet.
 FORK_AFTER_REPLY = (
-    "import os, sys, time\nc = sys.modules['_cells']\nreal = c.send\n"
+    "import os, sys, time\nballast = bytearray(150 << 20)\nc = sys.modules['_cells']\nreal = c.send\n"
     "def send(*a, **k):\n"
-    "    with open('/tmp/replied', 'w') as f: f.write(repr(time.monotonic()))\n"
+    "    with open('/tmp/replied', 'w') as f: f.write(repr(time.time()))\n"
     "    real(*a, **k)\n"
     "    if os.fork() == 0:\n"
     "        while True:\n"
-    "            with open('/tmp/hop', 'a') as f: f.write(repr(time.monotonic()) + ' ')\n"
+    "            with open('/tmp/hop', 'a') as f: f.write(repr(time.time()) + ' ')\n"
     "            time.sleep(0.005)\n"
     "c.send = send"
 )
-# Run after FORK_AFTER_REPLY and a pause: how often a child wrote between the previous reply (plus
-# 0.2 s for the worker to get to it) and the start of this cell.
-WROTE_BETWEEN_CELLS = (
-    "import os, time\nstart = time.monotonic()\nreplied = float(open('/tmp/replied').read())\n"
-    "times = [float(t) for t in open('/tmp/hop').read().split()] if os.path.exists('/tmp/hop') else []\n"
-    "print(sum(replied + 0.2 < t < start for t in times))"
-)
+
+
+def wrote_between_cells(until: float) -> str:
+    """A cell, run after FORK_AFTER_REPLY and a pause: how often a child wrote between the previous
+    reply (plus 0.2 s for the worker to stop the session) and `until`, the host's wall-clock time
+    just before it sent this cell."""
+    return (
+        "import os\nreplied = float(open('/tmp/replied').read())\n"
+        "times = [float(t) for t in open('/tmp/hop').read().split()] if os.path.exists('/tmp/hop') else []\n"
+        f"print(sum(replied + 0.2 < t < {until!r} for t in times))"
+    )
+
 
 # The runner lives in the session's interpreter: this makes later cells report exit code 0.
 PATCHED_RUNNER = "import sys\nc = sys.modules['_cells']\nreal = c.run_cell\nc.run_cell = lambda *a: real(*a) and 0"
@@ -161,9 +169,9 @@ async def between_cells(sb, listing: bool = True) -> dict:
     async with sb.session() as s:
         await s.run(FORK_AFTER_REPLY)
         await asyncio.sleep(0.6)
-        first = await s.run(WROTE_BETWEEN_CELLS)
+        first = await s.run(wrote_between_cells(time.time()))
         await asyncio.sleep(0.6)
-        out["fork_after_reply"] = [first.stdout, (await s.run(WROTE_BETWEEN_CELLS)).stdout]
+        out["fork_after_reply"] = [first.stdout, (await s.run(wrote_between_cells(time.time()))).stdout]
 
     async def timer(code: str) -> str:
         async with sb.session() as s:

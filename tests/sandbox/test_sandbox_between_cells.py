@@ -58,7 +58,7 @@ def test_a_child_forked_right_after_the_reply_does_not_run_between_cells(box):
         assert s.run(attacks.FORK_AFTER_REPLY).ok
         for _ in range(2):
             time.sleep(0.6)  # between cells: a child the stop missed would write now
-            r = s.run(attacks.WROTE_BETWEEN_CELLS)
+            r = s.run(attacks.wrote_between_cells(time.time()))
             assert r.status == "ok" and r.stdout == "0\n", r
 
 
