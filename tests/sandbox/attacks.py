@@ -171,7 +171,8 @@ async def between_cells(sb, listing: bool = True) -> dict:
         await asyncio.sleep(0.6)
         first = await s.run(wrote_between_cells(time.time()))
         await asyncio.sleep(0.6)
-        out["fork_after_reply"] = [first.stdout, (await s.run(wrote_between_cells(time.time()))).stdout]
+        second = await s.run(wrote_between_cells(time.time()))
+        out["fork_after_reply"] = [r.stdout or f"{r.status.value}: {r.stderr[-300:]}" for r in (first, second)]
 
     async def timer(code: str) -> str:
         async with sb.session() as s:

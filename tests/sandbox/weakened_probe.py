@@ -21,7 +21,7 @@ import attacks  # next to this script (sys.path[0])
 from sandbox import Limits, SandboxConfig, SandboxError, make_sandbox
 
 MS_BIND, MS_REC, MS_PRIVATE, CLONE_NEWNS, MNT_DETACH = 4096, 16384, 1 << 18, 0x00020000, 2
-LIMITS = Limits(wall_time_s=3.0, memory_mb=128, max_output_bytes=4096, disk_mb=16, max_processes=16)
+LIMITS = Limits(wall_time_s=3.0, memory_mb=256, max_output_bytes=4096, disk_mb=16, max_processes=16)
 
 
 def private_mounts(libc: ctypes.CDLL) -> None:
