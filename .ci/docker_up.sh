@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start a Docker engine (installing docker.io if needed) and build the sandbox image offline.
-# Idempotent. Exits non-zero when no engine can run here; the Docker tests then skip with the reason.
+# Idempotent. Exits non-zero when no engine can run here; the Docker tests then skip with the reason,
+# except under CI=true, where they fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -245,8 +245,9 @@ class Proc:
 
     async def run_cell(self, code: str, wall: float, cap: int, park: bool = True) -> ExecResult:
         """Run one cell; its status comes from what the host observes: a well-formed reply to this
-        cell, the wait status, the cgroup OOM counter and our own clock. `park`: afterwards kill
-        what the cell left behind and stop the session until its next cell (stateful sessions)."""
+        cell (its exit code is the one cell-reported field), the output read from the cell's pipes,
+        the wait status, the cgroup OOM counter and our own clock. `park`: afterwards stop the
+        session and kill what the cell left behind, until its next cell (stateful sessions)."""
         t0, loop = time.monotonic(), self.loop
         payload = code.encode("utf-8", "surrogatepass")  # lone surrogates survive; compile rejects them
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
@@ -340,15 +341,9 @@ class Proc:
             else:
                 res.exit_code = msg["exit_code"]
             res.error = f"output over {cap} bytes per stream"
-        elif not killed:
+        elif not killed:  # the exit code is cell-reported; oom only ever comes from the kernel (below)
             res.exit_code = msg["exit_code"]
-            res.status = (
-                ExecStatus.OOM
-                if msg.get("exc") == "MemoryError"
-                else ExecStatus.OK
-                if res.exit_code == 0
-                else ExecStatus.ERROR
-            )
+            res.status = ExecStatus.OK if res.exit_code == 0 else ExecStatus.ERROR
         elif msg is not None or self.tampered:  # anything but one well-formed reply: tampering
             self.client.stats["tampered"] += 1
             res.status, res.exit_code = ExecStatus.ERROR, None
@@ -376,6 +371,14 @@ class Proc:
         procs, threads = int(parked.get("procs", 0)), int(parked.get("threads", 0))
         self.client.stats["leftover_processes_killed"] += procs
         note = f"{procs} process(es) the cell left running were killed. " if procs else ""
+        if parked.get("failed"):
+            self.client.stats["unstoppable_restarts"] += 1
+            self.restarted = True
+            await self.kill()
+            return note + (
+                f"the session could not be stopped after the cell ({parked['failed']}): it was "
+                "restarted (its state is lost), so nothing of it runs until the next cell"
+            )
         if threads:
             self.client.stats["leftover_thread_restarts"] += 1
             self.restarted = True
@@ -397,18 +400,19 @@ TAMPERED = (
 
 def new_stats() -> dict[str, int]:
     """Counters a sandbox reports: what the host discarded or killed, so nothing is silent."""
-    return {"tampered": 0, "leftover_processes_killed": 0, "leftover_thread_restarts": 0, "died_between_cells": 0}
+    return {
+        "tampered": 0,
+        "leftover_processes_killed": 0,
+        "leftover_thread_restarts": 0,
+        "unstoppable_restarts": 0,
+        "died_between_cells": 0,
+    }
 
 
 def _is_reply(msg: dict | None, cell: int) -> bool:
-    """Exactly the runner's reply to this cell, nothing more or less."""
-    if msg is None or set(msg) != {"op", "cell", "exit_code", "exc"} or msg["op"] != "done":
+    """Exactly the runner's reply to this cell, nothing more or less. It has no field whose size
+    the code chooses (no exception name, no text): a legitimate reply is always a few dozen bytes."""
+    if msg is None or set(msg) != {"op", "cell", "exit_code"} or msg["op"] != "done":
         return False
-    code, exc = msg["exit_code"], msg["exc"]
-    return (
-        type(msg["cell"]) is int
-        and msg["cell"] == cell
-        and type(code) is int
-        and 0 <= code <= 255
-        and (exc is None or (isinstance(exc, str) and len(exc) <= 200))
-    )
+    code = msg["exit_code"]
+    return type(msg["cell"]) is int and msg["cell"] == cell and type(code) is int and 0 <= code <= 255

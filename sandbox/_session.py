@@ -101,12 +101,19 @@ class ProcSession:
                             "this cell did not run, the next one gets a fresh interpreter",
                             time.monotonic() - t0,
                         )
+                    lost = self.proc.client.dead if state == "dead" and self.proc is not None else None
                     if state == "dead":  # replaced, with fresh state (like a notebook kernel restart)
                         await self._drop()
                         self.proc = await self.spawn()
                     res = await self.proc.run_cell(
                         code, self.limits.wall_time(timeout), self.limits.max_output_bytes, park=not self.stateless
                     )
+                    if lost:  # never silent: the caller learns that its earlier state is gone
+                        note = (
+                            f"the sandbox worker was lost since the previous cell ({lost}): this cell ran in "
+                            "a fresh interpreter, the session's earlier state is gone"
+                        )
+                        res.error = f"{res.error} {note}".strip()
                     if not self.proc.alive:
                         await self._drop()
                     elif self.stateless:  # teardown (~5 ms of kernel work) need not delay the result

@@ -4,12 +4,18 @@ Run by the host as `python -I _worker.py '<json>'` (local) or as a container's e
 It imports numpy/sympy once, then forks. Per session (local mode) the child becomes pid 1 of new
 pid/net/mount/ipc/uts namespaces inside its own memory+pids cgroup, mounts a private tmpfs at /tmp,
 drops to a uid no other live session has (_uids.py) with no capabilities, sets no_new_privs and a
-seccomp filter, and runs cells (_cells.py). After each cell the host asks it to "park" the session:
-kill what the cell left behind and stop the session until its next cell ("resume"). Its death (any cause) makes the kernel kill every process of the session; the
-worker reaps it and reports the wait status. Without root (rootless) the worker first enters a
-user namespace of its own and no cgroups are used; a session then gets its own nested user
-namespace and drops every capability instead of switching uid. In docker mode the container is
-the boundary and a reaper that kills every process of the code's uid replaces the pid namespace.
+seccomp filter, and runs cells (_cells.py) in a root holding the same files as the Docker image
+(_rootfs.py). After each cell the host asks it to "park" the session (_park.py): stop all of it
+and kill what the cell left behind, until its next cell ("resume"). Its death (any cause) makes
+the kernel kill every process of the session; the worker reaps it and reports the wait status.
+Without root (rootless) the worker first enters a user namespace of its own and no cgroups are
+used; a session then gets its own nested user namespace and drops every capability instead of
+switching uid. In docker mode the container is the boundary and a reaper that kills every process
+of the code's uid replaces the pid namespace (_reaper.py).
+
+Nothing a session does may take the worker down (every other session in flight would fail with
+it): whatever it reads from /proc is parsed as bytes by code that cannot raise (_procfs.py), and
+a request that fails anyway costs only its own session.
 """
 
 from __future__ import annotations
@@ -18,15 +24,25 @@ import json
 import os
 import resource
 import selectors
-import shutil
 import signal
 import socket
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings; dropped again in main()
+import _cgroups  # noqa: E402
 from _cells import serve_cells  # noqa: E402
+from _park import (  # noqa: E402
+    STOP_TIMEOUT_S,
+    park_frozen,
+    park_signalled,
+    session_members_by_ns,
+    session_members_by_uid,
+    signal_quietly,
+)
+from _procfs import status_field  # noqa: E402
 from _proto import recv, send  # noqa: E402
+from _reaper import fork_reaper  # noqa: E402
 from _uids import UidPool  # noqa: E402
 
 NOFILE = 1024  # open files per session process
@@ -45,17 +61,23 @@ class Worker:
         self.dirty = False  # docker: the code's uid may have processes or files left
         self.reaper: tuple[int, int] | None = None  # docker: (pid, go-pipe) of a waiting reaper
         self.cgroup_error = ""  # why root mode runs without cgroups (allow_no_cgroups)
-        self.stopped: set[int] = set()
+        self.stopped: dict[int, str] = {}  # sid -> how it is stopped between cells: "freezer" | "signal"
         self.uid_pool: UidPool | None = None  # local, root: a host-wide uid per live session
-        self.uid_locks: dict[
-            int, tuple[int, int]
-        ] = {}  # sid -> (uid, lock fd)  # sids stopped (SIGSTOP) between two cells
+        self.uid_locks: dict[int, tuple[int, int]] = {}  # sid -> (uid, lock fd)
+        self.ns: dict[int, int] = {}  # sid -> its pid namespace (local: to find its processes)
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
+        self.tree = ""  # local: the root file system (sandbox/_rootfs.py)
 
     def setup(self) -> dict:
         import _isolation as iso
 
         self.iso = iso
+        if self.local:  # first, as the plain user: hard links need no namespace games
+            import _rootfs
+
+            self.tree = _rootfs.cached_tree(
+                list(self.cfg["preload"]), self.cfg["rootfs_cache"], self.cfg["rootfs_default"]
+            )
         for mod in self.cfg["preload"]:
             try:
                 __import__(mod)
@@ -66,8 +88,8 @@ class Worker:
         gc.collect()
         gc.freeze()  # children's collections skip the preloaded objects: no walk, no copy-on-write
         self.huge_mb = iso.collapse_heap() >> 20
-        with open("/proc/self/status") as f:  # address space after preloading, for RLIMIT_AS
-            self.base_vm_mb = next(int(ln.split()[1]) >> 10 for ln in f if ln.startswith("VmSize:"))
+        with open("/proc/self/status", "rb") as f:  # address space after preloading, for RLIMIT_AS
+            self.base_vm_mb = int((status_field(f.read(), b"VmSize") or b"0 kB").split()[0]) >> 10
         if self.cfg.get("seccomp"):
             try:
                 self.seccomp = iso.Seccomp(block_network=not self.limits["network"])
@@ -97,7 +119,8 @@ class Worker:
                 _become_child_of_waiter(iso)
             else:
                 try:
-                    self.cgroups = iso.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+                    self.cgroups = _cgroups.Cgroups.create(f"stare-sandbox-{os.getpid()}")
+                    self.cgroups.guard()
                 except OSError as e:
                     if not self.cfg.get("allow_no_cgroups"):
                         raise OSError(
@@ -110,11 +133,11 @@ class Worker:
                 self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
                 self.uid_pool = UidPool()  # opened before build_root hides /run
             self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-            iso.build_root(rootless=self.rootless)
+            iso.build_root(self.tree, rootless=self.rootless)
             if self.rootless:  # the proc of our own pid namespace, mounted by build_root
                 self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
         else:
-            self.reaper = self._fork_reaper()
+            self.reaper = fork_reaper(self.uid(0))
             self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
             for path in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
                 try:
@@ -131,6 +154,8 @@ class Worker:
             "cgroup_error": self.cgroup_error,
             "rootless": self.local and self.rootless,
             "huge_mb": self.huge_mb,
+            "stop": (self.cgroups.freezer_kind if self.cgroups is not None else "") or "SIGSTOP/SIGKILL loop",
+            "root": self.tree,
             "pid": os.getpid(),
         }
 
@@ -140,7 +165,7 @@ class Worker:
         if self.oom_fd is not None:
             for name in ("memory.oom_control", "memory.events"):
                 try:
-                    return self.iso.oom_count(self.oom_fd, name)
+                    return _cgroups.oom_count(self.oom_fd, name)
                 except FileNotFoundError:
                     pass
         return 0
@@ -168,8 +193,9 @@ class Worker:
                             self.park(msg["sid"])
                         elif msg["op"] == "resume":
                             self.resume(msg["sid"])
-                    except OSError as e:  # one failed request must not take the worker down
-                        print(f"sandbox worker: {msg['op']}: {e}", file=sys.stderr)
+                    except Exception as e:  # noqa: BLE001 - one failed request costs its session, not the worker
+                        print(f"sandbox worker: {msg['op']}: {type(e).__name__}: {e}", file=sys.stderr)
+                        self._kill_quietly(msg.get("sid"))
                     for fd in fds:
                         os.close(fd)
                 else:
@@ -196,8 +222,8 @@ class Worker:
             if self.local:
                 self.iso.unshare(self.iso.CLONE_NEWPID)  # the next child is pid 1 of a new namespace
             pid = os.fork()
-        except OSError as e:
-            self.failed(sid, ctl_fd, cg, f"spawn: {e}")
+        except Exception as e:  # noqa: BLE001 - no session process: say why on its channel
+            self.failed(sid, ctl_fd, cg, f"spawn: {type(e).__name__}: {e}")
             return
         finally:
             if pid != 0 and self.local:  # back in the parent: later children stay out of it
@@ -213,12 +239,17 @@ class Worker:
                 finally:
                     os._exit(70)
             try:
-                serve_cells(ctl)  # returns only if the code broke our control channel
+                serve_cells(ctl, self.iso.cancel_timers)  # returns only if the code broke our control channel
             finally:
                 os._exit(70)
         self.cg_fds[sid] = cg  # kept to read the OOM count after the session ends
         self.dirty = True
         self.pids[pid], self.sids[sid] = sid, pid
+        if self.local and self.cgroups is None:  # its processes are found by their pid namespace
+            try:
+                self.ns[sid] = os.stat(f"{pid}/ns/pid", dir_fd=self.procfd).st_ino
+            except OSError:
+                self.ns[sid] = -1  # it died at once: nothing to find
 
     def failed(self, sid: int, ctl_fd: int, cg: list[int], error: str) -> None:
         """No session process exists: say why on its channel, and report it ended."""
@@ -247,7 +278,7 @@ class Worker:
             )
             iso.sethostname("sandbox")
             iso.enter_session_mounts(lim["disk_mb"], uid)
-            iso.join_cgroups(cg)
+            _cgroups.join_cgroups(cg)
             if self.rootless:
                 # A user namespace of its own, entered before RLIMIT_NPROC is lowered: the kernel
                 # then counts this session's processes apart from every other session's.
@@ -285,81 +316,46 @@ class Worker:
         return socket.socket(fileno=3)
 
     def park(self, sid: int) -> None:
-        """After a cell: kill the processes it left behind, then stop the session (SIGSTOP, which
-        the kernel delivers to a namespace's pid 1 from outside) until its next cell, so nothing of
-        it runs between cells. Threads left running in the session process itself cannot be
-        killed one by one: the session is killed instead (the host restarts it at the next cell).
-        Replies {"op": "parked", "sid", "procs": leftovers killed, "threads": leftover threads}."""
-        pid, killed, threads = self.sids.get(sid), set(), 0
+        """After a cell: stop the whole session and kill what the cell left behind (_park.py),
+        until its next cell. Leftover threads of the session's interpreter cannot be killed one by
+        one: the session is killed instead (the host restarts it at the next cell), as it is when
+        it cannot be stopped at all. Replies {"op": "parked", "sid", "procs": leftover processes
+        killed, "threads": leftover threads, and "failed": why, if it had to be killed}."""
+        pid, reply = self.sids.get(sid), {"op": "parked", "sid": sid, "procs": 0, "threads": 0}
         if pid is not None:
-            for _ in range(1000):  # one may fork while we look (not after: a pending SIGKILL stops fork)
-                left = set(self.leftovers(sid, pid)) - killed
-                if not left:
-                    break
-                killed |= left
-                for p in left:
-                    _signal(p, signal.SIGKILL)
-            threads = self.threads(pid) - 1
-            if threads > 0:
-                _signal(pid, signal.SIGKILL)
-            else:
-                _signal(pid, signal.SIGSTOP)
-                self.stopped.add(sid)
-        send(self.sock, {"op": "parked", "sid": sid, "procs": len(killed), "threads": max(threads, 0)})
+            try:
+                deadline = time.monotonic() + STOP_TIMEOUT_S
+                if self.cgroups is not None and self.cgroups.freezer is not None:
+                    self.stopped[sid] = "freezer"
+                    procs, own = park_frozen(self.cgroups, self.cg_fds.get(sid, []), pid, self.procfd, deadline)
+                else:
+                    self.stopped[sid] = "signal"
+                    procs, own = park_signalled(lambda: self.members(sid), pid, self.procfd, deadline)
+                threads = len(own) - (1 if pid in own else 0)  # its main thread gone: the others count
+                reply.update(procs=procs, threads=threads)
+                if threads:
+                    self.kill(sid)
+            except Exception as e:  # noqa: BLE001 - e.g. it did not freeze in time: it ends, nothing else
+                reply["failed"] = f"{type(e).__name__}: {e}"[:500]
+                self._kill_quietly(sid)
+        send(self.sock, reply)
 
     def resume(self, sid: int) -> None:
-        pid = self.sids.get(sid)
-        if pid is not None and sid in self.stopped:
-            self.stopped.discard(sid)
-            _signal(pid, signal.SIGCONT)
+        pid, how = self.sids.get(sid), self.stopped.pop(sid, None)
+        if pid is None:
+            return
+        if how == "freezer":
+            self.cgroups.thaw(self.cg_fds.get(sid, []))
+        elif how == "signal":
+            signal_quietly(pid, signal.SIGCONT)
 
-    def threads(self, pid: int) -> int:
-        try:
-            fd = os.open(f"{pid}/task", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.procfd)
-        except OSError:
-            return 0
-        try:
-            return len(os.listdir(fd))
-        finally:
-            os.close(fd)
-
-    def leftovers(self, sid: int, pid: int) -> list[int]:
-        """Live processes of the session other than its interpreter (zombies excluded)."""
-        if self.cgroups is not None:  # root: the session's cgroup lists them; cheap when there are none
-            tasks = self.cgroups.tasks(self.cg_fds.get(sid, []))
-            if tasks is not None and tasks <= self.threads(pid):
-                return []
-            candidates = self.cgroups.procs(self.cg_fds.get(sid, []))
-        else:
-            candidates = [int(n) for n in os.listdir(self.procfd) if n.isdigit()]
-        mine = self._ns(pid) if self.local else None
-        out = []
-        for p in candidates:
-            if p == pid or p == os.getpid():
-                continue
-            try:
-                fd = os.open(f"{p}/status", os.O_RDONLY, dir_fd=self.procfd)
-                try:
-                    status = os.read(fd, 4096).decode()
-                finally:
-                    os.close(fd)
-            except OSError:
-                continue  # gone already
-            if "\nState:\tZ" in status:
-                continue
-            if self.local:
-                if self.cgroups is None and self._ns(p) != mine:
-                    continue  # another session's, or the worker itself
-            elif f"\nUid:\t{self.uid(sid)}\t" not in status:
-                continue  # docker: only the code's uid (the worker and its reaper are root)
-            out.append(p)
-        return out
-
-    def _ns(self, pid: int) -> int:
-        try:
-            return os.stat(f"{pid}/ns/pid", dir_fd=self.procfd).st_ino
-        except OSError:
-            return -1
+    def members(self, sid: int) -> list[int]:
+        """The session's processes (host pids), zombie leaders with live threads included."""
+        if self.cgroups is not None:
+            return self.cgroups.procs(self.cg_fds.get(sid, []))
+        if self.local:
+            return session_members_by_ns(self.procfd, self.ns.get(sid, -1))
+        return session_members_by_uid(self.procfd, self.uid(sid))
 
     def _free_uid(self, sid: int) -> None:
         held = self.uid_locks.pop(sid, None)
@@ -370,11 +366,21 @@ class Worker:
         pid = self.sids.get(sid)
         if pid is None:
             return
-        self.stopped.discard(sid)
+        how = self.stopped.pop(sid, None)
         if self.local:
-            os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies with it
+            signal_quietly(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies with it
+            if how == "freezer":  # cgroup v1 holds a frozen task's SIGKILL until it thaws
+                self.cgroups.thaw(self.cg_fds.get(sid, []))
         else:
-            self.reap_uid()  # no CAP_KILL in the container: a reaper with the code's uid does it
+            self.reap_uid()  # a reaper with the code's uid kills every process of it
+
+    def _kill_quietly(self, sid: int | None) -> None:
+        """After a failed request: end that session, whatever state it was left in."""
+        try:
+            if sid in self.sids:
+                self.kill(sid)
+        except Exception as e:  # noqa: BLE001 - the worker must go on serving the others
+            print(f"sandbox worker: kill {sid}: {type(e).__name__}: {e}", file=sys.stderr)
 
     def reap(self) -> None:
         while True:
@@ -388,12 +394,16 @@ class Worker:
             if sid is None:
                 continue  # an orphan reparented to us (docker: we are the container's init)
             del self.sids[sid]
-            self.stopped.discard(sid)
+            self.stopped.pop(sid, None)
+            self.ns.pop(sid, None)
             self._free_uid(sid)  # pid 1 of its namespace is reaped last: no process of the uid is left
             if not self.local and self.dirty and not self.sids:  # it died by itself: clean up after it
                 self.reap_uid()
-            oom = self.oom_kills(sid) > (0 if self.local else self.oom_base)
-            self.oom_base = self.oom_kills()
+            try:
+                oom = self.oom_kills(sid) > (0 if self.local else self.oom_base)
+                self.oom_base = self.oom_kills()
+            except OSError:  # unreadable counter: no OOM is claimed
+                oom = False
             if self.cgroups is not None:
                 for fd in self.cg_fds.pop(sid, []):
                     os.close(fd)
@@ -412,7 +422,7 @@ class Worker:
         reaper is forked in advance: a fork bomb at the pids limit cannot stop it being there."""
         self.dirty = False
         for _ in range(2):  # a reaper that died before its turn is replaced once
-            pid, go = self.reaper or self._fork_reaper()
+            pid, go = self.reaper or fork_reaper(self.uid(0))
             self.reaper = None
             try:
                 os.write(go, b"x")
@@ -423,57 +433,19 @@ class Worker:
             finally:
                 os.close(go)
         try:
-            self.reaper = self._fork_reaper()
+            self.reaper = fork_reaper(self.uid(0))
         except OSError:
             pass  # retried at the next reap
 
-    def _fork_reaper(self) -> tuple[int, int]:
-        uid = self.uid(0)
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.closerange(3, r)
-                os.closerange(r + 1, 1 << 20)
-                signal.set_wakeup_fd(-1)
-                if os.read(r, 1) != b"x":  # the worker went away
-                    os._exit(0)
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-                deadline = time.monotonic() + 5
-                while _live_processes(uid) and time.monotonic() < deadline:
-                    try:  # everything we may signal: our uid; a pending SIGKILL also stops fork bombs
-                        os.kill(-1, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    time.sleep(0.001)
-                for d in ("/tmp", "/dev/shm", "/dev/mqueue"):  # mqueue: POSIX message queues
-                    _wipe(d)
-                _wipe_sysv_ipc()  # the container's IPC namespace outlives the session: empty it too
-            finally:
-                os._exit(0)
-        os.close(r)
-        return pid, w
-
     def shutdown(self) -> None:
-        for pid in list(self.pids):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for sid in list(self.sids):
+            self._kill_quietly(sid)  # thaws frozen ones too: they could not die otherwise
         for pid in list(self.pids):
             os.waitpid(pid, 0)
         if self.cgroups is not None:
             for sid in list(self.cg_fds):
                 self.cgroups.remove(sid)
             self.cgroups.close()
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _become_child_of_waiter(iso) -> None:
@@ -486,66 +458,6 @@ def _become_child_of_waiter(iso) -> None:
         _, status = os.waitpid(pid, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     iso.prctl(iso.PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _live_processes(uid: int) -> bool:
-    """Any process of `uid` that is not a zombie (kill() still 'succeeds' on zombies)?"""
-    me = str(os.getpid())
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and pid != me:
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    status = f.read()
-            except OSError:
-                continue
-            if f"\nUid:\t{uid}\t" in status and "\nState:\tZ" not in status:
-                return True
-    return False
-
-
-def _wipe_sysv_ipc() -> None:
-    """Remove every SysV shared memory segment, message queue and semaphore set we may remove
-    (the reaper runs as the code's uid: exactly the ones the code made)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    ipc_rmid = 0
-    for kind, remove in (
-        ("shm", lambda i: libc.shmctl(i, ipc_rmid, None)),
-        ("msg", lambda i: libc.msgctl(i, ipc_rmid, None)),
-        ("sem", lambda i: libc.semctl(i, 0, ipc_rmid)),
-    ):
-        try:
-            with open(f"/proc/sysvipc/{kind}") as f:
-                ids = [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]
-        except OSError:
-            continue
-        for ipc_id in ids:
-            remove(ipc_id)
-
-
-def _wipe(path: str) -> None:
-    def fix(func, p, _exc):  # a dir the code made unreadable: make it ours again, retry
-        os.chmod(os.path.dirname(p) or p, 0o700)
-        if os.path.isdir(p) and not os.path.islink(p):
-            os.chmod(p, 0o700)
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            os.unlink(p)
-
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                os.chmod(entry.path, 0o700)
-                shutil.rmtree(entry.path, onerror=fix)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
 
 
 def main() -> None:

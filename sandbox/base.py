@@ -38,7 +38,7 @@ class ExecStatus(str, Enum):
     OK = "ok"  # the cell ran to the end (or exited with code 0)
     ERROR = "error"  # uncaught exception, syntax error or non-zero exit: the code's fault
     TIMEOUT = "timeout"  # killed at the wall-time limit
-    OOM = "oom"  # killed by the memory limit, or raised MemoryError
+    OOM = "oom"  # killed by the memory limit (the kernel's OOM kill; e2b: its MemoryError report)
     KILLED = "killed"  # died from a signal it brought on itself (segfault, abort, ...)
     OUTPUT_LIMIT = "output_limit"  # killed for writing more than max_output_bytes
     SANDBOX_ERROR = "sandbox_error"  # the infrastructure failed; never the code's fault

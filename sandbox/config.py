@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,7 +50,10 @@ class SandboxConfig:
     workers: int = 2  # cells executing at once; more calls wait in the queue (one per core is right)
     queue_size: int = 1024  # calls allowed to wait for a worker; beyond it a call fails at once
     queue_timeout_s: float = 600.0  # a call that waited this long for a worker fails (sandbox_error)
-    preload: list[str] = field(default_factory=lambda: ["numpy", "sympy"])  # imported once by workers
+    # Imported once by workers; also what the code can import besides the stdlib: the root holds
+    # exactly these packages' distributions with their dependencies, on every backend (the Docker
+    # image is built with the same list: `python -m sandbox.docker.build --packages ...`)
+    preload: list[str] = field(default_factory=lambda: ["numpy", "sympy"])
     env: list[str] = field(default_factory=list)  # extra "KEY=VALUE" variables the code sees
     env_passthrough: list[str] = field(default_factory=list)  # host variable names copied in
     seccomp: bool = True  # local: a seccomp filter (needs libseccomp); False turns it off on purpose
@@ -59,6 +64,9 @@ class SandboxConfig:
     allow_no_seccomp: bool = False
     allow_no_cgroups: bool = False
     spawn_timeout_s: float = 30.0  # a worker/container that is not ready by then is an infra failure
+    # local: where the root file system tree is cached ("" = ~/.cache/stare-sandbox, or a private
+    # directory in the temp dir); one tree per interpreter/packages/programs version, hard links
+    rootfs_cache: str = ""
     docker: DockerConfig = field(default_factory=DockerConfig)
     e2b: E2BConfig = field(default_factory=E2BConfig)
 
@@ -85,6 +93,8 @@ class SandboxConfig:
     def code_env(self, host_env: dict[str, str]) -> dict[str, str]:
         """The environment the code sees: a fixed minimal set plus what the config allows in."""
         env = {
+            # the interpreter's own directory first (a virtualenv's bin): the same on every backend
+            "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
             "TMPDIR": "/tmp",
             "LANG": "C.UTF-8",

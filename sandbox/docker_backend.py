@@ -10,6 +10,9 @@ Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine
   session shares copy-on-write. Processes: `--pids-limit` of `max_processes` + 8.
 - The same worker as the local backend runs inside as the container's init and forks one
   interpreter per session; wall time, output caps and statuses come from the same host-side code.
+  Between cells it stops the session with SIGSTOP/SIGKILL over every process of the code's uid
+  until none can run (sandbox/_park.py). The image holds the same files as the local backend's
+  root (sandbox/_rootfs.py), so a cell finds the same programs and packages.
 - Reuse: when a session ends (or its interpreter dies) a reaper running as the code's uid SIGKILLs
   every process of that uid and empties /tmp, /dev/shm, /dev/mqueue and the SysV IPC tables, then
   the container goes back to a warm pool of `docker.warm`. A container whose worker died is
@@ -26,6 +29,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -116,6 +120,13 @@ class DockerSandbox:
                 f"docker image {image} holds other sandbox code than this checkout: "
                 "rebuild it with `python -m sandbox.docker.build`"
             )
+        wanted = {m.split(".")[0] for m in self.cfg.preload} - set(sys.stdlib_module_names)
+        missing = sorted(wanted - set(labels.get("stare-sandbox.packages", "").split()))
+        if missing:  # the local root holds the preloaded packages: the image must hold the same
+            raise SandboxError(
+                f"docker image {image} was built without {' '.join(missing)} (sandbox.preload): rebuild it with "
+                f"`python -m sandbox.docker.build --packages {' '.join(sorted(set(self.cfg.preload)))}`"
+            )
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
         self.uids = UidPool()
         self.info = {
@@ -126,6 +137,7 @@ class DockerSandbox:
             "seccomp": "Docker's default profile + the sandbox's filter",
             "network": False,
             "uids": "per-container uid from a host-wide pool",
+            "stop": "SIGSTOP/SIGKILL loop",
             "not_enforced": [
                 "per-session uid inside a container (its sessions run one after another, each cleaned up by the reaper)"
             ],

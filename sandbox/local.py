@@ -12,18 +12,23 @@ Guarantees (each has an adversarial test in tests/sandbox/test_sandbox_local.py)
   is killed. status=output_limit, with what was read so far.
 - Network: a new network namespace without configured interfaces (loopback is down), and (with
   libseccomp) a filter allowing only AF_UNIX sockets.
-- Secrets: the code sees a fresh minimal environment, an allow-listed read-only root (system dirs
-  and this interpreter; no home directories, project tree, /var, /run or host /tmp), its own /proc
-  (only its own processes) and runs as an unprivileged uid with no capabilities and
-  no_new_privs. Optional seccomp denies ptrace, mount, user namespaces, bpf, keyctl, io_uring...
+- Secrets and programs: the code sees a fresh minimal environment, a read-only root holding the
+  same files as the Docker image (sandbox/_rootfs.py: the interpreter, its stdlib, the preloaded
+  packages, a few shell utilities and their libraries; no home directories, project tree, /var,
+  /run, host /tmp or host programs), its own /proc (only its own processes) and runs as an
+  unprivileged uid with no capabilities and no_new_privs. Optional seccomp denies ptrace, mount,
+  user namespaces, bpf, keyctl, io_uring...
 - CPU: a cgroup quota of `limits.cpus` per session. Between cells nothing of the session runs:
-  leftover processes are killed, leftover threads restart the session, and it is stopped.
+  it is frozen (cgroup freezer; rootless: stopped by signals), leftover processes are killed,
+  leftover threads restart the session, the timers it armed are disarmed (sandbox/_park.py).
 - Robustness: the host never parses the code's output to decide anything; the status comes from
-  one validated reply per cell on a separate channel and from the kernel (wait status, cgroup OOM
-  counter); anything else on that channel is tampering, scored as failed code. A dead session
-  interpreter is replaced at the next cell (its state is lost); a dead worker is restarted.
+  what the host observes (the cell's pipes, its clock, the kernel's wait status and cgroup OOM
+  counter) and one validated reply per cell carrying its exit code (cell-reported); anything
+  else on that channel is tampering, scored as failed code. Nothing read from /proc can take the
+  worker down (sandbox/_procfs.py). A dead session interpreter is replaced at the next cell (its
+  state is lost); a dead worker is restarted, and the next cell says the state is gone.
 Not covered: kernel exploits (use Docker or a VM for hostile code at scale); the code can forge
-its own cell's reply (nothing more: see sandbox/README.md).
+its own cell's exit code and change what later cells of its session report (see sandbox/README.md).
 Root gives all of the above. Without root the worker runs rootless in a user namespace of its
 own: the same namespaces, root, seccomp and limits, except that memory and processes are bounded
 by per-process rlimits (no cgroups) and each session is uid 0 of its own nested user namespace
@@ -53,7 +58,11 @@ WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py
 
 def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
     """What this sandbox really enforces (from the worker's report), for logs and run summaries."""
-    info = {k: hello[k] for k in ("cgroups", "seccomp", "cpu_quota", "rootless", "cgroup_error") if k in hello}
+    info = {
+        k: hello[k]
+        for k in ("cgroups", "seccomp", "cpu_quota", "rootless", "cgroup_error", "stop", "root")
+        if k in hello
+    }
     info.update(
         backend="local",
         network=cfg.limits.network,
@@ -63,7 +72,8 @@ def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
     weaker = []
     if not hello.get("cgroups"):
         weaker += [
-            "memory summed over a session's processes (RLIMIT_AS per process instead; memfd and SysV shm escape it)",
+            "memory summed over a session's processes (RLIMIT_AS per process instead; memfd and SysV shm "
+            "escape it; a cell over it gets a MemoryError, status error, since no kernel OOM kill is seen)",
             "a pids cgroup (RLIMIT_NPROC in the session's own user namespace instead)",
         ]
     if not hello.get("cpu_quota"):
@@ -114,6 +124,8 @@ class LocalSandbox:
         return self.worker
 
     async def _start_worker(self) -> WorkerClient:
+        from . import _rootfs
+
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = {
             "mode": "local",
@@ -123,9 +135,10 @@ class LocalSandbox:
             "seccomp": self.cfg.seccomp,
             "allow_no_seccomp": self.cfg.allow_no_seccomp,
             "allow_no_cgroups": self.cfg.allow_no_cgroups,
+            "rootfs_cache": self.cfg.rootfs_cache,
+            "rootfs_default": _rootfs.default_cache_dir(),  # ours: the worker's HOME is the code's
         }
         env = self.cfg.code_env(dict(os.environ))
-        env["PATH"] = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
         env.setdefault("USER", "sandbox")
         try:
             self.popen = subprocess.Popen(

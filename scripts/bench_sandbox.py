@@ -7,6 +7,7 @@ a fresh session (`sandbox.run`): a new isolated interpreter every time. Latency 
 sequential calls `--gap-ms` apart (as code calls are spread between an LLM's turns; the gap lets
 the sandbox prepare its next interpreter) for both the sandbox and the baseline; the same figures
 back to back (gap 0, bound by throughput) are printed too. Throughput: 2*n concurrent calls.
+A cell of one open session is timed too, with the part spent stopping the session after it.
 Last line: RESULT trivial_speedup=.. sympy_speedup=.. trivial_calls_per_s=.. (+ more figures).
 """
 
@@ -22,6 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sandbox import SandboxConfig, make_sandbox  # noqa: E402
+from sandbox._client import WorkerClient  # noqa: E402 - its park request is timed
 
 TRIVIAL = "print(1+1)"
 SYMPY = "import sympy; print(sympy.factorint(2**64+1))"
@@ -64,15 +66,30 @@ async def throughput(sb, code: str, n: int) -> float:
     return n / dt
 
 
-async def session_cells(sb, code: str, n: int) -> list[float]:
-    out = []
-    async with sb.session() as s:
-        for _ in range(n):
-            t = time.perf_counter()
-            r = await s.run(code)
-            out.append(time.perf_counter() - t)
-            assert r.status == "ok", r
-    return out
+async def session_cells(sb, code: str, n: int) -> tuple[list[float], list[float]]:
+    """Cells of one open session; also the part of each spent stopping the session after it (the
+    worker's park: freeze or stop loop, leftover check), timed around the client's request."""
+    out, parks = [], []
+    real_park = WorkerClient.park
+
+    async def timed_park(self, sid, timeout):
+        t = time.perf_counter()
+        try:
+            return await real_park(self, sid, timeout)
+        finally:
+            parks.append(time.perf_counter() - t)
+
+    WorkerClient.park = timed_park
+    try:
+        async with sb.session() as s:
+            for _ in range(n):
+                t = time.perf_counter()
+                r = await s.run(code)
+                out.append(time.perf_counter() - t)
+                assert r.status == "ok", r
+    finally:
+        WorkerClient.park = real_park
+    return out, parks
 
 
 def line(name: str, xs: list[float]) -> None:
@@ -88,11 +105,19 @@ async def bench_backend(cfg: SandboxConfig, n: int, gap: float, label: str) -> d
         line(f"{label} (b) sympy", sym)
         b2b = await sequential(sb, TRIVIAL, n)
         line(f"{label} (a) trivial, back to back", b2b)
-        cells = await session_cells(sb, TRIVIAL, n)
+        cells, parks = await session_cells(sb, TRIVIAL, n)
         line(f"{label} (a) as a cell of one open session", cells)
+        line(f"{label}   of which stopping the session after it", parks)
         cps = await throughput(sb, TRIVIAL, 2 * n)
         print(f"{label}: {cfg.workers} workers, {2 * n} concurrent trivial calls: {cps:.1f} calls/s")
-    return {"triv": pct(triv, 0.5), "sym": pct(sym, 0.5), "cps": cps, "cell": pct(cells, 0.5), "b2b": pct(b2b, 0.5)}
+    return {
+        "triv": pct(triv, 0.5),
+        "sym": pct(sym, 0.5),
+        "cps": cps,
+        "cell": pct(cells, 0.5),
+        "park": pct(parks, 0.5),
+        "b2b": pct(b2b, 0.5),
+    }
 
 
 def docker_ready(cfg: SandboxConfig) -> str:
@@ -129,6 +154,7 @@ def main() -> None:
         "trivial_speedup_back_to_back": pct(b_triv, 0.5) / local["b2b"],
         "local_trivial_p50_ms": local["triv"] * 1e3,
         "local_cell_p50_ms": local["cell"] * 1e3,
+        "local_park_p50_ms": local["park"] * 1e3,
         "baseline_trivial_p50_ms": pct(b_triv, 0.5) * 1e3,
     }
     dcfg = SandboxConfig(backend="docker", workers=args.workers)

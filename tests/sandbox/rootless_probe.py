@@ -10,6 +10,8 @@ import sys
 import tempfile
 import time
 
+import attacks  # noqa: E402 - next to this script (sys.path[0])
+
 from sandbox import Limits, SandboxConfig, make_sandbox
 
 CODE_PROBE = """import os
@@ -24,9 +26,10 @@ async def probe() -> dict:
     fd, marker = tempfile.mkstemp(prefix="rootless-probe-", dir="/tmp")  # must stay invisible to the code
     os.write(fd, b"host")
     os.close(fd)
-    limits = Limits(wall_time_s=3.0, memory_mb=256, max_output_bytes=4096, disk_mb=16, max_processes=32)
+    limits = Limits(wall_time_s=10.0, memory_mb=256, max_output_bytes=1 << 16, disk_mb=16, max_processes=32)
     out: dict = {"euid": os.geteuid()}
-    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=2)) as sb:
+    cache = sys.argv[1] if len(sys.argv) > 1 else ""  # the root file system tree goes there
+    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=2, rootfs_cache=cache)) as sb:
         out["info"] = sb.info
         r = await sb.run(CODE_PROBE)
         out["probe"] = [r.status.value, r.stdout]
@@ -34,7 +37,7 @@ async def probe() -> dict:
             out["state"] = [(await s.run("x = 41")).status.value, (await s.run("print(x + 1)")).stdout]
             out["write_tmp"] = (await s.run("open('/tmp/mine', 'w').write('a')")).status.value
             t0 = time.monotonic()
-            r = await s.run("while True: pass")
+            r = await s.run("while True: pass", timeout=3.0)
             out["timeout"] = [r.status.value, round(time.monotonic() - t0, 1)]
             out["after_timeout"] = (await s.run("print('x' in dir())")).stdout
         async with sb.session() as s:  # between cells: leftovers killed, threads restart, session stopped
@@ -53,7 +56,8 @@ async def probe() -> dict:
         r = await sb.run("import socket; socket.socket().connect(('127.0.0.1', 22))")
         out["network"] = [r.status.value, r.stderr.strip().splitlines()[-1] if r.stderr else ""]
         out["write_usr"] = (await sb.run("open('/usr/x', 'w')")).stderr.strip().splitlines()[-1]
-        out["memory"] = (await sb.run("b = bytearray(600 << 20)")).status.value
+        r = await sb.run("b = bytearray(600 << 20)")
+        out["memory"] = [r.status.value, r.stderr]
         out["setuid"] = (await sb.run("import os; os.setuid(1)")).stderr.strip().splitlines()[-1]
         out["unshare"] = (
             await sb.run(
@@ -70,6 +74,7 @@ async def probe() -> dict:
         a, b = await asyncio.gather(sb.run(bomb), sb.run(bomb))
         out["bombs"] = [[a.status.value, a.stdout.strip()], [b.status.value, b.stdout.strip()]]
         out["after_bombs"] = (await sb.run("print('ok')")).stdout
+        out.update(await attacks.between_cells(sb))
     os.unlink(marker)
     return out
 

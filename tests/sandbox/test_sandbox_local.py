@@ -57,11 +57,30 @@ def test_bounded_queue_fails_clearly_and_drops_nothing(make_box):
     assert all(results[i].stdout == f"{i}\n" for i in ok)
 
 
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is `pid` (zombies, which are dead, excluded)."""
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            out.append(int(p))
+    return out
+
+
 def test_dead_worker_is_replaced(sb):
     with sb.session() as s:
-        assert s.run("v = 1").ok
-        os.kill(sb.sandbox.popen.pid, signal.SIGKILL)
-        time.sleep(0.2)
+        assert s.run("v = 1").ok  # the session is now frozen until its next cell
+        worker = sb.sandbox.popen.pid
+        assert _children(worker)
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while _children(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _children(worker), "sessions of a killed worker live on (frozen, holding their SIGKILL)"
         r = s.run("print('v' in dir())")
         assert r.status == "ok" and r.stdout == "False\n", r  # a new worker, a new interpreter
     assert sb.run("print(2)").stdout == "2\n"

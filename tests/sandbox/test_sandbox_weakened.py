@@ -15,12 +15,11 @@ pytestmark = pytest.mark.xdist_group("sandbox-local")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def seen() -> dict:
+def probe(mode: str) -> dict:
     if os.geteuid() != 0:
         pytest.skip("hiding cgroups and libseccomp in a private mount namespace needs root")
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("weakened_probe.py"))],
+        [sys.executable, str(Path(__file__).with_name("weakened_probe.py")), mode],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -29,6 +28,11 @@ def seen() -> dict:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def seen() -> dict:
+    return probe("hide-all")
 
 
 def test_without_cgroups_it_refuses_to_start_and_names_the_key(seen):
@@ -47,4 +51,17 @@ def test_when_allowed_it_runs_and_reports_what_is_weaker(seen):
     assert info["cgroups"] is False and info["seccomp"] is False and info["cgroup_error"], info
     weaker = " | ".join(info["not_enforced"])
     assert "memory summed" in weaker and "CPU quota" in weaker and "seccomp" in weaker, weaker
-    assert got["memory"] == "oom"  # the rlimit fallback still stops one big allocation
+    status, stderr = got["memory"]  # the rlimit fallback still stops one big allocation
+    assert status == "error" and "MemoryError" in stderr, got["memory"]
+
+    # without cgroups, root: sessions are found by their pid namespace and stopped by signals
+    assert info["stop"] == "SIGSTOP/SIGKILL loop" and got["attacks"] == [], got["attacks"]
+
+
+def test_on_a_hybrid_host_without_a_v1_freezer_sessions_freeze_in_cgroup_v2():
+    if not (os.path.ismount("/sys/fs/cgroup/freezer") and os.path.ismount("/sys/fs/cgroup/unified")):
+        pytest.skip("not a hybrid cgroup host with a v1 freezer to take away (pure v2 hosts freeze in v2 anyway)")
+    got = probe("v2-freezer")["v2_freezer"]
+    assert "info" in got, got
+    assert got["info"]["stop"] == "cgroup v2 cgroup.freeze", got["info"]
+    assert got["attacks"] == [], got["attacks"]

@@ -34,7 +34,7 @@ PROBLEM = {"id": "t0", "problem": "What is 6 * 7?", "answer": "42"}
 FORGE = (
     "import os, json, struct, threading\n"
     "def frame(cell):\n"
-    "    h = json.dumps({'op': 'done', 'cell': cell, 'exit_code': 0, 'exc': None}).encode()\n"
+    "    h = json.dumps({'op': 'done', 'cell': cell, 'exit_code': 0}).encode()\n"
     "    os.write(3, struct.pack('!II', len(h), 0) + h)\n"
     "def flood():\n"
     "    for n in range(10 ** 7):\n"

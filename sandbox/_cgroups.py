@@ -1,0 +1,307 @@
+"""Per-session cgroups for the local backend (root): limits and the freezer. Stdlib only.
+
+Each session gets a group below one owned by the worker in every hierarchy used: memory + pids
+(+ cpu) for its limits (cgroup v1 or v2), and a freezer, which stops every task of the session at
+once between cells (v1 `freezer.state`; v2 `cgroup.freeze`, also on hybrid hosts whose v1 side
+has no freezer). A frozen group lists its live threads (v1 `tasks`, v2 `cgroup.threads`),
+threads of a zombie leader included, so leftovers are counted by thread, never by process state.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+from _procfs import cgroup_mounts, cgroup_paths, freezer_state, int_list, keyed_counter, read_at
+
+CPU_PERIOD_US = 100_000
+
+
+def _mounts_and_own() -> tuple[dict[str, str], dict[str, str]]:
+    """{controller: mount point} ("" = cgroup2) and {controller: our own group path}."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        mounts = cgroup_mounts(f.read())
+    with open("/proc/self/cgroup", "rb") as f:
+        return mounts, cgroup_paths(f.read())
+
+
+class Cgroups:
+    """The worker's parent groups; `make` adds one group per session in each."""
+
+    def __init__(self, name: str, dirs: list[str], v2: bool, cpu: bool, freezer: int | None, freezer_v2: bool):
+        self.name, self.v2, self.cpu = name, v2, cpu  # v2: the limits are cgroup v2's
+        self.freezer, self.freezer_v2 = freezer, freezer_v2  # index into dirs, or None
+        self.grandparents, self.parents = [], []
+        for i, d in enumerate(dirs):
+            try:
+                self._add(d)
+            except OSError:
+                if i != freezer or i == 0:
+                    raise
+                self.freezer = None  # a freezer-only hierarchy we may not use: stop by signals instead
+
+    def _add(self, d: str) -> None:
+        _remove_stale(d)  # groups left by workers that were killed: empty, so rmdir is safe
+        gfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                os.mkdir(self.name, dir_fd=gfd)
+            except FileExistsError:
+                pass
+            self.parents.append(os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=gfd))
+        except OSError:
+            os.close(gfd)
+            raise
+        self.grandparents.append(gfd)
+
+    @classmethod
+    def create(cls, name: str) -> Cgroups:
+        """Make `name` below our own cgroup(s); OSError saying why when cgroups cannot be used here."""
+        mounts, own = _mounts_and_own()
+        try:
+            if "memory" in mounts and "pids" in mounts:  # cgroup v1 limits
+                ctrls = ["memory", "pids"] + (["cpu"] if "cpu" in mounts and "cpu" in own else [])
+                dirs = [mounts[c] + own[c] for c in ctrls]
+                freezer, freezer_v2 = None, False
+                if "freezer" in mounts and "freezer" in own:
+                    freezer = len(dirs)
+                    dirs.append(mounts["freezer"] + own["freezer"])
+                elif "" in mounts and "" in own and os.access(mounts[""] + own[""], os.W_OK):
+                    freezer, freezer_v2 = len(dirs), True  # hybrid host: freeze in the v2 tree
+                    dirs.append(mounts[""] + own[""])
+                return cls(name, dirs, v2=False, cpu="cpu" in ctrls, freezer=freezer, freezer_v2=freezer_v2)
+            if "" in mounts:  # cgroup v2: needs memory+pids delegated to our own group
+                base = mounts[""] + own[""]
+                with open(os.path.join(base, "cgroup.controllers")) as f:
+                    have = set(f.read().split())
+                if not {"memory", "pids"} <= have:
+                    raise OSError(
+                        errno.EPERM,
+                        f"cgroup v2 at {base} does not delegate memory and pids "
+                        f"(it has: {' '.join(sorted(have)) or 'none'})",
+                    )
+                enable = "+memory +pids" + (" +cpu" if "cpu" in have else "")
+                with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
+                    f.write(enable)
+                group = cls(name, [base], v2=True, cpu="cpu" in have, freezer=0, freezer_v2=True)
+                with open(os.path.join(base, name, "cgroup.subtree_control"), "w") as f:
+                    f.write(enable)
+                return group
+        except KeyError as e:
+            raise OSError(errno.ENOENT, f"this process is in no {e} cgroup") from None
+        raise OSError(errno.ENOENT, "no cgroup v1 memory+pids hierarchies and no cgroup v2 mounted")
+
+    @property
+    def freezer_kind(self) -> str:
+        if self.freezer is None:
+            return ""
+        return "cgroup v2 cgroup.freeze" if self.freezer_v2 else "cgroup v1 freezer"
+
+    def make(self, sid: int, memory_mb: int, max_processes: int, cpus: float) -> list[int]:
+        """Create the session's groups with their limits; returns directory fds to join."""
+        fds = []
+        quota = max(1000, int(cpus * CPU_PERIOD_US))
+        limits = (
+            {"memory.max": memory_mb << 20, "memory.swap.max": 0, "pids.max": max_processes}
+            if self.v2
+            else {
+                "memory.limit_in_bytes": memory_mb << 20,
+                "memory.memsw.limit_in_bytes": memory_mb << 20,
+                "pids.max": max_processes,
+            }
+        )
+        if self.cpu:  # each file exists in one of the groups only (v1); the others skip it below
+            limits.update(
+                {"cpu.max": f"{quota} {CPU_PERIOD_US}"}
+                if self.v2
+                else {"cpu.cfs_period_us": CPU_PERIOD_US, "cpu.cfs_quota_us": quota}
+            )
+        try:
+            for i, pfd in enumerate(self.parents):
+                os.mkdir(f"s{sid}", dir_fd=pfd)
+                fd = os.open(f"s{sid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pfd)
+                fds.append(fd)
+                if i == self.freezer and i > 0 and not self.v2:
+                    continue  # a freezer-only hierarchy: no limit files
+                for key, value in limits.items():
+                    try:
+                        _write_at(fd, key, str(value))
+                    except FileNotFoundError:  # memsw/swap files exist only with swap accounting
+                        pass
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            self.remove(sid)
+            raise
+        return fds
+
+    def guard(self) -> None:
+        """Fork a process that thaws every session group of this worker once the worker is gone.
+        A worker killed while sessions are frozen sends them SIGKILL (PDEATHSIG), which cgroup v1
+        holds until they thaw: without the guard they would stay, frozen, until the next worker
+        on the host removes stale groups (v2 delivers it to frozen tasks by itself)."""
+        if self.freezer is None or self.freezer_v2:
+            return
+        parent = self.parents[self.freezer]
+        r, w = os.pipe()
+        if os.fork() == 0:
+            try:
+                os.setsid()  # outside the worker's process group: a kill of that group spares it
+                low = 0
+                for keep in sorted((r, parent)):
+                    os.closerange(low, keep)
+                    low = keep + 1
+                os.closerange(low, 1 << 20)
+                while os.read(r, 1):  # b"" once every copy of the write end is closed: the worker died
+                    pass
+                for sub in os.listdir(parent):
+                    try:
+                        fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=parent)
+                        _write_at(fd, "freezer.state", "THAWED")
+                    except OSError:
+                        pass
+            finally:
+                os._exit(0)
+        os.close(r)
+        self.guard_fd = w  # inheritable by nothing: O_CLOEXEC, and sessions close their fds
+
+    def _freezer_fd(self, fds: list[int]) -> int | None:
+        return fds[self.freezer] if self.freezer is not None and len(fds) > self.freezer else None
+
+    def freeze(self, fds: list[int], timeout: float) -> None:
+        """Stop every task of the session, threads and tasks forked meanwhile included; returns
+        once the kernel says the group is frozen, else raises TimeoutError."""
+        fd = self._freezer_fd(fds)
+        if self.freezer_v2:
+            _write_at(fd, "cgroup.freeze", "1")
+        else:
+            _write_at(fd, "freezer.state", "FROZEN")
+        deadline, pause = time.monotonic() + timeout, 0.00005
+        while not self._frozen(fd):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the session's cgroup did not freeze within {timeout:g}s")
+            # yield the CPU: the session's tasks must run to reach the freezer (2 cores, many jobs)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+
+    def _frozen(self, fd: int) -> bool:
+        if self.freezer_v2:
+            return keyed_counter(read_at(fd, "cgroup.events") or b"", b"frozen") == 1
+        return freezer_state(read_at(fd, "freezer.state") or b"") == b"FROZEN"
+
+    def thaw(self, fds: list[int]) -> None:
+        fd = self._freezer_fd(fds)
+        if fd is not None:
+            _write_at(fd, "cgroup.freeze" if self.freezer_v2 else "freezer.state", "0" if self.freezer_v2 else "THAWED")
+
+    def threads(self, fds: list[int]) -> list[int] | None:
+        """Live threads (host tids) in the session's freezer group; None without a freezer."""
+        fd = self._freezer_fd(fds)
+        if fd is None:
+            return None
+        data = read_at(fd, "cgroup.threads" if self.freezer_v2 else "tasks", 1 << 22)
+        return None if data is None else int_list(data)
+
+    def release(self, fds: list[int], pid: int) -> None:
+        """Let a killed process of a frozen session die now: v1 holds a frozen task's SIGKILL
+        until it thaws, so the process moves to the worker's (thawed) freezer group; v2 delivers
+        fatal signals to frozen tasks by itself."""
+        if self.freezer is not None and not self.freezer_v2:
+            try:
+                _write_at(self.parents[self.freezer], "cgroup.procs", str(pid))
+            except ProcessLookupError:
+                pass
+
+    def procs(self, fds: list[int]) -> list[int]:
+        """Host pids of the session's processes (a zombie leader with live threads included)."""
+        for fd in fds:
+            data = read_at(fd, "cgroup.procs", 1 << 22)
+            if data is not None:
+                return int_list(data)
+        return []
+
+    def oom_kills(self, fds: list[int]) -> int:
+        key = "memory.events" if self.v2 else "memory.oom_control"
+        for fd in fds:
+            try:
+                return oom_count(fd, key)
+            except FileNotFoundError:
+                continue
+        return 0
+
+    def remove(self, sid: int) -> bool:
+        ok = True
+        for pfd in self.parents:
+            try:
+                os.rmdir(f"s{sid}", dir_fd=pfd)
+            except FileNotFoundError:
+                pass
+            except OSError:  # EBUSY while the kernel finishes tearing the session down
+                ok = False
+        return ok
+
+    def close(self) -> None:
+        for pfd, gfd in zip(self.parents, self.grandparents):
+            try:
+                os.rmdir(self.name, dir_fd=gfd)
+            except OSError:
+                pass
+            os.close(pfd)
+            os.close(gfd)
+
+
+def _remove_stale(d: str) -> None:
+    """Remove the groups of workers that are gone. A session its worker left frozen (killed while
+    idle) holds the SIGKILL its worker's death sent it until it thaws (cgroup v1): thaw it first."""
+    for old in os.listdir(d):
+        pid = old.rpartition("-")[2]
+        if old.startswith("stare-sandbox-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            for sub in os.listdir(os.path.join(d, old)):
+                if sub.startswith("s") and sub[1:].isdigit():
+                    path = os.path.join(d, old, sub)
+                    for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                        try:
+                            with open(os.path.join(path, name), "w") as f:
+                                f.write(value)
+                        except OSError:
+                            pass
+                    for _ in range(50):  # the thawed tasks die at once; their group empties after
+                        if _rmdir_quietly(path):
+                            break
+                        time.sleep(0.001)
+            _rmdir_quietly(os.path.join(d, old))
+
+
+def _rmdir_quietly(path: str) -> bool:
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def _write_at(dir_fd: int, name: str, value: str) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def join_cgroups(fds: list[int]) -> None:
+    for fd in fds:
+        _write_at(fd, "cgroup.procs", "0")  # "0" = the writing process
+        os.close(fd)
+
+
+def oom_count(dir_fd: int, name: str) -> int:
+    """OOM kills so far in a memory cgroup (v1 memory.oom_control, v2 memory.events)."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    return keyed_counter(data, b"oom_kill") or 0
