@@ -7,6 +7,7 @@ steps of the same run, so the whole test costs one start-up."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from pathlib import Path
 
@@ -57,6 +58,14 @@ RUNS = {
         "stare/reweighted_frac",
     ),
 }
+
+
+def missing_from_metrics_doc(keys) -> str:
+    """tests/core/test_core_metrics_doc.py's check (tests are no package: load it by path)."""
+    spec = importlib.util.spec_from_file_location("metrics_doc", ROOT / "tests" / "core" / "test_core_metrics_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.missing_from_doc(keys)
 
 
 def first_weight(run) -> torch.Tensor:
@@ -118,3 +127,6 @@ def test_every_baseline_trains_the_tiny_config_and_logs_selected_frac(tmp_path):
     off = trained["official"]
     assert off["update/pg/ratio_max"] == 1.0 and off["update/pg/approx_kl"] == 0.0
     assert off["update/pg/clipfrac_high"] == off["update/pg/clipfrac_low"] == 0.0
+    # Every key the methods wrote is described in docs/metrics.md.
+    keys = {k for m in trained.values() for k in m}
+    assert not missing_from_metrics_doc(keys), missing_from_metrics_doc(keys)
