@@ -218,6 +218,7 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("x \\ge 1 \\text{ and } x \\le 4", "\\boxed{[1, 4)}", False, "solved"),
     # ---- trigonometric identities
     ("1", "\\boxed{\\sin^2\\theta + \\cos^2\\theta}", True, "trig"),
+    ("1", "\\boxed{\\sin^2\\theta - \\cos^2\\theta}", False, "trig"),
     ("\\sin 2x", "\\boxed{2\\sin x\\cos x}", True, "trig"),
     ("\\sin 2x", "\\boxed{2\\sin x}", False, "trig"),
     ("\\cos 2\\theta", "\\boxed{1 - 2\\sin^2\\theta}", True, "trig"),
