@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import re
 
+from envs.extract_prose import answer_in_prose, join_spans, math_spans
+
 __all__ = ["extract_answer"]
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
@@ -67,10 +69,11 @@ def _find_boxed(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
-# What may stand between two boxes of one multi-part answer.
+# What may stand between two boxes of one multi-part answer (a label "x =" included:
+# "x = \\boxed{-2} \\text{ or } x = \\boxed{3}").
 _BOX_JOIN_RE = re.compile(
     r"(?:\s|\$|,|;|\.|&|\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:text|textrm|mbox)\{\s*(?:and|or|,)?\s*\}"
-    r"|\band\b|\bor\b|\\\[|\\\])*"
+    r"|\band\b|\bor\b|\\\[|\\\]|\\\(|\\\)|[a-zA-Z](?:_\{?\w+\}?)?\s*=)*"
 )
 
 
@@ -87,9 +90,15 @@ def _last_boxed(text: str) -> str | None:
     return ", ".join(p[2].strip() for p in parts)
 
 
+# Where an answer line starts ("The final answer is", "Answer:", "the answers are", "the correct
+# option is", "答案：", "故选", GSM8K's "####"); group 1 is the rest of the text.
 _FINAL_RE = re.compile(
-    r"(?:(?:final\s+answer|the\s+answer)\s*(?:is\s*:?|:|=)|final\s+answer\s*\*\*\s*:?\s*(?=\n)|"
-    r"(?:^|\n)\s*\**answer\b\**\s*:?)[ \t]*\n?[ \t]*(.+)",
+    r"(?:\banswers?\s*(?:is|are|was|would\s+be|should\s+be|will\s+be)?\s*[:：=]"
+    r"|\banswers?\s+(?:is|are|was|would\s+be|should\s+be|will\s+be)\b\s*:?"
+    r"|final\s+answer\s*\*\*\s*:?\s*(?=\n)|(?:^|\n)\s*\**answer\b\**\s*:?"
+    r"|\b(?:option|choice)\s+(?:is|would\s+be)\b\s*:?"
+    r"|答案\s*(?:是|为|為|应为|應為)?\s*[:：]?|(?:故|所以|因此|应|應)选\s*[:：]?"
+    r"|(?:^|\n)[ \t]*####)[ \t]*\n?[ \t]*(.+)",
     re.IGNORECASE,
 )
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
@@ -113,13 +122,15 @@ _MATH_WORDS = {
     "to",
 }
 _DISPLAY_RE = re.compile(r"\s*(\\\[|\$\$)(.*?)(\\\]|\$\$)", re.DOTALL)
+_OPTION_RE = re.compile(r"\s*(?:(?:option|choice)\s+)?\(?([A-E])\)?(?=[\s,.;:!?。，]|$)", re.IGNORECASE)
+_NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*%?)\s+[A-Za-z][A-Za-z' -]*")
+_SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
 
 
-def _first_math_span(s: str) -> str | None:
-    m = re.search(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", s, re.DOTALL)
-    if not m:
-        return None
-    return next(g for g in m.groups() if g is not None)
+def _first_span_run(sentence: str) -> str | None:
+    """The first math span of a sentence with the spans joined to it by connectors only."""
+    spans = math_spans(sentence)
+    return join_spans(spans, sentence, forward=True) if spans else None
 
 
 def _from_final_line(text: str) -> str | None:
@@ -136,19 +147,30 @@ def _from_final_line(text: str) -> str | None:
         return boxed
     if re.search(r"\\(?:boxed|fbox)", rest):  # a \boxed{ cut off (truncated response): no answer
         return None
-    # Cut at the end of the sentence ("42. I hope it is correct."), not inside decimals or $...$.
-    masked = re.sub(r"\$[^$]*\$", lambda m: "x" * len(m.group()), rest)
-    cut = re.search(r"(?<!\d)\.(?:\s|$)|\.\s", masked)
+    # Cut at the end of the sentence ("42. I hope it is correct."), not inside decimals or math.
+    spans = math_spans(rest)
+    masked = list(rest)
+    for a, b, _ in spans:
+        masked[a:b] = "x" * (b - a)
+    masked_text = "".join(masked)
+    cut = _SENTENCE_CUT_RE.search(masked_text)
     sentence = rest[: cut.start()] if cut else rest
     # "The volume of $ABC$ is 120": the value follows the last " is ".
-    is_m = list(re.finditer(r"\bis\b", masked[: len(sentence)]))
+    is_m = list(re.finditer(r"\bis\b", masked_text[: len(sentence)]))
     if is_m:
         sentence = sentence[is_m[-1].end() :]
-    if re.match(r"\s*(?:\([A-E]\)|[A-E][.:])(?:\s|$)", sentence):  # "(C) $42$": the option is the answer
-        return sentence.strip().rstrip(".")
-    math = _first_math_span(sentence)
+    sentence = sentence.strip().strip("*").strip()
+    if re.match(r"(?:\([A-E]\)|[A-E][.:])\s+\S", sentence) and math_spans(sentence):
+        return sentence.rstrip(".")  # "(C) $42$": the option with its value
+    option = _OPTION_RE.match(sentence)
+    if option and not math_spans(sentence):  # "(B).", "option A", "C, because ..."
+        return option.group(1).upper()
+    math = _first_span_run(sentence)
     ans = math if math is not None else sentence
     ans = ans.strip().strip("*").strip()
+    words = _NUMBER_THEN_WORDS_RE.fullmatch(ans)
+    if math is None and words:  # "12 apples": the number (units are the comparison's business)
+        ans = words.group(1)
     return ans or None
 
 
@@ -198,7 +220,9 @@ def _extract_in(text: str, boxed_only: bool) -> str | None:
         return whole.group(2).strip()
     if stripped and _is_bare_answer(stripped):
         return stripped
-    return None
+    if _BOXED_RE.search(text):  # a \boxed{ left unclosed: a truncated response concluded nothing
+        return None
+    return answer_in_prose(text)
 
 
 def extract_answer(response: str, *, boxed_only: bool = False) -> str | None:
@@ -208,8 +232,9 @@ def extract_answer(response: str, *, boxed_only: bool = False) -> str | None:
     text = _strip_template(response)
     close = text.rfind("</think>")
     if close >= 0:
-        after = _extract_in(text[close + len("</think>") :], boxed_only)
-        if after is not None:
-            return after
+        after = text[close + len("</think>") :]
+        answer = _extract_in(after, boxed_only)
+        if answer is not None or after.strip():
+            return answer  # text after the thinking, without an answer: the thinking's is not final
         text = text[:close]
     return _extract_in(text, boxed_only)
