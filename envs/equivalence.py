@@ -12,9 +12,12 @@ same structure walk, inside the grading worker process.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from fractions import Fraction
 
+from envs.forms import base_numerals_equal, clock_seconds, words_number
 from envs.normalize import _match_brace, _squash, normalize_answer
-from envs.numbers import numbers_equal, parse_number
+from envs.numbers import Num, numbers_equal, parse_number
 from envs.structure import (
     _CLOSE,
     _FLIP,
@@ -25,6 +28,7 @@ from envs.structure import (
     Undecided,
     compare_structures,
     parse_structure,
+    solution_pair,
 )
 
 __all__ = [
@@ -56,18 +60,32 @@ def _compare_choice(pred: str, gold: str) -> bool | None:
 _PLAIN_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z\s'\-]*$")
 
 
-def fast_scalar_eq(pred: str, gold: str) -> bool:
-    """Scalar equivalence decidable without algebra; raises NeedSymbolic otherwise."""
+def fast_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool:
+    """Scalar equivalence decidable without algebra; raises NeedSymbolic otherwise.
+    finer_decimals: the decimal rule's switch (`envs.numbers.numbers_equal`)."""
     a, b = _squash(pred), _squash(gold)
     if a == b:
         return True
     na, nb = parse_number(pred), parse_number(gold)
     if na is not None and nb is not None:
-        return numbers_equal(na, nb)
+        return numbers_equal(na, nb, finer_decimals=finer_decimals)
+    base = base_numerals_equal(pred, gold)
+    if base is not None:  # "4210_7" vs "4210_{7}" / "4210"
+        return base
+    ta, tb = clock_seconds(pred), clock_seconds(gold)
+    if ta is not None and tb is not None:  # "20:34" vs "08:34 P.M."
+        return ta == tb
     ca, cb = _CHOICE_RE.match(a), _CHOICE_RE.match(b)
     if ca and cb:
         return ca.group(1).upper() == cb.group(1).upper() if len(a) > 1 or len(b) > 1 else a == b
     wa, wb = _PLAIN_WORDS_RE.match(pred.strip()), _PLAIN_WORDS_RE.match(gold.strip())
+    word_a = words_number(pred) if wa else None
+    word_b = words_number(gold) if wb else None
+    if (word_a is not None or word_b is not None) and (word_a is not None or na) and (word_b is not None or nb):
+        # "twenty-five" vs "25" (or vs "twenty five"): the integers the words name
+        num_a = na if word_a is None else Num(Fraction(word_a), False, None)
+        num_b = nb if word_b is None else Num(Fraction(word_b), False, None)
+        return numbers_equal(num_a, num_b, finer_decimals=finer_decimals)
     if wa and wb and (len(a) > 2 or len(b) > 2):  # words ("Evelyn", "odd"), not products like "xy"
         return a.lower() == b.lower()
     if (wa and len(a) > 2 and nb is not None) or (wb and len(b) > 2 and na is not None):
@@ -101,8 +119,16 @@ def _depth(s: str) -> int:
     return best
 
 
-def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:
-    """Full comparison of two normalized answers with the given scalar/relation comparators."""
+def compare_normalized(
+    pred: str,
+    gold: str,
+    scalar_eq: ScalarEq,
+    relation_eq: RelationEq,
+    sets_eq: Callable[[tuple, tuple], bool] | None = None,
+) -> bool:
+    """Full comparison of two normalized answers with the given scalar/relation comparators.
+    sets_eq: compares two conditions on one variable by their solution sets (`solution_pair`);
+    without it (the fast stage) such a pair raises NeedSymbolic."""
     if _squash(pred) == _squash(gold):
         return True
     choice = _compare_choice(pred, gold)
@@ -112,12 +138,18 @@ def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: R
         return False  # no real answer is this long or deep: spare the structure walk
     undecided: Undecided | None = None
     try:
-        if compare_structures(parse_structure(pred), parse_structure(gold), scalar_eq, relation_eq):
+        p, g = parse_structure(pred), parse_structure(gold)
+        if compare_structures(p, g, scalar_eq, relation_eq):
             return True
     except RecursionError:
         return False
     except Undecided as e:
         undecided = e
+    if solution_pair(p, g):  # "x^2 = 4" vs "x = 2 or x = -2"
+        if sets_eq is None:
+            raise NeedSymbolic("solution sets")
+        if sets_eq(p, g):
+            return True
     # Decimal comma ("1000,99" for 1000.99) when the other side is a decimal number.
     a, b = _squash(pred), _squash(gold)
     if (

@@ -24,9 +24,10 @@ import re
 __all__ = ["HEDGE_RE", "answer_in_prose", "join_spans", "math_spans"]
 
 # Math delimiters; `\$` (an escaped dollar, a currency sign inside math) never opens or closes.
+# (Bounded lengths: an unclosed delimiter scans a bounded stretch, never the rest of the text.)
 _SPAN_RE = re.compile(
-    r"(?<!\\)\$\$(?P<dd>.+?)(?<!\\)\$\$|\\\[(?P<db>.+?)\\\]|\\\((?P<ip>.+?)\\\)"
-    r"|(?<![\\$])\$(?!\$)(?P<id>(?:\\\$|[^$])+?)(?<!\\)\$",
+    r"(?<!\\)\$\$(?P<dd>.{1,3000}?)(?<!\\)\$\$|\\\[(?P<db>.{1,3000}?)\\\]|\\\((?P<ip>.{1,3000}?)\\\)"
+    r"|(?<![\\$])\$(?!\$)(?P<id>(?:\\\$|[^$]){1,3000}?)(?<!\\)\$",
     re.DOTALL,
 )
 _CODE_RE = re.compile(r"<code>.*?(?:</code>|$)|```.*?(?:```|$)|<interpreter>.*?(?:</interpreter>|$)", re.DOTALL)
@@ -55,6 +56,7 @@ _CONNECTOR_RE = re.compile(r"(?:\s|,|;|\\(?:text|mbox)\{\s*(?:and|or)\s*\}|\band
 _LONE_NAME_RE = re.compile(r"^\s*(?:\\(?!pi\b|infty\b)[a-zA-Z]+|[a-zA-Z]{1,3})(?:_\{?\w+\}?)?'*\s*$")
 _CONSTANT_NAMES = {"e", "i", "\\pi", "\\infty"}
 _MAX_REMARK_CHARS = 200  # what may follow the concluding sentence ("This completes the proof.")
+_WINDOW_CHARS = 6000  # the conclusion is read from the end of the text
 
 
 def math_spans(text: str) -> list[tuple[int, int, str]]:
@@ -88,13 +90,14 @@ def _mask(text: str, spans: list[tuple[int, int, str]]) -> str:
     return "".join(chars)
 
 
-def _sentence_bounds(masked: str, start: int, end: int) -> tuple[int, int]:
-    """Start and end of the sentence holding masked[start:end]."""
+def _sentence_bounds(masked: str, start: int, end: int) -> tuple[int, int, bool]:
+    """Start and end of the sentence holding masked[start:end], and whether it is finished (a
+    sentence end follows; a response cut off mid-sentence has none)."""
     begin = 0
     for m in _SENTENCE_END_RE.finditer(masked, 0, start):
         begin = m.end()
     m = _SENTENCE_END_RE.search(masked, end)
-    return begin, (m.end() if m else len(masked))
+    return begin, (m.end() if m else len(masked)), m is not None
 
 
 def _states_nothing_more(tail: str) -> bool:
@@ -109,10 +112,12 @@ def _states_nothing_more(tail: str) -> bool:
 def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     masked = _mask(text, spans)
     last = spans[-1]
-    begin, end = _sentence_bounds(masked, last[0], last[1])
+    begin, end, finished = _sentence_bounds(masked, last[0], last[1])
     sentence = masked[begin:end]
     if "?" in sentence or HEDGE_RE.search(sentence) or not _states_nothing_more(text[end:]):
         return None
+    if not finished and re.search(r"\w", text[last[1] :]):
+        return None  # the sentence runs on to the end of the text unfinished (a truncated response)
     in_sentence = [s for s in spans if s[0] >= begin]
     answer = join_spans(in_sentence, text)
     if _LONE_NAME_RE.match(answer) and answer.strip() not in _CONSTANT_NAMES:
@@ -125,7 +130,8 @@ def _from_numbers(text: str) -> str | None:
     ends = [m for m in _SENTENCE_END_RE.finditer(stripped) if m.end() < len(stripped)]
     last = stripped[ends[-1].end() :].strip() if ends else stripped
     whole = not ends and len(stripped.split()) <= 30
-    if not (whole or _CONCLUSION_RE.match(last)) or "?" in last or HEDGE_RE.search(last):
+    concluded = bool(_CONCLUSION_RE.match(last)) and stripped[-1] in ".!。"  # (not a truncated sentence)
+    if not (whole or concluded) or "?" in last or HEDGE_RE.search(last):
         return None
     numbers = _NUMBER_RE.findall(last)
     if len(numbers) != 1:
@@ -135,8 +141,8 @@ def _from_numbers(text: str) -> str | None:
 
 def answer_in_prose(text: str) -> str | None:
     """The answer a worked solution concludes with, or None (rules: module docstring)."""
-    if len(text) > 100_000:
-        text = text[-100_000:]  # the conclusion is at the end; bound the work on junk
+    if len(text) > _WINDOW_CHARS:
+        text = text[-_WINDOW_CHARS:]  # the conclusion is at the end; bound the work on junk
     text = _CODE_RE.sub("\n<code>\n", text)  # code is no prose: what follows it is not concluded
     spans = math_spans(text)
     if spans:

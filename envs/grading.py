@@ -52,6 +52,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from envs.equivalence import (
@@ -63,6 +64,7 @@ from envs.equivalence import (
     parse_number,
 )
 from envs.extract import extract_answer
+from envs.forms import percent_rate_equal
 
 __all__ = [
     "GRADERS",
@@ -153,9 +155,9 @@ class _SymbolicWorker:
                 pass
         self.proc, self.ready = None, False
 
-    def call(self, request: dict, timeout_s: float) -> tuple[bool, str] | None:
-        """(verdict, stage) from the worker, or None when it timed out or failed (then it is
-        restarted)."""
+    def call(self, request: dict, timeout_s: float) -> dict | None:
+        """The worker's reply {"equal", "stage"[, "pred"]}, or None when it timed out or failed
+        (then it is restarted)."""
         if self.owner_pid != os.getpid():  # we are a forked child: the pipes belong to the parent
             self.proc, self.ready, self.buf, self.owner_pid = None, False, b"", os.getpid()
         try:
@@ -185,7 +187,7 @@ class _SymbolicWorker:
             return None
         try:
             reply = json.loads(line)
-            return bool(reply["equal"]), str(reply.get("stage", "symbolic"))
+            return {**reply, "equal": bool(reply["equal"]), "stage": str(reply.get("stage", "symbolic"))}
         except (ValueError, KeyError, TypeError):
             self.kill()  # out of step with the worker: start over rather than misread answers
             return None
@@ -205,6 +207,8 @@ class Grader:
     symbolic: False compares with numbers and strings only (no worker process; builtin/boxed only).
     cache_size: remembered (pred, gold) verdicts; GRPO groups repeat the same answers a lot.
     startup_timeout_s: bound on starting the worker (importing sympy, math-verify), once per process.
+    finer_decimals: the decimal rule's switch (module docstring): True accepts a decimal that states
+        more digits than a rounded decimal gold and rounds to it; False demands the gold's value.
     stats: calls, symbolic_calls (worker calls), timeouts (worker calls that ran out of time), seconds (grading time).
     """
 
@@ -215,6 +219,7 @@ class Grader:
         symbolic: bool = True,
         cache_size: int = 8192,
         startup_timeout_s: float = 60.0,
+        finer_decimals: bool = True,
     ) -> None:
         if mode not in GRADERS:
             raise ValueError(f"grader={mode!r}: must be one of {list(GRADERS)}")
@@ -231,6 +236,8 @@ class Grader:
         self.timeout_s = timeout_s
         self.symbolic = symbolic
         self.cache_size = cache_size
+        self.finer_decimals = bool(finer_decimals)
+        self._scalar_eq = partial(fast_scalar_eq, finer_decimals=self.finer_decimals)
         self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self._lock = threading.Lock()
         self._worker = _SymbolicWorker(startup_timeout_s)
@@ -240,16 +247,16 @@ class Grader:
     def check(self, response: str, gold: str, *, timeout_s: float | None = None) -> GradeResult:
         """Grade one response; never raises, never hangs past the time bound."""
         t0 = time.perf_counter()
-        pred = extract_answer(response, boxed_only=self.mode == "boxed")
-        if self.mode == "math_verify":
-            verdict, stage = self._ask_worker(
-                {"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s
-            )
-        elif pred is None:
-            verdict, stage = False, "none"
+        if self.mode == "math_verify":  # its extraction and its verdict
+            reply = self._ask_worker({"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s)
+            verdict, stage, pred = reply["equal"], reply["stage"], reply.get("pred")
         else:
-            gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
-            verdict, stage = self._equivalent(pred, gold_ans or gold, timeout_s)
+            pred = extract_answer(response, boxed_only=self.mode == "boxed")
+            if pred is None:
+                verdict, stage = False, "none"
+            else:
+                gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
+                verdict, stage = self._equivalent(pred, gold_ans or gold, timeout_s)
         seconds = time.perf_counter() - t0
         with self._lock:
             self.stats["seconds"] += seconds
@@ -259,7 +266,10 @@ class Grader:
         return self.check(response, gold, timeout_s=timeout_s).correct
 
     def equivalent(self, pred: str, gold: str, *, timeout_s: float | None = None) -> bool:
-        """The builtin comparison of two extracted answers (whatever this grader's mode)."""
+        """This grader's comparison of two extracted answers (maj@N groups answers with it):
+        math-verify's own for `math_verify`, the builtin stages for `builtin` and `boxed`."""
+        if self.mode == "math_verify":
+            return self._ask_worker({"mode": "math_verify_pair", "pred": pred, "gold_raw": gold}, timeout_s)["equal"]
         return self._equivalent(pred, gold, timeout_s)[0]
 
     def close(self) -> None:
@@ -267,14 +277,14 @@ class Grader:
             self._worker.kill()
 
     # -- stages
-    def _ask_worker(self, request: dict, timeout_s: float | None) -> tuple[bool, str]:
+    def _ask_worker(self, request: dict, timeout_s: float | None) -> dict:
         bound = timeout_s or self.timeout_s
         with self._lock:
             self.stats["symbolic_calls"] += 1
-            res = self._worker.call(request, bound)
-            if res is None or res[1] == "timeout":
+            res = self._worker.call({**request, "finer_decimals": self.finer_decimals}, bound)
+            if res is None or res["stage"] == "timeout":
                 self.stats["timeouts"] += 1
-        if res is None or res[1] == "timeout":
+        if res is None or res["stage"] == "timeout":
             from loguru import logger  # rare path: keep the import off module load
 
             logger.warning(
@@ -282,7 +292,7 @@ class Grader:
                 bound,
                 str(request.get("pred", request.get("response", "")))[-80:],
             )
-            return False, "timeout"
+            return {"equal": False, "stage": "timeout"}
         return res
 
     def _equivalent(self, pred: str, gold: str, timeout_s: float | None) -> tuple[bool, str]:
@@ -291,6 +301,8 @@ class Grader:
         if len(pred) + len(gold) > MAX_ANSWER_CHARS:  # junk, not an answer: spare the regex passes
             return pred.split() == gold.split(), "fast"
         try:
+            if percent_rate_equal(pred, gold, finer_decimals=self.finer_decimals):
+                return True, "fast"  # "25\\%" vs a plain rate "0.25" (the signs are gone after normalizing)
             p, g = normalize_answer(pred), normalize_answer(gold)
         except Exception:  # (defensive: normalization is regex-only) never crash the caller
             return False, "fast"
@@ -303,7 +315,7 @@ class Grader:
         try:
             # A "not equal" here is final: the worker runs the same structure walk, and its
             # comparators defer to these fast ones wherever these decide.
-            verdict, escalate = compare_normalized(p, g, fast_scalar_eq, fast_relation_eq), False
+            verdict, escalate = compare_normalized(p, g, self._scalar_eq, fast_relation_eq), False
         except NeedSymbolic:
             verdict, escalate = False, True
         except Exception as e:  # a grader bug must never crash training: count it as "not equal"
@@ -312,7 +324,8 @@ class Grader:
             logger.warning("grading failed ({!r}); counted as not equal: {!r} vs {!r}", e, p[:80], g[:80])
             verdict, escalate = False, False
         if escalate and self.symbolic and len(pred) + len(gold) <= MAX_WORKER_CHARS:
-            verdict, stage = self._ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold}, timeout_s)
+            reply = self._ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold}, timeout_s)
+            verdict, stage = reply["equal"], reply["stage"]
         if stage != "timeout":  # a timeout may pass next time (a cold machine): not remembered
             with self._lock:
                 if self.cache_size > 0:
@@ -322,19 +335,22 @@ class Grader:
         return verdict, stage
 
 
-_GRADERS: dict[str, Grader] = {}  # one shared grader per mode and process: its worker is a process resource
+_GRADERS: dict[tuple[str, bool], Grader] = {}  # one per setting and process: its worker is a process resource
 _GRADERS_LOCK = threading.Lock()
 
 
-def get_grader(mode: str = "builtin") -> Grader:
-    """The process-wide grader of `mode` (created on first use, closed at exit)."""
+def get_grader(mode: str = "builtin", *, finer_decimals: bool = True) -> Grader:
+    """The process-wide grader of `mode` and decimal rule (created on first use, closed at exit)."""
+    key = (mode, bool(finer_decimals))
     with _GRADERS_LOCK:
-        if mode not in _GRADERS:
-            _GRADERS[mode] = Grader(mode)
-            atexit.register(_GRADERS[mode].close)
-        return _GRADERS[mode]
+        if key not in _GRADERS:
+            _GRADERS[key] = Grader(mode, finer_decimals=finer_decimals)
+            atexit.register(_GRADERS[key].close)
+        return _GRADERS[key]
 
 
-def grade_answer(response: str, gold: str, *, timeout_s: float | None = None, mode: str = "builtin") -> bool:
+def grade_answer(
+    response: str, gold: str, *, timeout_s: float | None = None, mode: str = "builtin", finer_decimals: bool = True
+) -> bool:
     """True when the final answer of `response` is equivalent to `gold` (never hangs)."""
-    return get_grader(mode).grade(response, gold, timeout_s=timeout_s)
+    return get_grader(mode, finer_decimals=finer_decimals).grade(response, gold, timeout_s=timeout_s)

@@ -92,10 +92,19 @@ _UNIT_TAIL_RE = re.compile(
 _TEXT_TAIL_RE = re.compile(r"\s*\\(?:text|textrm|mbox|textnormal)\{\s*[a-zA-Z][a-zA-Z .,'!?-]*\}\.?$")
 
 
+_DEGREE = r"(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z]))"
+_TRIG_DEGREES_RE = re.compile(
+    r"\\(sin|cos|tan|cot|sec|csc)\s*\(?\s*\{?\s*(-?\d+(?:\.\d+)?)\s*\}?\s*" + _DEGREE + r"\s*\)?"
+)
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
+_SUPERSCRIPT_RE = re.compile(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
+
+
 def normalize_answer(s: str) -> str:
     """Canonical LaTeX-ish text of an answer: no delimiters, styling, units or separators."""
     s = s.strip()
     s = s.replace("\n", " ")
+    s = _SUPERSCRIPT_RE.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", s)  # 10⁴, m²
     s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
     # "17\text{ any text}": words in \text after a value are a comment, not part of it.
     tail = _TEXT_TAIL_RE.search(s)
@@ -113,6 +122,7 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:qquad|quad|space)(?![a-zA-Z])|(?<!\\)\\ |~", " ", s)
     s = _unwrap_commands(s, _TEXT_CMDS)
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
+    s = _TRIG_DEGREES_RE.sub(r"\\\1(\\frac{\2\\pi}{180})", s)  # \cos 60^\circ is cos(pi/3), not cos(60)
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z])|\\circ(?![a-zA-Z])", "", s)
     s = s.replace("\\%", "%")
     s = re.sub(r"\\(?:leqslant|leq|le)(?![a-zA-Z])|[≤⩽]", "<=", s)

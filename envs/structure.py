@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from envs.forms import FUNCTION_HEAD_RE
 from envs.normalize import _squash, normalize_answer
 from envs.numbers import parse_number
 
@@ -29,8 +30,8 @@ _OPEN, _CLOSE = "([{", ")]}"
 _REL_SPLIT_RE = re.compile(r"(<=|>=|!=|=|<|>|\\approx)")
 
 
-def _split_top(s: str, seps: re.Pattern) -> list[str]:
-    """Split s at separator matches that are outside all brackets."""
+def _split_top(s: str, seps: re.Pattern, found: list[str] | None = None) -> list[str]:
+    """Split s at separator matches that are outside all brackets (appended to `found`)."""
     parts, depth, last, i = [], 0, 0, 0
     while i < len(s):
         c = s[i]
@@ -41,6 +42,8 @@ def _split_top(s: str, seps: re.Pattern) -> list[str]:
         elif depth == 0:
             m = seps.match(s, i)
             if m and m.end() > i:
+                if found is not None:
+                    found.append(m.group(0).strip())
                 parts.append(s[last:i])
                 last = i = m.end()
                 continue
@@ -78,12 +81,15 @@ _VAR_LHS_RE = re.compile(
 
 def parse_structure(s: str):
     """Parse a normalized answer into nested tuples:
-    ("scalar", text) | ("seq", open, close, items) | ("set", items) | ("list", items) |
-    ("union", items) | ("matrix", rows) | ("rel", pieces, ops)."""
+    ("scalar", text) | ("seq", open, close, items) | ("set", items) |
+    ("list", items, connective) | ("union", items) | ("matrix", rows) | ("rel", pieces, ops).
+    A list's connective is "and" or "or" when every separator is that word, else ","."""
     s = s.strip()
-    items = [p for p in _split_top(s, _LIST_SEP) if p.strip()]
+    seps: list[str] = []
+    items = [p for p in _split_top(s, _LIST_SEP, seps) if p.strip()]
     if len(items) > 1:  # "1, 2", "12 and 13", "x = 1 or x = 2"
-        return ("list", _items(items))
+        words = set(seps)
+        return ("list", _items(items), words.pop() if words in ({"and"}, {"or"}) else ",")
     ops = [m.group(0) for m in _iter_top_ops(s)]
     if ops:
         pieces = [p.strip() for p in _split_top(s, _REL_SPLIT_RE)]
@@ -181,7 +187,7 @@ def _is_assignment(node) -> bool:
     lhs = node[1][0]
     return (
         len(node[1]) >= 3
-        or bool(_VAR_LHS_RE.match(lhs))
+        or bool(_VAR_LHS_RE.match(lhs) or FUNCTION_HEAD_RE.match(_squash(lhs)))
         or (
             len(node[1]) == 2
             and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs))
@@ -198,6 +204,22 @@ def _labelled(items: list) -> list[str] | None:
             return None
         labels.append(_squash(it[1][0]))
     return labels if len(set(labels)) == len(labels) else None
+
+
+def _labelled_tuples(node):
+    """ "p=5,q=2;p=7,q=2" -> the list of tuples (5,2),(7,2): labels repeating in the same cycle,
+    each round one tuple in the order of the first round's labels; None otherwise."""
+    items = node[1]
+    labels = []
+    for it in items:
+        if not (it[0] == "rel" and len(it[1]) == 2 and it[2] == ["="] and _VAR_LHS_RE.match(it[1][0])):
+            return None
+        labels.append(_squash(it[1][0]))
+    k = len(set(labels))
+    if k < 2 or len(items) % k or len(items) == k or any(labels[i] != labels[i % k] for i in range(len(items))):
+        return None
+    values = [parse_structure(normalize_answer(it[1][1])) for it in items]
+    return ("list", [("seq", "(", ")", values[i : i + k]) for i in range(0, len(values), k)], ",")
 
 
 def _compare_labelled(p, g, scalar_eq, relation_eq) -> bool | None:
@@ -233,6 +255,13 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     kp, kg = p[0], g[0]
     if kp == "rel" or kg == "rel":
         if kp == "rel" and kg == "rel":
+            if _function_pair(p, g):  # "f(x) = 2x+3" vs "y = 2x+3": the same function, named twice
+                return compare_structures(
+                    parse_structure(normalize_answer(p[1][1])),
+                    parse_structure(normalize_answer(g[1][1])),
+                    scalar_eq,
+                    relation_eq,
+                )
             if _is_assignment(p) and _is_assignment(g) and _squash(p[1][0]) == _squash(g[1][0]):
                 return compare_structures(
                     parse_structure(normalize_answer(p[1][-1])),
@@ -266,6 +295,10 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kp == "matrix" or kg == "matrix":
         return _compare_matrix(p, g, scalar_eq)
     if kp in ("set", "list") and kg in ("set", "list"):
+        tuples_p = _labelled_tuples(p) if kp == "list" else None
+        tuples_g = _labelled_tuples(g) if kg == "list" else None
+        if tuples_p is not None or tuples_g is not None:
+            return _match_unordered((tuples_p or p)[1], (tuples_g or g)[1], scalar_eq, relation_eq)
         labelled = _compare_labelled(p, g, scalar_eq, relation_eq)
         if labelled is not None:
             return labelled
@@ -287,6 +320,14 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kg == "set" and kp == "scalar" and len(g[1]) == 1:
         return compare_structures(p, g[1][0], scalar_eq, relation_eq)
     return False
+
+
+def _function_pair(p, g) -> bool:
+    """Both sides define a function under different heads ("f(x) = ...", "y = ...", "g(t) = ...")."""
+    if len(p[1]) != 2 or len(g[1]) != 2 or p[2] != ["="] or g[2] != ["="]:
+        return False
+    hp, hg = _squash(p[1][0]), _squash(g[1][0])
+    return hp != hg and bool(FUNCTION_HEAD_RE.match(hp) and FUNCTION_HEAD_RE.match(hg))
 
 
 def _match_unordered(ps: list, gs: list, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:
@@ -326,3 +367,53 @@ def _compare_matrix(p, g, scalar_eq: ScalarEq) -> bool:
     if len(rp) != len(rg) or any(len(a) != len(b) for a, b in zip(rp, rg)):
         return False
     return all(scalar_eq(a, b) for ra, rb in zip(rp, rg) for a, b in zip(ra, rb))
+
+
+def leaf_texts(node) -> list[str]:
+    """The scalar texts of a parsed answer (relation sides, items, interval ends)."""
+    kind = node[0]
+    if kind == "scalar":
+        return [node[1]]
+    if kind == "rel":
+        return list(node[1])
+    if kind == "seq":
+        return [t for it in node[3] for t in leaf_texts(it)]
+    if kind in ("set", "list", "union"):
+        return [t for it in node[1] for t in leaf_texts(it)]
+    return []
+
+
+_NAME_RUN_RE = re.compile(r"(?<!\\)\b[a-zA-Z]+\b")
+
+
+def _variables(node) -> set[str] | None:
+    """The one-letter names an answer writes (e, i and function names aside); None when it
+    writes a longer name (a word, a multi-letter label)."""
+    names: set[str] = set()
+    for text in leaf_texts(node):
+        t = re.sub(r"\\[a-zA-Z]+|\babs(?=\()", " ", text)
+        for run in _NAME_RUN_RE.findall(t):
+            if len(run) > 1:
+                return None
+            names.add(run)
+    return names - {"e", "i"}
+
+
+def _open_condition(node) -> bool:
+    """More than values or plain assignments: an equation to solve, an inequality, a conjunction."""
+    kind = node[0]
+    if kind == "rel":
+        return any(o != "=" for o in node[2]) or not _VAR_LHS_RE.match(node[1][0]) or len(node[1]) > 2
+    if kind == "list":
+        return node[2] == "and" or any(_open_condition(it) for it in node[1])
+    return False
+
+
+def solution_pair(p, g) -> bool:
+    """Both answers read as conditions on (or values of) the same one variable, at least one of
+    them a condition: their solution sets over the reals can decide (`envs._solution_sets`)."""
+    kinds = ("rel", "list", "seq", "union", "set", "scalar")
+    if p[0] not in kinds or g[0] not in kinds or not (_open_condition(p) or _open_condition(g)):
+        return False
+    vp, vg = _variables(p), _variables(g)
+    return vp is not None and vg is not None and len(vp | vg) == 1

@@ -136,8 +136,18 @@ CASES: list[tuple[str, str, bool, str]] = [
         "worked",
     ),
     # ---- a boxed answer inside <think> followed by other text
-    ("4", "<think>\nTry \\boxed{4}. Hmm, recheck.\n</think>\nAfter rechecking, the result is $6$.", False, "think_final"),
-    ("6", "<think>\nTry \\boxed{4}. Hmm, recheck.\n</think>\nAfter rechecking, the result is $6$.", True, "think_final"),
+    (
+        "4",
+        "<think>\nTry \\boxed{4}. Hmm, recheck.\n</think>\nAfter rechecking, the result is $6$.",
+        False,
+        "think_final",
+    ),
+    (
+        "6",
+        "<think>\nTry \\boxed{4}. Hmm, recheck.\n</think>\nAfter rechecking, the result is $6$.",
+        True,
+        "think_final",
+    ),
     ("4", "<think>so \\boxed{4}</think>\nI need to double-check this before answering.", False, "think_final"),
     ("4", "<think>The answer should be \\boxed{4}.</think>\n\n", True, "think_final"),
     ("4", "<think>maybe \\boxed{4}</think>Sorry, I cannot solve this.", False, "think_final"),

@@ -104,7 +104,12 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("8", "The perimeter is $2(l+w)$ with $l = 3$ and $w = 1$.\nSo the perimeter is $2(3+1) = 8$.", True, "worked"),
     ("8", "The perimeter is $2(l+w)$ with $l = 3$ and $w = 2$.\nSo the perimeter is $2(3+2) = 10$.", False, "worked"),
     # ---- a boxed answer inside <think> followed by other text is not the final answer
-    ("5", "<think>Let me guess \\boxed{5}.</think>\nActually, I need more information to answer this.", False, "think_final"),
+    (
+        "5",
+        "<think>Let me guess \\boxed{5}.</think>\nActually, I need more information to answer this.",
+        False,
+        "think_final",
+    ),
     ("5", "<think>\\boxed{5}</think>\nThe final answer is $5$.", True, "think_final"),
     ("5", "<think>I get \\boxed{5}.</think>\nLet me verify with code.\n<code>print(2+3)</code>", False, "think_final"),
     ("5", "<think>\nSo it's \\boxed{5}.\n</think>\n<|im_end|>", True, "think_final"),
@@ -121,7 +126,12 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("(1,2), (3,4)", "\\boxed{\\{(4,3), (1,2)\\}}", False, "multi_answer"),
     ("1, 3", "\\boxed{x=1}\n\\boxed{x=3}", True, "multi_answer"),
     ("1, 3", "\\boxed{x=1}\n\\boxed{x=-3}", False, "multi_answer"),
-    ("\\{1, 3\\}", "First attempt gives \\boxed{1}. That was wrong; redoing it carefully yields \\boxed{3}.", False, "multi_answer"),
+    (
+        "\\{1, 3\\}",
+        "First attempt gives \\boxed{1}. That was wrong; redoing it carefully yields \\boxed{3}.",
+        False,
+        "multi_answer",
+    ),
     # ---- \pm a against {-a, a}
     ("\\pm 5", "\\boxed{5, -5}", True, "pm_set"),
     ("\\pm 5", "\\boxed{5}", False, "pm_set"),
