@@ -129,17 +129,18 @@ def _float_decimal(x):
     return None
 
 
-def _expr_exact(a, b, finer: bool) -> bool:
-    da, db = _float_decimal(a), _float_decimal(b)
-    if da is not None and db is not None:
-        return numbers_equal(da, db, finer_decimals=finer)
-    if da is not None:
-        return decimal_vs_expr(da, b)
-    if db is not None:
-        return decimal_vs_expr(db, a)
-    if a.atoms(sympy.Float) or b.atoms(sympy.Float):
+def _expr_exact(g, p, finer: bool) -> bool:
+    """Gold and prediction objects (in that order: the decimal rule is not symmetric)."""
+    dg, dp = _float_decimal(g), _float_decimal(p)
+    if dg is not None and dp is not None:
+        return numbers_equal(dp, dg, finer_decimals=finer)
+    if dg is not None:
+        return decimal_vs_expr(dg, p)
+    if dp is not None:
+        return decimal_vs_expr(dp, g)
+    if g.atoms(sympy.Float) or p.atoms(sympy.Float):
         return False  # a decimal inside an expression: only our own exact path may accept it
-    return exprs_equal(a, b)
+    return exprs_equal(g, p)
 
 
 def _unordered(xs, ys, finer: bool) -> bool:

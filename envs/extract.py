@@ -7,22 +7,30 @@ The steps, in order:
 1. Chat-template leftovers end the response: text from the first special token that follows
    some text (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end_of_text|>`,
    `</s>`), outside code blocks, is dropped ("... is $42$.<|im_start|>user ..." -> "... is $42$.").
-2. Reasoning blocks: when the response closes a `<think>` block, the text after the last
-   `</think>` is searched first and wins; the thinking is searched only when that text holds no
-   answer (a \\boxed{5} while thinking never overrides "The final answer is 7." after it).
+2. Reasoning blocks: when the response closes a `<think>` block, only the text after the last
+   `</think>` is searched. The thinking is searched only when nothing follows it: a \\boxed{5}
+   while thinking is not the final answer of "<think>... \\boxed{5}</think> Let me verify this."
+   (no answer) nor of "... </think> The final answer is 7." (7).
 3. In the text chosen: the last `<answer>...</answer>` block (its last \\boxed{}, else its final-
    answer line, else its whole text); else the last \\boxed{}/\\fbox{}, joined with the boxes just
-   before it when only connectors separate them (`,` `;` `and` `or` `\\quad` `\\text{and}` `$`:
-   "\\boxed{(2,2)} \\quad \\text{and} \\quad \\boxed{(6,2)}" is the one answer "(2,2), (6,2)");
-   else a final-answer line in prose ("The final answer is $10,455$. I hope it is correct.",
-   "Answer: 9", "**Final Answer**" then a line) whose value is its first math span (`$...$`,
-   `\\(...\\)`, `\\[...\\]`, `$$...$$`, also when the span's content runs over several lines) or
-   else the sentence up to its end (after a last " is "); else the response itself when it is a
-   bare answer (one short line with at most two words, or one display-math block).
+   before it when only connectors or a label separate them (`,` `;` `and` `or` `\\quad`
+   `\\text{and}` `$` `x =`: "\\boxed{(2,2)} \\quad \\text{and} \\quad \\boxed{(6,2)}" is the one
+   answer "(2,2), (6,2)", "x = \\boxed{-2} \\text{ or } x = \\boxed{3}" is "-2, 3");
+   else an answer line: the last of "The final answer is", "Answer:", "the answer is", "our
+   answers are", "the correct option is", "答案：", "故选", GSM8K's "####". Its value is its first
+   math span with the spans joined to it by connectors (`$...$`, `\\(...\\)`, `\\[...\\]`,
+   `$$...$$`, also over several lines; "$-3$ and $5$" -> "-3, 5"), an option letter ("(B).",
+   "option A", "C, because ..." -> the letter), or else the sentence up to its end (after a last
+   " is "; "12 apples" -> "12"). An answer line that doubts or negates ("check if the answer is
+   5", "the answer is not $5$") states no answer;
+   else the response itself when it is a bare answer (one short line with at most two words, or
+   one display-math block);
+   else the conclusion of a worked solution (`envs.extract_prose`: the last math span of a
+   concluding sentence, or one number in a short or concluding last sentence).
 With `boxed_only`, step 3 keeps only \\boxed{}/\\fbox{} answers (inside <answer> or not).
 
-Option letters, labelled values and the like are not decided here: extraction returns the text
-("C. x = 42"), and `envs.equivalence` compares it with the gold.
+Option letters with their values, labelled values and the like are not decided here: extraction
+returns the text ("C. x = 42"), and `envs.equivalence` compares it with the gold.
 """
 
 from __future__ import annotations
@@ -122,7 +130,16 @@ _MATH_WORDS = {
     "to",
 }
 _DISPLAY_RE = re.compile(r"\s*(\\\[|\$\$)(.*?)(\\\]|\$\$)", re.DOTALL)
-_OPTION_RE = re.compile(r"\s*(?:(?:option|choice)\s+)?\(?([A-E])\)?(?=[\s,.;:!?。，]|$)", re.IGNORECASE)
+_OPTION_RE = re.compile(r"\s*(?:(?i:option|choice)\s+)?\(?([A-E])\)?(?=[\s,.;:!?。，]|$)")
+_MORE_OPTIONS_RE = re.compile(r"\s*(?:,|&|/|\band\b|\bor\b)\s*\(?[A-E]\b")  # "B and C": several options
+# An answer line that is no answer: a conditional or doubtful "answer is" ("check if the answer is
+# 5", "I guess the answer is", "whether the answer is"), or a negated value ("the answer is not 5").
+_ANCHOR_HEDGE_RE = re.compile(
+    r"\b(?:if|whether)\s+(?:the\s+|our\s+|my\s+)?(?:final\s+|correct\s+)?answers?\b|\bwhether\b|\bsuppose|"
+    r"\bassum|\bguess|\bmaybe\b|\bperhaps\b|\bmight\b|\bnot\s+sure\b|\bunsure\b|\bdon'?t\s+know\b|\bwonder",
+    re.IGNORECASE,
+)
+_NEGATION_RE = re.compile(r"\bnot\b|n't\b|\bnever\b|\bno\s+longer\b", re.IGNORECASE)
 _NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*%?)\s+[A-Za-z][A-Za-z' -]*")
 _SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
 
@@ -137,7 +154,11 @@ def _from_final_line(text: str) -> str | None:
     matches = list(_FINAL_RE.finditer(text))
     if not matches:
         return None
-    tail = text[matches[-1].start(1) :]
+    anchor = matches[-1]
+    sentence_start = max(text.rfind(c, 0, anchor.start()) for c in ".!?\n。") + 1
+    if _ANCHOR_HEDGE_RE.search(text[sentence_start : anchor.end(1)].split("\n")[0]):
+        return None
+    tail = text[anchor.start(1) :]
     display = _DISPLAY_RE.match(tail)
     if display and display.group(2).strip():  # "\[\n9\n\]": display math over several lines
         return display.group(2).strip()
@@ -160,11 +181,14 @@ def _from_final_line(text: str) -> str | None:
     if is_m:
         sentence = sentence[is_m[-1].end() :]
     sentence = sentence.strip().strip("*").strip()
+    first_value = re.search(r"[\d$\\]", sentence)
+    if _NEGATION_RE.search(sentence[: first_value.start() if first_value else len(sentence)]):
+        return None  # "the answer is not $5$"
     if re.match(r"(?:\([A-E]\)|[A-E][.:])\s+\S", sentence) and math_spans(sentence):
         return sentence.rstrip(".")  # "(C) $42$": the option with its value
     option = _OPTION_RE.match(sentence)
-    if option and not math_spans(sentence):  # "(B).", "option A", "C, because ..."
-        return option.group(1).upper()
+    if option and not math_spans(sentence) and not _MORE_OPTIONS_RE.match(sentence[option.end() :]):
+        return option.group(1)  # "(B).", "option A", "C, because ..."
     math = _first_span_run(sentence)
     ans = math if math is not None else sentence
     ans = ans.strip().strip("*").strip()

@@ -37,7 +37,13 @@ HEDGE_RE = re.compile(
     r"\b(?:not\s+sure|unsure|could\s*n[o']t|can\s*n[o']t|can\s+not|don'?t\s+know|do\s+not\s+know|"
     r"unclear|unknown|whether|maybe|perhaps|might|guess|would|let\s+us|let's|let\s+me|need\s+to|"
     r"needs\s+to|yet|wait|hmm|suppose|assume|assuming|if|try|trying|remains?|later|cannot|unable|"
-    r"wrong|incorrect|mistake|no\s+solution)\b",
+    r"wrong|incorrect|mistake|no\s+solution|not|never)\b|n't\b",
+    re.IGNORECASE,
+)
+# A sentence that states the task, not a result ("Find $x$ with $x^2 = 25$.", "Let $n = 7$.").
+_TASK_RE = re.compile(
+    r"^\W*(?:find|determine|compute|calculate|solve|evaluate|simplify|show|prove|consider|given|let|"
+    r"suppose|assume|recall|note\s+that|we\s+(?:want|need|have\s+to|must))\b",
     re.IGNORECASE,
 )
 _CONCLUSION_RE = re.compile(
@@ -114,7 +120,9 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     last = spans[-1]
     begin, end, finished = _sentence_bounds(masked, last[0], last[1])
     sentence = masked[begin:end]
-    if "?" in sentence or HEDGE_RE.search(sentence) or not _states_nothing_more(text[end:]):
+    if "?" in sentence or HEDGE_RE.search(sentence) or _TASK_RE.match(sentence):
+        return None
+    if not _states_nothing_more(text[end:]):
         return None
     if not finished and re.search(r"\w", text[last[1] :]):
         return None  # the sentence runs on to the end of the text unfinished (a truncated response)
@@ -131,7 +139,7 @@ def _from_numbers(text: str) -> str | None:
     last = stripped[ends[-1].end() :].strip() if ends else stripped
     whole = not ends and len(stripped.split()) <= 30
     concluded = bool(_CONCLUSION_RE.match(last)) and stripped[-1] in ".!。"  # (not a truncated sentence)
-    if not (whole or concluded) or "?" in last or HEDGE_RE.search(last):
+    if not (whole or concluded) or "?" in last or HEDGE_RE.search(last) or _TASK_RE.match(last):
         return None
     numbers = _NUMBER_RE.findall(last)
     if len(numbers) != 1:

@@ -8,9 +8,11 @@ comparisons; where a form applies, its verdict is exact:
 - `clock_seconds("08:34 P.M.") -> 74040`: H:MM[:SS] with an optional a.m./p.m. (two-digit
   minutes, so a ratio "2:3" is no time); "20:34" = "20:34:00" = "08:34 P.M.".
 - `words_number("twenty-five") -> 25`: integers written in English words.
-- `percent_rate_equal("25\\%", "0.25") -> True`: a percent against a plain number that is its
-  rate (value / 100), both ways, under the decimal rule; "28\\%" against "28" is decided elsewhere
-  (the percent sign dropped), "0.28" against "28" is not equal.
+- `percent_rate_equal("25\\%", "0.25") -> True`: a percent against a plain rate (a number
+  strictly between 0 and 1 in size) that is its value / 100, both ways, under the decimal rule;
+  "28\\%" against "28" is decided elsewhere (the percent sign dropped, as MATH golds often omit
+  it), "0.28" against "28" is not equal, and "2" against "200%" is not decided here (a gold "2"
+  may mean 2%).
 - `FUNCTION_HEAD_RE`: "y", "f(x)", "g(t)", "f^{-1}(x)": a left side that names a function, so
   "f(x) = 2x+3" and "y = 2x+3" compare by their right sides.
 """
@@ -152,6 +154,9 @@ def percent_rate_equal(pred: str, gold: str, *, finer_decimals: bool = True) -> 
     p, g = _percent_number(pred), _percent_number(gold)
     if p is None or g is None or p[1] == g[1]:
         return False
+    rate = g[0] if p[1] else p[0]
+    if not 0 < abs(rate.value) < 1:
+        return False  # a plain rate is a fraction of a whole: "50" against "5000%" says nothing
     p_num = _as_rate(p[0]) if p[1] else p[0]
     g_num = _as_rate(g[0]) if g[1] else g[0]
     return numbers_equal(p_num, g_num, finer_decimals=finer_decimals)

@@ -5,33 +5,48 @@
     extract_answer(response) -> str | None                 # envs.extract (documented there)
     answers_equivalent(pred, gold) -> bool                 # compare two extracted answers
 
-Modes (`env.grader`; training and evaluation use the same one, summary.json records it):
+Modes (`env.grader`; training and evaluation use the same one, summary.json records it; maj@N
+groups answers with the same one):
 - `builtin` (default): our extraction (`envs.extract`), then the stages below, cheapest first.
 - `math_verify`: Hugging Face math-verify alone (its extraction and comparison, as papers grade),
   run in the same killable worker; for numbers comparable with published ones.
 - `boxed`: like builtin, but only a \\boxed{}/\\fbox{} answer counts (no prose, no bare answers).
 
 The builtin stages:
-1. Both answers are normalized as LaTeX text (delimiters, spacing commands, \\text{}, \\left/\\right,
-   degrees, percent and currency signs, thousands separators, trailing units) and compared as strings.
+1. Both answers are normalized as LaTeX text (`envs.normalize`: delimiters, spacing commands,
+   \\text{}, \\left/\\right, degrees (inside a trig function: radians), percent and currency signs,
+   thousands separators, trailing units, superscript digits) and compared as strings. A percent
+   against a plain rate compares as its value / 100 ("25\\%" = "0.25", both ways; `envs.forms`).
 2. Both are parsed into a light structure (scalar, tuple/interval, set, list, labelled values,
-   union, matrix, relation, option letter) and compared item by item. Plain numbers (integers,
-   decimals, a/b, \\frac, mixed numbers, scientific notation) are compared exactly with
-   `fractions.Fraction`, in this process, without sympy. This decides most answers (every DAPO
-   and AIME answer is an integer); its "equal" and "not equal" are final.
-3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices) sends
-   the pair to a worker process (`envs/_grading_worker.py`): step 2 again with sympy scalars (our
-   own LaTeX translator, exact comparison); when our translator cannot read a side, math-verify
-   parses both answers and its "equal" counts only after our exact re-check of the objects it
-   parsed (`envs/_mv_stage.py`: no float tolerance, no sign-dropping simplification).
+   union, matrix, relation, option letter; `envs.structure`) and compared item by item, in any
+   order for sets and lists of solutions ("p=5,q=2;p=7,q=2" = "(5,2),(7,2)", "\\pm 3" = "3, -3").
+   Plain numbers (integers, decimals, a/b, \\frac, mixed numbers, scientific notation) are compared
+   exactly with `fractions.Fraction`, in this process, without sympy; so are the forms of
+   `envs.forms` (numerals in a base, clock times, numbers in words, "f(x) =" against "y ="). This
+   decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
+   are final.
+3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices, an
+   equation or inequality against its solutions) sends the pair to a worker process
+   (`envs/_grading_worker.py`): step 2 again with sympy scalars (our own LaTeX translator,
+   `envs._symbolic`), conditions on one variable compared by their solution sets
+   (`envs._solution_sets`); when our translator cannot read a side, math-verify parses both
+   answers and its "equal" counts only after our exact re-check of the objects it parsed
+   (`envs/_mv_stage.py`). Every "equal" of this stage is exact (`envs._exact`): numerical
+   evaluation only rejects, equality needs a proof (a zero difference after sympy's
+   simplifications, exact values at random rational points), so two different exact values are
+   never accepted for being close ("99999999/10^8" is not "99999998/99999999"; 2^{1/2^{1000}} is
+   not 1), whatever math-verify said.
    The worker is killed when a call exceeds `timeout_s`, so no answer can hang the caller, from any
    thread, even inside C code; a timed-out call counts as "not equal" and as a timeout in
    `Grader.stats` and in `GradeResult.timed_out`.
 
 The decimal rule (`envs.numbers.numbers_equal`): two exact forms compare exactly. Two decimals
-are equal when their values are, or when the prediction states more digits and rounds to a gold
-of two or more decimals (a gold rounded to "27.39" accepts "27.3912", not "27.4"; a gold "0.5"
-is exact and does not accept "0.54"). A decimal against an exact value
+are equal when their values are ("1.60" = "1.6"), or, by default, when the prediction states more
+digits and rounds to a gold of two or more decimals (a gold rounded to "27.39" accepts
+"27.3912", not "27.4"; "6.02e23" accepts "6.022e23"; a gold "0.5" is exact and does not accept
+"0.54"): the convention of a grader who reads a gold "27.39" as "the value, rounded to two
+decimals". The switch `finer_decimals=False` (`env.grade_finer_decimals: false`) takes the other
+convention: the gold is the value, and "27.3912" is not "27.39". A decimal against an exact value
 (1/3, \\pi) is accepted only when it is that value rounded at the last digit it states and it
 states at least 12 significant digits (a calculator or float print): "0.0833333333333333" is 1/12,
 while "0.333" is not 1/3, "1.4142" is not \\sqrt{2}, and the truncation "0.666666666666666" is not 2/3.

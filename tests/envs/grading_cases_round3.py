@@ -33,6 +33,9 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("7", "Is $n = 7$ the smallest such value?", False, "prose_span"),
     ("10", "The total cost is $\\$10$.", True, "prose_span"),
     ("10", "The total cost is $\\$12$.", False, "prose_span"),
+    ("\\pm 5", "Find all $x$ with $x^2 = 25$.", False, "prose_span"),
+    ("5", "Expanding the product, we get $x = 5$, which means", False, "prose_span"),
+    ("5", "So $x = 5$ is not allowed by the constraint.", False, "prose_span"),
     # ---- after "answer is" / "answers are ... and ..."
     ("9", "After simplifying, our answer is $9$.", True, "answer_is"),
     ("9", "After simplifying, our answer is $8$.", False, "answer_is"),
@@ -46,6 +49,8 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("6", "The answer is either 6 or 7.", False, "answer_is"),
     ("120", "so the answer is: 120", True, "answer_is"),
     ("120", "so the answer is: 12", False, "answer_is"),
+    ("5", "Let us check if the answer is 5 by substituting it back.", False, "answer_is"),
+    ("5", "The answer is not $5$.", False, "answer_is"),
     # ---- GSM8K's "#### n"
     ("42", "He has 6 * 7 = <<6*7=42>>42 marbles.\n#### 42", True, "gsm8k"),
     ("42", "He has 6 * 8 = <<6*8=48>>48 marbles.\n#### 48", False, "gsm8k"),
@@ -67,6 +72,10 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("D", "综上所述，故选 D", True, "option"),
     ("D", "综上所述，故选 B", False, "option"),
     ("A", "Among the options, (A) and (B) look plausible, but I could not decide.", False, "option"),
+    ("A", "The answer is a positive integer.", False, "option"),
+    ("B", "The answer is B and C.", False, "option"),
+    ("C", "The correct option is not (B); it is (C).", True, "option"),
+    ("B", "The correct option is not (B); it is (C).", False, "option"),
     # ---- long worked solutions without a box: the last math is the result
     ("25", "Each side is $5$ long.\nThe area of the square is $5^2 = 25$.", True, "worked"),
     ("25", "Each side is $5$ long.\nThe perimeter of the square is $4 \\cdot 5 = 20$.", False, "worked"),
@@ -103,6 +112,7 @@ CASES: list[tuple[str, str, bool, str]] = [
     ),
     ("8", "The perimeter is $2(l+w)$ with $l = 3$ and $w = 1$.\nSo the perimeter is $2(3+1) = 8$.", True, "worked"),
     ("8", "The perimeter is $2(l+w)$ with $l = 3$ and $w = 2$.\nSo the perimeter is $2(3+2) = 10$.", False, "worked"),
+    ("1", "We add the four parts one by one.\nThus the total is 1", False, "worked"),
     # ---- a boxed answer inside <think> followed by other text is not the final answer
     (
         "5",
@@ -279,4 +289,7 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("\\sqrt{2}+\\sqrt{3}", "\\boxed{\\sqrt{5+2\\sqrt{6}}}", True, "closeness"),
     ("\\sqrt{2}+\\sqrt{3}", "\\boxed{\\sqrt{5+2\\sqrt{6}+10^{-20}}}", False, "closeness"),
     ("(1, 2)", "\\boxed{(1 + 10^{-18}, 2)}", False, "closeness"),
+    ("0", "\\boxed{\\sin(\\pi x)}", False, "closeness"),
+    ("\\sqrt{2}", "\\boxed{1.41421356237310}", True, "closeness"),
+    ("\\sqrt{2}", "\\boxed{1.41421356237309}", False, "closeness"),
 ]
