@@ -106,7 +106,7 @@ _FINAL_RE = re.compile(
     r"|final\s+answer\s*\*\*\s*:?\s*(?=\n)|(?:^|\n)\s*\**answer\b\**\s*:?"
     r"|\b(?:option|choice)\s+(?:is|would\s+be)\b\s*:?"
     r"|答案\s*(?:是|为|為|应为|應為)?\s*[:：]?|(?:故|所以|因此|应|應)选\s*[:：]?"
-    r"|(?:^|\n)[ \t]*####)[ \t]*\n?[ \t]*(.+)",
+    r"|(?:^|\n)[ \t]*####)\s*[:：]?\s*(\S.*)",
     re.IGNORECASE,
 )
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)

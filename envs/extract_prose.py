@@ -46,6 +46,10 @@ _TASK_RE = re.compile(
     r"suppose|assume|recall|note\s+that|we\s+(?:want|need|have\s+to|must))\b",
     re.IGNORECASE,
 )
+# What states a result right before it ("... is $5$", "we get $x = 5$", "equals $24$").
+_STATED_RE = re.compile(
+    r"\b(?:is|are|was|were|equals?|be|becomes?|gives?|get|gets|got|obtain|yields?|to)\s*[:=]?\s*$", re.IGNORECASE
+)
 _CONCLUSION_RE = re.compile(
     r"^\W*(?:so|thus|therefore|hence|consequently|finally|overall|altogether|in\s+total|in\s+all|"
     r"in\s+conclusion|as\s+a\s+result|this\s+means|that\s+means|which\s+means|∴)\b",
@@ -127,7 +131,12 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     if not finished and re.search(r"\w", text[last[1] :]):
         return None  # the sentence runs on to the end of the text unfinished (a truncated response)
     in_sentence = [s for s in spans if s[0] >= begin]
-    answer = join_spans(in_sentence, text)
+    # "the minimum is $-\frac14$, attained at $x = \frac12$": the span a verb states is the result.
+    stated = [k for k, s in enumerate(in_sentence) if _STATED_RE.search(masked[begin : s[0]])]
+    if stated:
+        answer = join_spans(in_sentence[stated[-1] :], text, forward=True)
+    else:
+        answer = join_spans(in_sentence, text)
     if _LONE_NAME_RE.match(answer) and answer.strip() not in _CONSTANT_NAMES:
         return None
     return answer or None
@@ -141,10 +150,12 @@ def _from_numbers(text: str) -> str | None:
     concluded = bool(_CONCLUSION_RE.match(last)) and stripped[-1] in ".!。"  # (not a truncated sentence)
     if not (whole or concluded) or "?" in last or HEDGE_RE.search(last) or _TASK_RE.match(last):
         return None
-    numbers = _NUMBER_RE.findall(last)
-    if len(numbers) != 1:
+    numbers = list(_NUMBER_RE.finditer(last))
+    if not numbers:
         return None
-    return numbers[0].strip().replace("$", "")
+    if len(numbers) > 1 and not re.fullmatch(r"\s*=\s*", last[numbers[-2].end() : numbers[-1].start()]):
+        return None  # several numbers, and the last one is not the result of "... = n"
+    return numbers[-1].group(0).strip().replace("$", "")
 
 
 def answer_in_prose(text: str) -> str | None:

@@ -36,6 +36,18 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("\\pm 5", "Find all $x$ with $x^2 = 25$.", False, "prose_span"),
     ("5", "Expanding the product, we get $x = 5$, which means", False, "prose_span"),
     ("5", "So $x = 5$ is not allowed by the constraint.", False, "prose_span"),
+    (
+        "-\\frac{1}{4}",
+        "Hence, the minimum value is $-\\frac{1}{4}$, attained at $x = \\frac{1}{2}$.",
+        True,
+        "prose_span",
+    ),
+    (
+        "\\frac{1}{2}",
+        "Hence, the minimum value is $-\\frac{1}{4}$, attained at $x = \\frac{1}{2}$.",
+        False,
+        "prose_span",
+    ),
     # ---- after "answer is" / "answers are ... and ..."
     ("9", "After simplifying, our answer is $9$.", True, "answer_is"),
     ("9", "After simplifying, our answer is $8$.", False, "answer_is"),
@@ -51,6 +63,10 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("120", "so the answer is: 12", False, "answer_is"),
     ("5", "Let us check if the answer is 5 by substituting it back.", False, "answer_is"),
     ("5", "The answer is not $5$.", False, "answer_is"),
+    ("5", "The answer is:\n\n\\[ x = 5 \\]", True, "answer_is"),
+    ("6", "The answer is:\n\n\\[ x = 5 \\]", False, "answer_is"),
+    ("5", "**Answer:** $5$", True, "answer_is"),
+    ("4", "**Answer:** $5$", False, "answer_is"),
     # ---- GSM8K's "#### n"
     ("42", "He has 6 * 7 = <<6*7=42>>42 marbles.\n#### 42", True, "gsm8k"),
     ("42", "He has 6 * 8 = <<6*8=48>>48 marbles.\n#### 48", False, "gsm8k"),
@@ -113,6 +129,8 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("8", "The perimeter is $2(l+w)$ with $l = 3$ and $w = 1$.\nSo the perimeter is $2(3+1) = 8$.", True, "worked"),
     ("8", "The perimeter is $2(l+w)$ with $l = 3$ and $w = 2$.\nSo the perimeter is $2(3+2) = 10$.", False, "worked"),
     ("1", "We add the four parts one by one.\nThus the total is 1", False, "worked"),
+    ("15", "She starts with 20 apples and gives away 5.\nSo she has 20 - 5 = 15 apples left.", True, "worked"),
+    ("20", "She starts with 20 apples and gives away 5.\nSo she has 20 - 5 = 15 apples left.", False, "worked"),
     # ---- a boxed answer inside <think> followed by other text is not the final answer
     (
         "5",
