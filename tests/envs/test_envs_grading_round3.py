@@ -247,21 +247,18 @@ def test_finer_decimals_is_a_switch(pred, gold):
     assert strict.equivalent(gold, gold)
 
 
-def test_finer_decimals_reaches_the_worker_stages():
+def test_finer_decimals_reaches_the_worker_stages(grader):
     # An expression of matrices goes to the worker (our structure cannot read it) and through the
     # guarded math-verify stage: the switch must reach its exact re-check of the parsed floats.
     # (27.3900001 and 27.39: math-verify calls them equal, its floats agree to 6 decimals.)
     finer, coarse = "2\\begin{pmatrix}13.69500005\\end{pmatrix}", "2\\begin{pmatrix}13.695\\end{pmatrix}"
-    lenient, strict = Grader(timeout_s=5.0), Grader(timeout_s=5.0, finer_decimals=False)
-    try:
-        assert lenient.equivalent(finer, "\\begin{pmatrix}27.39\\end{pmatrix}")
-        assert not strict.equivalent(finer, "\\begin{pmatrix}27.39\\end{pmatrix}")
-        assert strict.stats["symbolic_calls"] == 1
-        # The rule reads gold and prediction in their places: a coarser prediction never passes.
-        assert not lenient.equivalent(coarse, "\\begin{pmatrix}27.3900001\\end{pmatrix}")
-    finally:
-        lenient.close()
-        strict.close()
+    strict = get_grader("builtin", finer_decimals=False)
+    calls = strict.stats["symbolic_calls"]
+    assert grader.equivalent(finer, "\\begin{pmatrix}27.39\\end{pmatrix}")
+    assert not strict.equivalent(finer, "\\begin{pmatrix}27.39\\end{pmatrix}")
+    assert strict.stats["symbolic_calls"] == calls + 1
+    # The rule reads gold and prediction in their places: a coarser prediction never passes.
+    assert not grader.equivalent(coarse, "\\begin{pmatrix}27.3900001\\end{pmatrix}")
 
 
 def test_two_decimals_compare_by_value_without_the_switch():
