@@ -158,6 +158,11 @@ def _arg(s: str, i: int) -> tuple[str, int]:
     return s[i], i + 1
 
 
+# A command that ends a function's argument ("\sin x\cos x"); a letter command does not
+# ("\cos 2\theta" is cos(2 theta)).
+_FUNCTION_NEXT_RE = re.compile(r"\\(?:" + "|".join(_FUNCS) + r"|cdot|times|div)(?![a-zA-Z])")
+
+
 def _func_arg(s: str, i: int) -> tuple[str, int]:
     """The argument of \\sin etc.: a (group), a {group}, or the next term up to an operator."""
     while i < len(s) and s[i] == " ":
@@ -189,7 +194,7 @@ def _func_arg(s: str, i: int) -> tuple[str, int]:
             if depth == 0:
                 break
             depth -= 1
-        elif depth == 0 and (c in " +-=," or c == "\\"):  # "2\sin x\cos x": x, then \cos
+        elif depth == 0 and (c in " +-=," or _FUNCTION_NEXT_RE.match(s, j)):  # "2\sin x\cos x": x, then \cos
             break
         j += 1
     if j == i:

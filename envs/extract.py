@@ -139,6 +139,10 @@ _ANCHOR_HEDGE_RE = re.compile(
     r"\bassum|\bguess|\bmaybe\b|\bperhaps\b|\bmight\b|\bnot\s+sure\b|\bunsure\b|\bdon'?t\s+know\b|\bwonder",
     re.IGNORECASE,
 )
+# "option E is correct", "(C) is the right one": an option letter stated correct.
+_OPTION_CORRECT_RE = re.compile(
+    r"(?:\b(?i:option|choice)\s+)?(?<![\w(])\(?([A-E])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b"
+)
 _NEGATION_RE = re.compile(r"\bnot\b|n't\b|\bnever\b|\bno\s+longer\b", re.IGNORECASE)
 _NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*%?)\s+[A-Za-z][A-Za-z' -]*")
 _SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
@@ -198,6 +202,16 @@ def _from_final_line(text: str) -> str | None:
     return ans or None
 
 
+def _option_stated_correct(text: str) -> str | None:
+    """The letter of the last "option E is correct" that no doubt precedes in its sentence."""
+    matches = list(_OPTION_CORRECT_RE.finditer(text))
+    if not matches:
+        return None
+    m = matches[-1]
+    sentence_start = max(text.rfind(c, 0, m.start()) for c in ".!?\n。") + 1
+    return None if _ANCHOR_HEDGE_RE.search(text[sentence_start : m.start()]) else m.group(1)
+
+
 def _is_bare_answer(text: str) -> bool:
     """A short one-line answer ("42", "$\\frac{1}{2}$", "x = 3") rather than prose."""
     if "\n" in text.strip() or len(text) > 120 or re.search(r"\\(?:boxed|fbox)", text):
@@ -238,6 +252,9 @@ def _extract_in(text: str, boxed_only: bool) -> str | None:
     line = _from_final_line(text)
     if line is not None:
         return line
+    option = _option_stated_correct(text)
+    if option is not None:
+        return option
     stripped = text.strip()
     whole = _DISPLAY_RE.fullmatch(stripped)
     if whole and whole.group(2).strip() and len(stripped) <= 400:

@@ -19,17 +19,28 @@ response that hedges, asks, or stops before concluding. So:
 
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["HEDGE_RE", "answer_in_prose", "join_spans", "math_spans"]
 
 # Math delimiters; `\$` (an escaped dollar, a currency sign inside math) never opens or closes.
-# (Bounded lengths: an unclosed delimiter scans a bounded stretch, never the rest of the text.)
-_SPAN_RE = re.compile(
-    r"(?<!\\)\$\$(?P<dd>.{1,3000}?)(?<!\\)\$\$|\\\[(?P<db>.{1,3000}?)\\\]|\\\((?P<ip>.{1,3000}?)\\\)"
-    r"|(?<![\\$])\$(?!\$)(?P<id>(?:\\\$|[^$]){1,3000}?)(?<!\\)\$",
-    re.DOTALL,
+# Each delimiter pair as an alternative; lengths are bounded, so an unclosed delimiter scans a
+# bounded stretch, and only the pairs whose closer occurs in the text are tried at all.
+_SPAN_PARTS = (
+    ("$$", r"(?<!\\)\$\$(?P<dd>.{1,1500}?)(?<!\\)\$\$"),
+    ("\\]", r"\\\[(?P<db>.{1,1500}?)\\\]"),
+    ("\\)", r"\\\((?P<ip>.{1,1500}?)\\\)"),
+    ("$", r"(?<![\\$])\$(?!\$)(?P<id>(?:\\\$|[^$]){1,1500}?)(?<!\\)\$"),
 )
+
+
+@functools.lru_cache(maxsize=16)
+def _span_re(present: tuple[bool, ...]) -> re.Pattern | None:
+    parts = [part for (_, part), on in zip(_SPAN_PARTS, present) if on]
+    return re.compile("|".join(parts), re.DOTALL) if parts else None
+
+
 _CODE_RE = re.compile(r"<code>.*?(?:</code>|$)|```.*?(?:```|$)|<interpreter>.*?(?:</interpreter>|$)", re.DOTALL)
 
 # Words that make a sentence not a conclusion (a hedge, a plan, an assumption, a doubt).
@@ -46,9 +57,12 @@ _TASK_RE = re.compile(
     r"suppose|assume|recall|note\s+that|we\s+(?:want|need|have\s+to|must))\b",
     re.IGNORECASE,
 )
-# What states a result right before it ("... is $5$", "we get $x = 5$", "equals $24$").
-_STATED_RE = re.compile(
-    r"\b(?:is|are|was|were|equals?|be|becomes?|gives?|get|gets|got|obtain|yields?|to)\s*[:=]?\s*$", re.IGNORECASE
+# What introduces a condition rather than a result, right before a span ("attained at $x = 1$",
+# "when $n = 3$", "for $x > 0$").
+_CONDITION_RE = re.compile(
+    r"\b(?:at|when|whenever|where|for|with|if|since|because|as|attained|achieved|reached|occurs?|"
+    r"provided|given)\s*$",
+    re.IGNORECASE,
 )
 _CONCLUSION_RE = re.compile(
     r"^\W*(?:so|thus|therefore|hence|consequently|finally|overall|altogether|in\s+total|in\s+all|"
@@ -66,14 +80,15 @@ _CONNECTOR_RE = re.compile(r"(?:\s|,|;|\\(?:text|mbox)\{\s*(?:and|or)\s*\}|\band
 _LONE_NAME_RE = re.compile(r"^\s*(?:\\(?!pi\b|infty\b)[a-zA-Z]+|[a-zA-Z]{1,3})(?:_\{?\w+\}?)?'*\s*$")
 _CONSTANT_NAMES = {"e", "i", "\\pi", "\\infty"}
 _MAX_REMARK_CHARS = 200  # what may follow the concluding sentence ("This completes the proof.")
-_WINDOW_CHARS = 6000  # the conclusion is read from the end of the text
+_WINDOW_CHARS = 4000  # the conclusion is read from the end of the text
 
 
 def math_spans(text: str) -> list[tuple[int, int, str]]:
     """(start, end, content) of every math span, in order."""
+    span_re = _span_re(tuple(closer in text for closer, _ in _SPAN_PARTS))
     out = []
-    for m in _SPAN_RE.finditer(text):
-        content = next(g for g in m.group("dd", "db", "ip", "id") if g is not None)
+    for m in span_re.finditer(text) if span_re is not None else ():
+        content = next(g for g in m.groupdict().values() if g is not None)
         out.append((m.start(), m.end(), content.strip()))
     return out
 
@@ -131,12 +146,11 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     if not finished and re.search(r"\w", text[last[1] :]):
         return None  # the sentence runs on to the end of the text unfinished (a truncated response)
     in_sentence = [s for s in spans if s[0] >= begin]
-    # "the minimum is $-\frac14$, attained at $x = \frac12$": the span a verb states is the result.
-    stated = [k for k, s in enumerate(in_sentence) if _STATED_RE.search(masked[begin : s[0]])]
-    if stated:
-        answer = join_spans(in_sentence[stated[-1] :], text, forward=True)
-    else:
-        answer = join_spans(in_sentence, text)
+    # "the minimum is $-\frac14$, attained at $x = \frac12$": a span that a condition introduces
+    # is where the result holds; the result is the span before it.
+    while len(in_sentence) > 1 and _CONDITION_RE.search(masked[in_sentence[-2][1] : in_sentence[-1][0]]):
+        in_sentence = in_sentence[:-1]
+    answer = join_spans(in_sentence, text)
     if _LONE_NAME_RE.match(answer) and answer.strip() not in _CONSTANT_NAMES:
         return None
     return answer or None

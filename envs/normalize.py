@@ -89,6 +89,7 @@ _UNIT_TAIL_RE = re.compile(
 )
 
 
+_MERIDIEM_RE = re.compile(r"\{\s*[AaPp]\.?\s*[Mm]\.?\s*\}")
 _TEXT_TAIL_RE = re.compile(r"\s*\\(?:text|textrm|mbox|textnormal)\{\s*[a-zA-Z][a-zA-Z .,'!?-]*\}\.?$")
 
 
@@ -108,6 +109,8 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
     # "17\text{ any text}": words in \text after a value are a comment, not part of it.
     tail = _TEXT_TAIL_RE.search(s)
+    if tail and _MERIDIEM_RE.search(tail.group(0)):
+        tail = None  # "9:15 \text{ PM}": part of a clock time, not a comment
     if tail and re.search(r"\d", s[: tail.start()]) and not re.search(r"[a-zA-Z]", s[: tail.start()]):
         s = s[: tail.start()]
     s = re.sub(r"(?<!\\)\\[\[\]()]", " ", s)  # \( \) \[ \]

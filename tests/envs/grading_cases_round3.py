@@ -89,6 +89,9 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("D", "综上所述，故选 B", False, "option"),
     ("A", "Among the options, (A) and (B) look plausible, but I could not decide.", False, "option"),
     ("A", "The answer is a positive integer.", False, "option"),
+    ("C", "Checking each statement, (C) is the right one.", True, "option"),
+    ("C", "Checking each statement, (D) is the right one.", False, "option"),
+    ("B", "Maybe option B is correct, but I doubt it.", False, "option"),
     ("B", "The answer is B and C.", False, "option"),
     ("C", "The correct option is not (B); it is (C).", True, "option"),
     ("B", "The correct option is not (B); it is (C).", False, "option"),
@@ -130,6 +133,8 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("8", "The perimeter is $2(l+w)$ with $l = 3$ and $w = 2$.\nSo the perimeter is $2(3+2) = 10$.", False, "worked"),
     ("1", "We add the four parts one by one.\nThus the total is 1", False, "worked"),
     ("15", "She starts with 20 apples and gives away 5.\nSo she has 20 - 5 = 15 apples left.", True, "worked"),
+    ("4", "We have $a + 3b = 16$ and $a = 4$.\nSubtracting gives $3b = 12$, so $b = 4$.", True, "worked"),
+    ("12", "We have $a + 3b = 16$ and $a = 4$.\nSubtracting gives $3b = 12$, so $b = 4$.", False, "worked"),
     ("20", "She starts with 20 apples and gives away 5.\nSo she has 20 - 5 = 15 apples left.", False, "worked"),
     # ---- a boxed answer inside <think> followed by other text is not the final answer
     (
@@ -211,6 +216,8 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("3:00 p.m.", "The meeting starts at 15:00.", True, "clock"),
     ("3:00 p.m.", "The meeting starts at 13:00.", False, "clock"),
     ("2:3", "\\boxed{2:30}", False, "clock"),
+    ("18:45", "\\boxed{6:45 \\text{ PM}}", True, "clock"),
+    ("18:45", "\\boxed{6:45 \\text{ AM}}", False, "clock"),
     # ---- f(x) = ... against y = ...
     ("y = 2x+3", "\\boxed{f(x) = 2x+3}", True, "function"),
     ("y = 2x+3", "\\boxed{f(x) = 3x+2}", False, "function"),
@@ -263,6 +270,8 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("\\frac{\\sqrt{3}}{2}", "\\boxed{\\sin\\frac{\\pi}{6}}", False, "trig"),
     ("\\frac{1}{2}", "\\boxed{\\cos 60^\\circ}", True, "trig"),
     ("\\frac{1}{2}", "\\boxed{\\cos 30^\\circ}", False, "trig"),
+    ("\\sin 2\\alpha", "\\boxed{2\\sin\\alpha\\cos\\alpha}", True, "trig"),
+    ("\\sin 2\\alpha", "\\boxed{2\\sin\\alpha}", False, "trig"),
     # ---- numbers written in words
     ("25", "\\boxed{\\text{twenty-five}}", True, "words"),
     ("25", "\\boxed{\\text{twenty-six}}", False, "words"),

@@ -68,6 +68,18 @@ def test_round3_case(grader, gold, response, label, kind):
     assert grader.grade(response, gold) is label
 
 
+HELD_OUT = _load("grading_cases_heldout")
+
+
+def test_held_out_cases_are_never_false_positives(grader):
+    # The held-out cases score the grader apart (scripts/bench_grading.py); a miss there is
+    # reported, but accepting a wrong answer is never acceptable in a reward.
+    count = collections.Counter((kind, label) for _, _, label, kind in HELD_OUT)
+    assert all(count[(kind, False)] >= count[(kind, True)] for kind, _ in count)
+    wrong = [(gold, resp) for gold, resp, label, _ in HELD_OUT if not label and grader.grade(resp, gold)]
+    assert wrong == []
+
+
 # ----------------------------------------------------------------------------- where the answer is
 
 
