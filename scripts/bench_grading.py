@@ -3,7 +3,7 @@
 Both graders see exactly the same (response, gold) pairs: the project's labelled cases
 (tests/envs/grading_cases.py, grading_cases_kinds.py, grading_cases_round3.py), then, reported
 apart, the held-out cases (grading_cases_heldout.py: written before the grader changes they
-score, never tuned on). For math-verify the gold is wrapped in $...$ as its documentation does and
+score; their first, blind score is recorded in that file). For math-verify the gold is wrapped in $...$ as its documentation does and
 the whole response goes to its `parse` (its own extraction). Agreement = verdict equals the label;
 a false positive = "equal" on a pair labelled not equal. The per-kind table shows both graders
 on every kind; `kinds_below_math_verify` counts kinds where ours agrees less often, and
@@ -175,7 +175,7 @@ def main() -> None:
     held_agree = {k: sum(v == c[2] for v, c in zip(vs, held)) for k, vs in held_verdicts.items()}
     held_fp = {k: sum(v and not c[2] for v, c in zip(vs, held)) for k, vs in held_verdicts.items()}
     held_lines, held_below = per_kind_table(held, held_verdicts)
-    print(f"\nheld-out cases={len(held)} (graded once, not tuned on):")
+    print(f"\nheld-out cases={len(held)} (written before the grader changes; first blind score in their file):")
     print("\n".join(held_lines))
     print(f"held-out kinds below math-verify: {held_below}")
 

@@ -3,6 +3,13 @@ and not used to tune them: `scripts/bench_grading.py` grades them in a separate 
 tests/envs/test_envs_grading_round3.py only checks that none of them is a false positive (a miss
 here is reported, not hidden by editing the label).
 
+Their first and only blind grading (issue 28, once the development cases passed): builtin
+150/154 with 0 false positives, math-verify 123/154 with 9. The four misses ("option E is
+correct"; "gives $2a = 26$, so $a = 13$" read as "2a = 26"; "9:15 \\text{ PM}" read as "9:15";
+"\\cos 2\\theta" read as cos(2)*theta) were bugs of general rules, fixed with new development
+cases of the same shapes; since then these cases are no longer unseen, and a score on them is
+not an independent one.
+
 Each case is (gold, response, label, kind); the label is what a careful human grader says. Styles
 differ on purpose from the development cases (grading_cases_round3.py): GSM8K rationales with
 <<calculator>> marks, Minerva-style closing lines, multiple-choice sentences in English and
