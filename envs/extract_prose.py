@@ -3,18 +3,22 @@
     answer_in_prose(text) -> str | None
 
 A careful reader takes the conclusion of a worked solution as its answer, and nothing from a
-response that hedges, asks, or stops before concluding. So:
+response that hedges, asks, states the task, or stops before concluding. So:
 1. The last math span (`$...$`, `\\(...\\)`, `\\[...\\]`, `$$...$$`; an escaped `\\$` is no
    delimiter) is the answer when nothing after its sentence states more (no digit, math or code
-   follows, and at most a short remark), its sentence is not a question, and neither that
-   sentence nor what follows hedges ("not sure", "could not", "whether", "let us", "might", ...).
-   Spans of the same sentence joined only by connectors are one answer ("$-3$ and $5$" ->
-   "-3, 5"). A span that is a lone name ("$x$", "$ABC$") states no result.
+   follows, and at most a short remark), its sentence is finished (a response cut off
+   mid-sentence concluded nothing), is not a question, does not state the task ("Find ...",
+   "Let ..."), and neither it nor what follows hedges or negates ("not sure", "could not",
+   "whether", "let us", "might", "not", ...). A span that a condition introduces ("attained at
+   $x = \\frac12$", "when $n = 3$") is where the result holds: the span before it is the result.
+   Spans joined only by connectors are one answer ("$-3$ and $5$" -> "-3, 5"). A span that is a
+   lone name ("$x$", "$ABC$") states no result.
    ("Therefore $x \\geq 5$ is the solution.", "so the probability is $\\frac{6}{36} = \\frac{1}{6}$.")
 2. Without math spans, a plain number is the answer only in a conclusion: when the whole
-   response is one short sentence holding one number ("The meeting starts at 15:00."), or when
-   the last sentence opens with a conclusion word (so, thus, therefore, hence, in total, ...)
-   and holds exactly one number ("So she has 18 dollars left.").
+   response is one short sentence holding it ("The meeting starts at 15:00."), or when the last
+   sentence opens with a conclusion word (so, thus, therefore, hence, in total, ...) and ends
+   with its period; the sentence must hold one number, or end its numbers with "= n"
+   ("So she has 20 - 5 = 15 apples left." -> "15").
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import functools
 import re
 
-__all__ = ["HEDGE_RE", "answer_in_prose", "join_spans", "math_spans"]
+__all__ = ["answer_in_prose", "join_spans", "math_spans"]
 
 # Math delimiters; `\$` (an escaped dollar, a currency sign inside math) never opens or closes.
 # Each delimiter pair as an alternative; lengths are bounded, so an unclosed delimiter scans a
@@ -44,7 +48,7 @@ def _span_re(present: tuple[bool, ...]) -> re.Pattern | None:
 _CODE_RE = re.compile(r"<code>.*?(?:</code>|$)|```.*?(?:```|$)|<interpreter>.*?(?:</interpreter>|$)", re.DOTALL)
 
 # Words that make a sentence not a conclusion (a hedge, a plan, an assumption, a doubt).
-HEDGE_RE = re.compile(
+_HEDGE_RE = re.compile(
     r"\b(?:not\s+sure|unsure|could\s*n[o']t|can\s*n[o']t|can\s+not|don'?t\s+know|do\s+not\s+know|"
     r"unclear|unknown|whether|maybe|perhaps|might|guess|would|let\s+us|let's|let\s+me|need\s+to|"
     r"needs\s+to|yet|wait|hmm|suppose|assume|assuming|if|try|trying|remains?|later|cannot|unable|"
@@ -130,7 +134,7 @@ def _states_nothing_more(tail: str) -> bool:
     return (
         len(tail.strip()) <= _MAX_REMARK_CHARS
         and not re.search(r"\d|\$|\\[(\[]|<code>|```", tail)
-        and not HEDGE_RE.search(tail)
+        and not _HEDGE_RE.search(tail)
     )
 
 
@@ -139,7 +143,7 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     last = spans[-1]
     begin, end, finished = _sentence_bounds(masked, last[0], last[1])
     sentence = masked[begin:end]
-    if "?" in sentence or HEDGE_RE.search(sentence) or _TASK_RE.match(sentence):
+    if "?" in sentence or _HEDGE_RE.search(sentence) or _TASK_RE.match(sentence):
         return None
     if not _states_nothing_more(text[end:]):
         return None
@@ -162,7 +166,7 @@ def _from_numbers(text: str) -> str | None:
     last = stripped[ends[-1].end() :].strip() if ends else stripped
     whole = not ends and len(stripped.split()) <= 30
     concluded = bool(_CONCLUSION_RE.match(last)) and stripped[-1] in ".!。"  # (not a truncated sentence)
-    if not (whole or concluded) or "?" in last or HEDGE_RE.search(last) or _TASK_RE.match(last):
+    if not (whole or concluded) or "?" in last or _HEDGE_RE.search(last) or _TASK_RE.match(last):
         return None
     numbers = list(_NUMBER_RE.finditer(last))
     if not numbers:

@@ -24,7 +24,14 @@ import re
 from envs.normalize import normalize_answer
 from envs.numbers import Num, numbers_equal, parse_number
 
-__all__ = ["FUNCTION_HEAD_RE", "base_numeral", "clock_seconds", "percent_rate_equal", "words_number"]
+__all__ = [
+    "FUNCTION_HEAD_RE",
+    "base_numeral",
+    "base_numerals_equal",
+    "clock_seconds",
+    "percent_rate_equal",
+    "words_number",
+]
 
 # ----------------------------------------------------------------------------- numerals in a base
 
