@@ -1,11 +1,13 @@
 """The grading worker process: `python -m envs._grading_worker`, started by `envs.grading`.
 
 It reads one JSON request per line and answers {"equal": bool, "stage": str}:
-- builtin/boxed requests {"pred", "gold" (normalized), "pred_raw", "gold_raw", "timeout"}: our
-  sympy comparison (`envs._symbolic`); when that cannot read a side, math-verify guarded by our
-  exact re-check (`envs._mv_stage`);
+- builtin/boxed requests {"pred", "gold" (normalized), "pred_raw", "gold_raw", "finer_decimals",
+  "timeout"}: our sympy comparison (`envs._symbolic`); when that cannot read a side, math-verify
+  guarded by our exact re-check (`envs._mv_stage`);
 - math_verify requests {"mode": "math_verify", "response", "gold_raw", "timeout"}: math-verify
-  alone.
+  alone, its extraction and its verdict; the reply adds "pred", the answer it extracted;
+- {"mode": "math_verify_pair", "pred", "gold_raw"}: math-verify's comparison of two extracted
+  answers (maj@N groups answers with it under the math_verify grader).
 Each request runs under a soft SIGALRM bound (0.9 x its timeout); the parent kills the process
 at the hard bound when C code ignores the signal, and starts a new one. The address space is
 capped (4 GiB) so a pathological answer cannot take the machine's memory with it.
@@ -20,18 +22,24 @@ import sys
 from envs._symbolic import symbolic_equivalent
 
 
-def _judge(req: dict, mv) -> tuple[bool, str]:
-    """(verdict, deciding stage) of one request; see `envs.grading` for the stages."""
-    if req.get("mode") == "math_verify":
+def _judge(req: dict, mv) -> dict:
+    """{"equal", "stage"[, "pred"]} of one request; see `envs.grading` for the stages."""
+    mode = req.get("mode")
+    if mode in ("math_verify", "math_verify_pair"):
         if mv is None:
             raise RuntimeError("math-verify is not installed")
-        return mv.math_verify_equal(str(req["response"]), str(req["gold_raw"])), "math_verify"
-    verdict = symbolic_equivalent(str(req["pred"]), str(req["gold"]))
+        if mode == "math_verify_pair":
+            return {"equal": mv.math_verify_pair(str(req["pred"]), str(req["gold_raw"])), "stage": "math_verify"}
+        equal, pred = mv.math_verify_response(str(req["response"]), str(req["gold_raw"]))
+        return {"equal": equal, "stage": "math_verify", "pred": pred}
+    finer = bool(req.get("finer_decimals", True))
+    verdict = symbolic_equivalent(str(req["pred"]), str(req["gold"]), finer_decimals=finer)
     if verdict:
-        return True, "symbolic"
+        return {"equal": True, "stage": "symbolic"}
     if verdict is None and mv is not None and req.get("pred_raw") is not None:
-        return mv.guarded_equal(str(req["pred_raw"]), str(req["gold_raw"])), "math_verify"
-    return False, "symbolic"
+        equal = mv.guarded_equal(str(req["pred_raw"]), str(req["gold_raw"]), finer_decimals=finer)
+        return {"equal": equal, "stage": "math_verify"}
+    return {"equal": False, "stage": "symbolic"}
 
 
 class _Timeout(BaseException):
@@ -62,19 +70,19 @@ def main() -> None:
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
-        stage = "error"
+        reply: dict = {"equal": False, "stage": "error"}
         try:
             req = json.loads(line)
             # Soft bound inside (the parent kills us at the hard bound if C code ignores it).
             signal.setitimer(signal.ITIMER_REAL, max(0.05, 0.9 * float(req.get("timeout", 3.0))))
-            equal, stage = _judge(req, mv)
+            reply = _judge(req, mv)
         except _Timeout:
-            equal, stage = False, "timeout"
+            reply = {"equal": False, "stage": "timeout"}
         except (Exception, RecursionError, MemoryError):
-            equal = False
+            pass
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        out.write(json.dumps({"equal": bool(equal), "stage": stage}) + "\n")
+        out.write(json.dumps({**reply, "equal": bool(reply["equal"])}) + "\n")
         out.flush()
 
 

@@ -29,7 +29,7 @@ import re
 import sympy
 from sympy.matrices import MatrixBase
 
-from envs._symbolic import _proportional, decimal_vs_expr, exprs_equal
+from envs._exact import decimal_vs_expr, exprs_equal, proportional
 from envs.numbers import numbers_equal, parse_number
 
 logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every parse failure
@@ -55,9 +55,17 @@ def gold_parse(gold: str) -> list:
     return parse(g, parsing_timeout=None)
 
 
-def math_verify_equal(response: str, gold: str) -> bool:
-    """math-verify alone, as a paper would grade: its extraction, its comparison."""
-    return bool(verify(gold_parse(gold), parse_response(response), timeout_seconds=None))
+def math_verify_response(response: str, gold: str) -> tuple[bool, str | None]:
+    """math-verify alone, as a paper would grade: its extraction, its comparison; with the text
+    of the answer it extracted (None when it found none)."""
+    parsed = parse_response(response)
+    pred = str(parsed[-1]) if parsed and isinstance(parsed[-1], str) else (str(parsed[0]) if parsed else None)
+    return bool(verify(gold_parse(gold), parsed, timeout_seconds=None)), pred
+
+
+def math_verify_pair(pred: str, gold: str) -> bool:
+    """math-verify's comparison of two extracted answers."""
+    return bool(verify(gold_parse(gold), _parse_answer(pred), timeout_seconds=None))
 
 
 # Answers math-verify would read by dropping part of them, or whose evaluation is unbounded:
@@ -80,8 +88,9 @@ def _symbols(obj) -> set[str] | None:
         return None
 
 
-def guarded_equal(pred: str, gold: str) -> bool:
-    """math-verify's verdict on two extracted answers, confirmed by our exact re-check."""
+def guarded_equal(pred: str, gold: str, *, finer_decimals: bool = True) -> bool:
+    """math-verify's verdict on two extracted answers, confirmed by our exact re-check
+    (`finer_decimals`: the decimal rule's switch, `envs.numbers.numbers_equal`)."""
     if len(pred) + len(gold) > 600 or _SKIP_RE.search(pred) or _SKIP_RE.search(gold):
         return False
     g, p = gold_parse(gold), _parse_answer(pred)
@@ -95,7 +104,7 @@ def guarded_equal(pred: str, gold: str) -> bool:
             return False
     if not verify(g[:1], p[:1], timeout_seconds=None):
         return False
-    return confirm(g[0], p[0])
+    return confirm(g[0], p[0], finer_decimals)
 
 
 def _labels_dropped(text: str) -> set[str]:
@@ -120,26 +129,27 @@ def _float_decimal(x):
     return None
 
 
-def _expr_exact(a, b) -> bool:
-    da, db = _float_decimal(a), _float_decimal(b)
-    if da is not None and db is not None:
-        return numbers_equal(da, db)
-    if da is not None:
-        return decimal_vs_expr(da, b)
-    if db is not None:
-        return decimal_vs_expr(db, a)
-    if a.atoms(sympy.Float) or b.atoms(sympy.Float):
+def _expr_exact(g, p, finer: bool) -> bool:
+    """Gold and prediction objects (in that order: the decimal rule is not symmetric)."""
+    dg, dp = _float_decimal(g), _float_decimal(p)
+    if dg is not None and dp is not None:
+        return numbers_equal(dp, dg, finer_decimals=finer)
+    if dg is not None:
+        return decimal_vs_expr(dg, p)
+    if dp is not None:
+        return decimal_vs_expr(dp, g)
+    if g.atoms(sympy.Float) or p.atoms(sympy.Float):
         return False  # a decimal inside an expression: only our own exact path may accept it
-    return exprs_equal(a, b)
+    return exprs_equal(g, p)
 
 
-def _unordered(xs, ys) -> bool:
+def _unordered(xs, ys, finer: bool) -> bool:
     if len(xs) != len(ys):
         return False
     left = list(ys)
     for x in xs:
         for j, y in enumerate(left):
-            if confirm(x, y):
+            if confirm(x, y, finer):
                 del left[j]
                 break
         else:
@@ -147,7 +157,7 @@ def _unordered(xs, ys) -> bool:
     return True
 
 
-def confirm(g, p) -> bool:
+def confirm(g, p, finer_decimals: bool = True) -> bool:
     """Our exact re-check of two objects math-verify called equal (see the module docstring)."""
     g, p = _doit(g), _doit(p)
     if isinstance(g, str) or isinstance(p, str):
@@ -155,11 +165,11 @@ def confirm(g, p) -> bool:
     if isinstance(g, MatrixBase) or isinstance(p, MatrixBase):
         if not (isinstance(g, MatrixBase) and isinstance(p, MatrixBase)) or g.shape != p.shape:
             return False
-        return all(_expr_exact(a, b) for a, b in zip(g, p))
+        return all(_expr_exact(a, b, finer_decimals) for a, b in zip(g, p))
     if isinstance(g, sympy.Eq) and not isinstance(p, sympy.Rel):
-        return confirm(g.rhs, p)  # "x = 3" against "3"
+        return confirm(g.rhs, p, finer_decimals)  # "x = 3" against "3"
     if isinstance(p, sympy.Eq) and not isinstance(g, sympy.Rel):
-        return confirm(g, p.rhs)
+        return confirm(g, p.rhs, finer_decimals)
     if isinstance(g, sympy.Rel) or isinstance(p, sympy.Rel):
         if type(g) is not type(p):
             flipped = {sympy.Lt: sympy.Gt, sympy.Gt: sympy.Lt, sympy.Le: sympy.Ge, sympy.Ge: sympy.Le}
@@ -167,31 +177,31 @@ def confirm(g, p) -> bool:
                 return False
             p = type(g)(p.rhs, p.lhs, evaluate=False)
         e1, e2 = g.lhs - g.rhs, p.lhs - p.rhs
-        return _proportional(e1, e2, positive=not isinstance(g, (sympy.Eq, sympy.Ne)))
+        return proportional(e1, e2, positive=not isinstance(g, (sympy.Eq, sympy.Ne)))
     if isinstance(g, sympy.FiniteSet) or isinstance(p, sympy.FiniteSet):
         gs = list(g.args) if isinstance(g, sympy.FiniteSet) else [g]
         ps = list(p.args) if isinstance(p, sympy.FiniteSet) else [p]
-        return _unordered(gs, ps)
+        return _unordered(gs, ps, finer_decimals)
     if isinstance(g, sympy.Interval) or isinstance(p, sympy.Interval):
         if not (isinstance(g, sympy.Interval) and isinstance(p, sympy.Interval)):
             return False
         return (
             (g.left_open, g.right_open) == (p.left_open, p.right_open)
-            and confirm(g.start, p.start)
-            and confirm(g.end, p.end)
+            and confirm(g.start, p.start, finer_decimals)
+            and confirm(g.end, p.end, finer_decimals)
         )
     if isinstance(g, sympy.Union) or isinstance(p, sympy.Union):
         if not (isinstance(g, sympy.Union) and isinstance(p, sympy.Union)):
             return False
-        return _unordered(list(g.args), list(p.args))
+        return _unordered(list(g.args), list(p.args), finer_decimals)
     if isinstance(g, sympy.Tuple) or isinstance(p, sympy.Tuple):
         if not (isinstance(g, sympy.Tuple) and isinstance(p, sympy.Tuple)) or len(g) != len(p):
             return False
-        return all(confirm(a, b) for a, b in zip(g, p))
+        return all(confirm(a, b, finer_decimals) for a, b in zip(g, p))
     if isinstance(g, sympy.Expr) and isinstance(p, sympy.Expr):
         if g in (sympy.oo, -sympy.oo) or p in (sympy.oo, -sympy.oo):
             return g == p
-        return _expr_exact(g, p)
+        return _expr_exact(g, p, finer_decimals)
     return False
 
 

@@ -4,17 +4,17 @@
 (`python -m envs._grading_worker`), one JSON line each, and kills that process if it overruns its
 time bound. Here the answers are converted from LaTeX to sympy by a small translator of our own (no
 eval of model text: every identifier of the translated text is checked against a whitelist and
-builtins are removed from the evaluation namespace), then compared:
+builtins are removed from the evaluation namespace), then compared exactly (`envs._exact`):
 
 - decimal literals inside an expression become exact rationals (10.5 -> 21/2); a scalar that is
-  a written decimal against an exact expression follows the decimal rule of `envs.equivalence`
+  a written decimal against an exact expression follows the decimal rule of `envs.numbers`
   (`decimal_matches_exact`), never a tolerance;
-- numbers (no free symbols): numerically at 30 digits, agreeing to 1e-12 relative (rounding
-  residue only);
-- expressions with symbols: same free symbols, then equal at all of several random rational
-  points of both signs (so sqrt(x^2) is not x), then `simplify(a - b) == 0` as the last resort;
+- numbers and expressions: equal only with a proof that the difference is zero (`envs._exact`:
+  numerical evaluation only rejects);
 - relations: `a = b` vs `c = d` when a - b and c - d are proportional; inequalities when they are
-  positively proportional with the same strictness.
+  positively proportional with the same strictness;
+- conditions on one real variable (`x^2 = 4` vs `x = 2 or x = -2`, `|x| < 2` vs
+  `-2 < x and x < 2`): their solution sets over the reals (`envs._solution_sets`).
 
 A side our translator cannot read leaves the pair undecided (`Undecided`); the worker then asks
 the math-verify stage (`envs/_mv_stage.py`), whose "equal" is re-checked exactly before it counts.
@@ -22,9 +22,8 @@ the math-verify stage (`envs/_mv_stage.py`), whose "equal" is re-checked exactly
 
 from __future__ import annotations
 
-import random
 import re
-from fractions import Fraction
+from functools import partial
 
 import sympy
 from sympy.parsing.sympy_parser import (
@@ -33,6 +32,8 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
+from envs._exact import decimal_vs_expr, exprs_equal, proportional
+from envs._solution_sets import solution_sets_equal
 from envs.equivalence import (
     NeedSymbolic,
     Undecided,
@@ -41,7 +42,7 @@ from envs.equivalence import (
     fast_relation_eq,
     fast_scalar_eq,
 )
-from envs.numbers import Num, decimal_matches_exact, parse_number
+from envs.numbers import parse_number
 
 _FUNCS = {
     "sin": "sin",
@@ -60,6 +61,7 @@ _FUNCS = {
     "log": "log",
     "exp": "exp",
     "sqrt": "sqrt",
+    "abs": "Abs",
 }
 _GREEK = [
     "alpha",
@@ -156,6 +158,11 @@ def _arg(s: str, i: int) -> tuple[str, int]:
     return s[i], i + 1
 
 
+# A command that ends a function's argument ("\sin x\cos x"); a letter command does not
+# ("\cos 2\theta" is cos(2 theta)).
+_FUNCTION_NEXT_RE = re.compile(r"\\(?:" + "|".join(_FUNCS) + r"|cdot|times|div)(?![a-zA-Z])")
+
+
 def _func_arg(s: str, i: int) -> tuple[str, int]:
     """The argument of \\sin etc.: a (group), a {group}, or the next term up to an operator."""
     while i < len(s) and s[i] == " ":
@@ -170,6 +177,14 @@ def _func_arg(s: str, i: int) -> tuple[str, int]:
         raise _Unsupported("unbalanced")
     if i < len(s) and s[i] == "{":
         return _arg(s, i)
+    if s.startswith("\\", i):  # \sin\theta, \sin\frac{\pi}{3}: one command with its arguments
+        m = re.match(r"\\([a-zA-Z]+)", s[i:])
+        if not m:
+            raise _Unsupported("function argument")
+        j = i + m.end()
+        for _ in range({"frac": 2, "dfrac": 2, "binom": 2, "sqrt": 1}.get(m.group(1), 0)):
+            _, j = _arg(s, j)
+        return s[i:j], j
     depth, j = 0, i
     while j < len(s):
         c = s[j]
@@ -179,7 +194,7 @@ def _func_arg(s: str, i: int) -> tuple[str, int]:
             if depth == 0:
                 break
             depth -= 1
-        elif depth == 0 and c in " +-=,":
+        elif depth == 0 and (c in " +-=," or _FUNCTION_NEXT_RE.match(s, j)):  # "2\sin x\cos x": x, then \cos
             break
         j += 1
     if j == i:
@@ -343,101 +358,9 @@ def _too_big(expr) -> bool:
     return False
 
 
-def _cval(expr, subs=None) -> complex | None:
+def sympy_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool:
     try:
-        v = complex(expr.evalf(30, subs=subs) if subs else sympy.N(expr, 30))
-    except Exception:
-        return None
-    if v != v or abs(v) == float("inf"):
-        return None
-    return v
-
-
-def _close(a: complex, b: complex, tol: float) -> bool:
-    """Relative closeness; a zero matches only residue-sized values (30-digit evaluation)."""
-    scale = max(abs(a), abs(b))
-    if min(abs(a), abs(b)) == 0:
-        return scale < 1e-25
-    return abs(a - b) <= tol * scale
-
-
-def _points(syms, k: int = 8):
-    """Random rational points with both signs: a rule that holds only for positive values
-    (sqrt(x^2) = x, |x| = x, log(x^2) = 2 log x) must fail here, not pass."""
-    rng = random.Random(1234)  # deterministic: the same pair always gets the same verdict
-    for j in range(k):
-        yield {
-            s: (-1 if (j + n) % 2 else 1) * sympy.Rational(rng.randint(11, 97), rng.randint(7, 31))
-            for n, s in enumerate(syms)
-        }
-
-
-def exprs_equal(a, b) -> bool:
-    """Exact equality of two sympy expressions (decimal literals were made exact rationals)."""
-    if a == b:
-        return True
-    a, b = _exact_floats(a), _exact_floats(b)
-    fa, fb = a.free_symbols, b.free_symbols
-    tol = 1e-12  # 30-digit evaluation: only rounding residue is tolerated
-    if not fa and not fb:
-        va, vb = _cval(a), _cval(b)
-        if va is None or vb is None:
-            return False
-        return _close(va, vb, tol)
-    if fa != fb:
-        try:
-            return sympy.expand(a - b) == 0
-        except Exception:
-            return False
-    agree = 0
-    for subs in _points(sorted(fa, key=str)):  # every point is checked: negatives come second
-        va, vb = _cval(a, subs), _cval(b, subs)
-        if va is None or vb is None:
-            continue
-        if not _close(va, vb, tol):
-            return False
-        agree += 1
-    if agree >= 4:
-        return True
-    try:
-        return sympy.simplify(a - b) == 0
-    except Exception:
-        return False
-
-
-def _exact_floats(expr):
-    """Floats (from a parser that makes them) -> the exact decimal they print as."""
-    try:
-        floats = expr.atoms(sympy.Float)
-    except Exception:
-        return expr
-    if not floats:
-        return expr
-    return expr.xreplace({f: sympy.Rational(repr(float(f))) for f in floats})
-
-
-def _exact_fraction(expr) -> Fraction | None:
-    """A real constant as a Fraction good to ~60 digits, or None."""
-    try:
-        if expr.free_symbols:
-            return None
-        v = sympy.N(expr, 60)
-        if not v.is_real:
-            return None
-        return Fraction(str(v))
-    except Exception:
-        return None
-
-
-def decimal_vs_expr(dec: Num, expr) -> bool:
-    """The decimal rule (`equivalence.numbers_equal`) for a decimal against an exact expression."""
-    exact = _exact_fraction(expr)
-    return exact is not None and decimal_matches_exact(dec, exact)
-
-
-def sympy_scalar_eq(pred: str, gold: str) -> bool:
-    try:
-        return fast_scalar_eq(pred, gold)
+        return fast_scalar_eq(pred, gold, finer_decimals=finer_decimals)
     except NeedSymbolic:
         pass
     a, b = latex_to_sympy(pred), latex_to_sympy(gold)
@@ -448,27 +371,6 @@ def sympy_scalar_eq(pred: str, gold: str) -> bool:
         if num is not None and num.approx:  # a written decimal: judged by the decimal rule
             return decimal_vs_expr(num, other)
     return exprs_equal(a, b)
-
-
-def _proportional(e1, e2, positive: bool) -> bool:
-    """e1 = c * e2 for a constant c != 0 (c > 0 when `positive`)."""
-    if e1.free_symbols != e2.free_symbols:
-        return False
-    if not e1.free_symbols:
-        return exprs_equal(e1, e2)
-    ratios = []
-    for subs in _points(sorted(e1.free_symbols, key=str)):
-        v1, v2 = _cval(e1, subs), _cval(e2, subs)
-        if v1 is None or v2 is None or abs(v2) < 1e-12:
-            continue
-        ratios.append(v1 / v2)
-        if len(ratios) >= 4:
-            break
-    if len(ratios) < 2 or abs(ratios[0]) < 1e-12:
-        return False
-    if not all(_close(r, ratios[0], 1e-9) for r in ratios):
-        return False
-    return ratios[0].real > 0 if positive else True
 
 
 def sympy_relation_eq(pp: list, po: list, gp: list, go: list) -> bool:
@@ -484,19 +386,22 @@ def sympy_relation_eq(pp: list, po: list, gp: list, go: list) -> bool:
     e1, e2 = sides[0] - sides[1], sides[2] - sides[3]
     op1, op2 = po[0], go[0]
     if "=" in (op1, op2) or "!=" in (op1, op2):
-        return op1 == op2 and _proportional(e1, e2, positive=False)
+        return op1 == op2 and proportional(e1, e2, positive=False)
     if (op1 in ("<", ">")) != (op2 in ("<", ">")):
         return False
     e1 = -e1 if op1 in ("<", "<=") else e1  # both now read "e > 0" / "e >= 0"
     e2 = -e2 if op2 in ("<", "<=") else e2
-    return _proportional(e1, e2, positive=True)
+    return proportional(e1, e2, positive=True)
 
 
-def symbolic_equivalent(pred: str, gold: str) -> bool | None:
-    """Full comparison of two normalized answers with sympy scalars and relations; None when
-    our translator could not read some part (the math-verify stage may still decide)."""
+def symbolic_equivalent(pred: str, gold: str, *, finer_decimals: bool = True) -> bool | None:
+    """Full comparison of two normalized answers with sympy scalars, relations and solution
+    sets; None when our translator could not read some part (math-verify may still decide)."""
+    scalar_eq = partial(sympy_scalar_eq, finer_decimals=finer_decimals)
     try:
-        return compare_normalized(pred, gold, sympy_scalar_eq, sympy_relation_eq)
+        return compare_normalized(
+            pred, gold, scalar_eq, sympy_relation_eq, partial(solution_sets_equal, to_sympy=latex_to_sympy)
+        )
     except Undecided:
         return None
     except NeedSymbolic:

@@ -1,479 +1,47 @@
 """Pure-Python answer equivalence: normalization, exact numbers, and structured answers.
 
 `envs.grading` compares two extracted answers in three steps; the first two live here and need
-no sympy: normalize both as LaTeX text (`normalize_answer`), then parse them into a light
-structure (scalar, tuple/interval, set, list, union, matrix, relation: `parse_structure`) and
-compare item by item (`compare_structures`) with scalar/relation comparators. The comparators
-here (`fast_scalar_eq`, `fast_relation_eq`) decide plain numbers exactly (`fractions.Fraction`)
-and raise `NeedSymbolic` when algebra is needed; `envs/_symbolic.py` supplies sympy comparators
-for the same structure walk, inside the grading worker process.
+no sympy: normalize both as LaTeX text (`envs.normalize.normalize_answer`), then parse them into a
+light structure (`envs.structure.parse_structure`) and compare item by item
+(`envs.structure.compare_structures`) with scalar/relation comparators. The comparators here
+(`fast_scalar_eq`, `fast_relation_eq`) decide plain numbers exactly (`fractions.Fraction`) and
+raise `NeedSymbolic` when algebra is needed; `envs/_symbolic.py` supplies sympy comparators for the
+same structure walk, inside the grading worker process.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from fractions import Fraction
 
-from envs.numbers import _THOUSANDS_RE, numbers_equal, parse_number
-
-
-def _match_brace(s: str, i: int) -> int:
-    """Index of the '}' closing the '{' at s[i], or -1 when unbalanced."""
-    depth = 0
-    for j in range(i, len(s)):
-        c = s[j]
-        if c == "\\":  # an escaped brace \{ \} does not count
-            continue
-        if c == "{" and (j == 0 or s[j - 1] != "\\"):
-            depth += 1
-        elif c == "}" and (j == 0 or s[j - 1] != "\\"):
-            depth -= 1
-            if depth == 0:
-                return j
-    return -1
-
-
-# ----------------------------------------------------------------------------- normalization
-
-_TEXT_CMDS = (
-    "text",
-    "textbf",
-    "textit",
-    "textrm",
-    "textnormal",
-    "textsf",
-    "texttt",
-    "mathrm",
-    "mathbf",
-    "mathit",
-    "mathsf",
-    "mathtt",
-    "mathnormal",
-    "mbox",
-    "hbox",
-    "operatorname",
-    "boldsymbol",
-    "bm",
-    "boxed",
-    "fbox",
-    "displaystyle",
-    "mathbb",
-    "mathcal",
+from envs.forms import base_numerals_equal, clock_seconds, words_number
+from envs.normalize import _match_brace, _squash, normalize_answer
+from envs.numbers import Num, numbers_equal, parse_number
+from envs.structure import (
+    _CLOSE,
+    _FLIP,
+    _OPEN,
+    NeedSymbolic,
+    RelationEq,
+    ScalarEq,
+    Undecided,
+    compare_structures,
+    parse_structure,
+    solution_pair,
 )
 
-
-def _unwrap_commands(s: str, names: tuple[str, ...]) -> str:
-    """Replace \\name{content} by content (brace-matched, nested-safe)."""
-    pat = re.compile(r"\\(?:" + "|".join(names) + r")(?![a-zA-Z])\s*")
-    for _ in range(50):  # bounded: each pass removes one command
-        m = pat.search(s)
-        if not m:
-            break
-        j = m.end()
-        if j < len(s) and s[j] == "{":
-            k = _match_brace(s, j)
-            if k < 0:
-                s = s[: m.start()] + s[j + 1 :]
-            else:
-                s = s[: m.start()] + s[j + 1 : k] + s[k + 1 :]
-        else:
-            s = s[: m.start()] + s[j:]
-    return s
-
-
-_UNIT_WORDS = (
-    r"(?:square|sq|cubic|cu)?\s*(?:units?|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?|"
-    r"inch(?:es)?|in|feet|foot|ft|yards?|yd|miles?|mi|mph|km/h|m/s|seconds?|sec|s|minutes?|min|"
-    r"hours?|hrs?|h|days?|weeks?|months?|years?|degrees?|deg|radians?|rad|dollars?|cents?|"
-    r"grams?|g|kg|kilograms?|pounds?|lbs?|liters?|litres?|l|ml|people|students|ways|points?|"
-    r"sq\.?\s*units?|percent|pct|percentage)"
-)
-_UNIT_EXP = r"(?:\^\{?[23]\}?|²|³)?"
-_UNIT_TAIL_RE = re.compile(
-    r"^(.*?)(\s*)(" + _UNIT_WORDS + _UNIT_EXP + r"(?:\s+" + _UNIT_WORDS + _UNIT_EXP + r")*)\.?$", re.IGNORECASE
-)
-
-
-_TEXT_TAIL_RE = re.compile(r"\s*\\(?:text|textrm|mbox|textnormal)\{\s*[a-zA-Z][a-zA-Z .,'!?-]*\}\.?$")
-
-
-def normalize_answer(s: str) -> str:
-    """Canonical LaTeX-ish text of an answer: no delimiters, styling, units or separators."""
-    s = s.strip()
-    s = s.replace("\n", " ")
-    s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
-    # "17\text{ any text}": words in \text after a value are a comment, not part of it.
-    tail = _TEXT_TAIL_RE.search(s)
-    if tail and re.search(r"\d", s[: tail.start()]) and not re.search(r"[a-zA-Z]", s[: tail.start()]):
-        s = s[: tail.start()]
-    s = re.sub(r"(?<!\\)\\[\[\]()]", " ", s)  # \( \) \[ \]
-    s = s.replace("\\$", "").replace("$", "")
-    s = re.sub(r"\\(?:euro|pounds|yen)(?![a-zA-Z])|[€£¥₹]|\b(?:USD|EUR|GBP|JPY|CNY|RMB)\b", "", s)
-    s = re.sub(r"\\(?:left|right)\s*\.", "", s)
-    s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|bigg|Bigg|big|Big)(?![a-zA-Z])", "", s)
-    s = re.sub(r"\\(?:displaystyle|textstyle|limits|nolimits|rm|bf|it)(?![a-zA-Z])", "", s)
-    s = re.sub(r",\\!\s*", ",", s)  # "11,\\! 111" is a thousands separator
-    s = s.replace("{,}", ",").replace("\\!", "")
-    s = re.sub(r"(?<!\\)\\[,;:>]", "", s)
-    s = re.sub(r"\\(?:qquad|quad|space)(?![a-zA-Z])|(?<!\\)\\ |~", " ", s)
-    s = _unwrap_commands(s, _TEXT_CMDS)
-    s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z])|\\circ(?![a-zA-Z])", "", s)
-    s = s.replace("\\%", "%")
-    s = re.sub(r"\\(?:leqslant|leq|le)(?![a-zA-Z])|[≤⩽]", "<=", s)
-    s = re.sub(r"\\(?:geqslant|geq|ge)(?![a-zA-Z])|[≥⩾]", ">=", s)
-    s = re.sub(r"\\(?:neq|ne)(?![a-zA-Z])|≠", "!=", s)
-    s = re.sub(r"\\lt(?![a-zA-Z])", "<", s)
-    s = re.sub(r"\\gt(?![a-zA-Z])", ">", s)
-    s = re.sub(r"\\(?:dots|ldots|cdots)(?![a-zA-Z])|\.\.\.", "", s)
-    s = re.sub(r"\\(?:varnothing)(?![a-zA-Z])", r"\\emptyset", s)
-    s = s.replace("\\lvert", "|").replace("\\rvert", "|").replace("\\vert", "|")
-    s = re.sub(r"\\(?:sqrt)\s*(\d)", r"\\sqrt{\1}", s)  # \sqrt2 -> \sqrt{2}
-    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)  # \frac12
-    s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)  # \frac1{2}
-    s = re.sub(r"\\frac\s*(\{[^{}]*\})\s*(\d)", r"\\frac\1{\2}", s)  # \frac{1}2
-    s = re.sub(r"\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", "", s, flags=re.IGNORECASE)
-    s = s.replace("%", "")
-    s = re.sub(r"\s+", " ", s).strip()
-    s = re.sub(r"^(?:[a-zA-Z]\s*)?\\in\s*", "", s)  # "x \in [0, 1)" -> "[0, 1)"
-    s = s.rstrip(" .;,")
-    m = _UNIT_TAIL_RE.match(s)
-    if m and _is_unit_tail(m.group(1), m.group(2), m.group(3)):
-        s = m.group(1).strip()
-    s = re.sub(r"^\+\s*(?=[\d\\])", "", s)
-    if _THOUSANDS_RE.match(s) or re.fullmatch(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
-        s = s.replace(",", "").replace(" ", "")  # "7,425,000" / "1 000"
-    return s
-
-
-def _is_unit_tail(head: str, sep: str, unit: str) -> bool:
-    """ "15 cm", "15cm", "36\\pi m": a number then units. Not "6m" or "2n": one glued letter is a
-    variable, not a unit."""
-    if not re.search(r"\d", head) or re.search(r"[a-zA-Z]", re.sub(r"\\(?:frac|sqrt|pi|times|cdot)", "", head)):
-        return False
-    if not sep:
-        return bool(re.search(r"[\d}]$", head)) and len(re.match(r"[a-zA-Z]*", unit).group(0)) >= 2
-    return True
-
-
-def _squash(s: str) -> str:
-    return re.sub(r"\s+", "", s)
-
-
-# ----------------------------------------------------------------------------- structure
-
-
-class NeedSymbolic(Exception):
-    """A scalar (or relation) comparison that plain numbers and strings cannot decide."""
-
-
-class Undecided(NeedSymbolic):
-    """Our parsers cannot read a side (a translator failure, an expression of matrices, kinds our
-    structure does not pair): the worker's math-verify stage may still decide, guarded."""
-
-
-_OPEN, _CLOSE = "([{", ")]}"
-_REL_SPLIT_RE = re.compile(r"(<=|>=|!=|=|<|>|\\approx)")
-
-
-def _split_top(s: str, seps: re.Pattern) -> list[str]:
-    """Split s at separator matches that are outside all brackets."""
-    parts, depth, last, i = [], 0, 0, 0
-    while i < len(s):
-        c = s[i]
-        if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-        elif depth == 0:
-            m = seps.match(s, i)
-            if m and m.end() > i:
-                parts.append(s[last:i])
-                last = i = m.end()
-                continue
-        i += 1
-    parts.append(s[last:])
-    return parts
-
-
-def _wrapped(s: str) -> bool:
-    """True when the bracket at s[0] closes exactly at s[-1] (any bracket types: intervals)."""
-    depth = 0
-    for i, c in enumerate(s):
-        if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-            if depth == 0 and i != len(s) - 1:
-                return False
-    return depth == 0
-
-
-_LIST_SEP = re.compile(r"\s*(?:,|;|\band\b|\bor\b)\s*")
-_COMMA = re.compile(r"\s*,\s*")
-_MATRIX_RE = re.compile(r"^\\begin\{([pbvBV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
-# A label on the left of "=": a name (x, x_1, AB, \\alpha, f(x)), a ratio of names (V_1:V_2), a
-# quotient of names (\\frac{NO}{BO}), |AB|, \\angle ABC, or a tuple of names ((p,q,r)). Never
-# an expression with operators or digits outside subscripts ("a+3z = 0", "7 = 11a+c").
-_NAME = r"(?:[a-zA-Z]+|\\(?!frac|sqrt|binom)[a-zA-Z]+)(?:_\{?[a-zA-Z0-9,]+\}?)?'*"
-_NAMES = rf"{_NAME}(?:\s*{_NAME})*"
-_VAR_LHS_RE = re.compile(
-    rf"^(?:{_NAMES}|\\angle\s*{_NAMES}|{_NAME}\([a-zA-Z0-9, ]*\)|\\frac\{{{_NAMES}\}}\{{{_NAMES}\}}|"
-    rf"{_NAMES}\s*:\s*{_NAMES}|\|{_NAMES}\||\([a-zA-Z](?:\s*,\s*[a-zA-Z])*\))$"
-)
-
-
-def parse_structure(s: str):
-    """Parse a normalized answer into nested tuples:
-    ("scalar", text) | ("seq", open, close, items) | ("set", items) | ("list", items) |
-    ("union", items) | ("matrix", rows) | ("rel", pieces, ops)."""
-    s = s.strip()
-    items = [p for p in _split_top(s, _LIST_SEP) if p.strip()]
-    if len(items) > 1:  # "1, 2", "12 and 13", "x = 1 or x = 2"
-        return ("list", _items(items))
-    ops = [m.group(0) for m in _iter_top_ops(s)]
-    if ops:
-        pieces = [p.strip() for p in _split_top(s, _REL_SPLIT_RE)]
-        if "\\approx" in ops:  # "x \approx 3.1" -> 3.1 ; "1/3 \approx 0.33" -> 1/3
-            k = ops.index("\\approx")
-            exact = "".join(p + o for p, o in zip(pieces[:k], ops[:k])) + pieces[k]
-            is_var = k == 0 and _VAR_LHS_RE.match(pieces[0])
-            return parse_structure(pieces[k + 1] if is_var else exact)
-        return ("rel", pieces, ops)
-    if "\\cup" in s:
-        parts = _split_top(s, re.compile(r"\s*\\cup\s*"))
-        if len(parts) > 1:
-            return ("union", [parse_structure(p) for p in parts])
-    m = _MATRIX_RE.match(s[1:-1].strip() if s[:1] in "([" and _wrapped(s) else s)
-    if m:
-        rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip() and "\\hline" not in r]
-        return ("matrix", [[c.strip() for c in r.split("&")] for r in rows])
-    if s in ("\\emptyset", "\\{\\}", "{}"):
-        return ("set", [])
-    if s.startswith("\\{") and s.endswith("\\}") and _wrapped(s[1:-2] + "}"):
-        inner = s[2:-2]
-        return ("set", _items(_split_top(inner, _COMMA)) if inner.strip() else [])
-    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and _wrapped(s):
-        parts = _split_top(s[1:-1], _COMMA)
-        if len(parts) > 1:
-            return ("seq", s[0], s[-1], [parse_structure(p) for p in parts])
-    pm = _split_top(s, re.compile(r"\\(?:pm|mp)(?![a-zA-Z])"))
-    if len(pm) == 2:  # "1 \pm \sqrt{19}" -> {1+\sqrt{19}, 1-\sqrt{19}}
-        a, b = pm[0].strip(), pm[1].strip()
-        return ("set", [("scalar", f"{a}+{b}" if a else b), ("scalar", f"{a}-{b}" if a else f"-{b}")], "pm")
-    return ("scalar", s)
-
-
-def _items(parts: list[str]) -> list:
-    """Parse container items, splicing "a \\pm b" into its two values ({1 \\pm 2, 5} has 3 items)."""
-    out = []
-    for p in parts:
-        node = parse_structure(normalize_answer(p))
-        if node[0] == "set" and len(node) == 3:
-            out.extend(node[1])
-        else:
-            out.append(node)
-    return out
-
-
-def _iter_top_ops(s: str):
-    depth = 0
-    i = 0
-    while i < len(s):
-        c = s[i]
-        if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-        elif depth == 0:
-            m = _REL_SPLIT_RE.match(s, i)
-            if m:
-                yield m
-                i = m.end()
-                continue
-        i += 1
-
-
-_CONSTS = ("e", "i", "\\pi", "\\infty")
-_FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "=": "=", "!=": "!="}
-
-
-def _as_interval(node):
-    """x > a, a < x <= b, ... -> ("seq", ...) / x != a stays; None when not a 1-variable range."""
-    if node[0] != "rel":
-        return None
-    pieces, ops = node[1], node[2]
-    var_idx = [i for i, p in enumerate(pieces) if _VAR_LHS_RE.match(p) and p not in _CONSTS]
-    if len(var_idx) != 1 or any(o not in ("<", ">", "<=", ">=") for o in ops):
-        return None
-    v = var_idx[0]
-    lo, hi, lo_open, hi_open = "-\\infty", "\\infty", True, True
-    for i, op in enumerate(ops):
-        a, b = i, i + 1
-        if v not in (a, b):
-            return None
-        other = pieces[b] if v == a else pieces[a]
-        op_v = op if v == a else _FLIP[op]  # relation read as "x op other"
-        if op_v in ("<", "<="):
-            hi, hi_open = other, op_v == "<"
-        else:
-            lo, lo_open = other, op_v == ">"
-    return ("seq", "(" if lo_open else "[", ")" if hi_open else "]", [("scalar", lo), ("scalar", hi)])
-
-
-def _is_assignment(node) -> bool:
-    """ "x = 3", "AB = 4", a chain "x = 5+5+1 = 11", or "\\sqrt{4} = 2" (a constant then its value)."""
-    if node[0] != "rel" or any(o != "=" for o in node[2]):
-        return False
-    lhs = node[1][0]
-    return (
-        len(node[1]) >= 3
-        or bool(_VAR_LHS_RE.match(lhs))
-        or (
-            len(node[1]) == 2
-            and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs))
-            and parse_number(node[1][1]) is not None
-        )
-    )
-
-
-def _labelled(items: list) -> list[str] | None:
-    """The labels when every item is "label = value" ("k = 45, n = 2"), else None."""
-    labels = []
-    for it in items:
-        if not (it[0] == "rel" and len(it[1]) == 2 and it[2] == ["="] and _VAR_LHS_RE.match(it[1][0])):
-            return None
-        labels.append(_squash(it[1][0]))
-    return labels if len(set(labels)) == len(labels) else None
-
-
-def _compare_labelled(p, g, scalar_eq, relation_eq) -> bool | None:
-    """Lists where one side labels its values: both labelled -> matched by label; one side
-    labelled, the other bare values -> matched in order. None when neither applies."""
-    lp, lg = _labelled(p[1]), _labelled(g[1])
-    if lp is None and lg is None:
-        return None
-    if len(p[1]) != len(g[1]):
-        return False
-
-    def value(it):
-        return parse_structure(normalize_answer(it[1][1]))
-
-    if lp is not None and lg is not None:
-        if sorted(lp) != sorted(lg):
-            return False
-        by_label = dict(zip(lg, g[1]))
-        return all(compare_structures(value(a), value(by_label[k]), scalar_eq, relation_eq) for k, a in zip(lp, p[1]))
-    if any(it[0] == "rel" for it in (g[1] if lp is not None else p[1])):
-        return None
-    pv = [value(it) for it in p[1]] if lp is not None else p[1]
-    gv = [value(it) for it in g[1]] if lg is not None else g[1]
-    return all(compare_structures(a, b, scalar_eq, relation_eq) for a, b in zip(pv, gv))
-
-
-ScalarEq = Callable[[str, str], bool]
-RelationEq = Callable[[list, list, list, list], bool]
-
-
-def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:
-    """Equivalence of two parsed answers; `scalar_eq` may raise NeedSymbolic."""
-    kp, kg = p[0], g[0]
-    if kp == "rel" or kg == "rel":
-        if kp == "rel" and kg == "rel":
-            if _is_assignment(p) and _is_assignment(g) and _squash(p[1][0]) == _squash(g[1][0]):
-                return compare_structures(
-                    parse_structure(normalize_answer(p[1][-1])),
-                    parse_structure(normalize_answer(g[1][-1])),
-                    scalar_eq,
-                    relation_eq,
-                )
-            if _is_assignment(p) and _is_assignment(g) and len(p[1]) >= 3:
-                return compare_structures(parse_structure(p[1][-1]), g, scalar_eq, relation_eq)
-            if len(p[1]) == 2 and len(g[1]) == 2:
-                return relation_eq(p[1], p[2], g[1], g[2])
-            return _squash("".join(p[1])) == _squash("".join(g[1])) and p[2] == g[2]
-        rel, other, rel_is_pred = (p, g, True) if kp == "rel" else (g, p, False)
-        if _is_assignment(rel):
-            value = parse_structure(normalize_answer(rel[1][-1]))
-            return (
-                compare_structures(value, other, scalar_eq, relation_eq)
-                if rel_is_pred
-                else compare_structures(other, value, scalar_eq, relation_eq)
-            )
-        iv = _as_interval(rel)
-        if iv is not None and other[0] in ("seq", "union"):
-            return (
-                compare_structures(iv, other, scalar_eq, relation_eq)
-                if rel_is_pred
-                else compare_structures(other, iv, scalar_eq, relation_eq)
-            )
-        return False
-    if kp == "scalar" and kg == "scalar":
-        return scalar_eq(p[1], g[1])
-    if kp == "matrix" or kg == "matrix":
-        return _compare_matrix(p, g, scalar_eq)
-    if kp in ("set", "list") and kg in ("set", "list"):
-        labelled = _compare_labelled(p, g, scalar_eq, relation_eq)
-        if labelled is not None:
-            return labelled
-        return _match_unordered(p[1], g[1], scalar_eq, relation_eq)
-    if kp == "seq" and kg == "seq":
-        if (p[1], p[2]) != (g[1], g[2]) or len(p[3]) != len(g[3]):
-            return False
-        return all(compare_structures(a, b, scalar_eq, relation_eq) for a, b in zip(p[3], g[3]))
-    if {kp, kg} == {"seq", "list"}:  # "(3, 4)" vs "3, 4": same items in the same order
-        seq, lst = (p, g) if kp == "seq" else (g, p)
-        if (seq[1], seq[2]) != ("(", ")") or len(seq[3]) != len(lst[1]):
-            return False
-        pairs = zip(p[3], g[1]) if kp == "seq" else zip(p[1], g[3])
-        return all(compare_structures(a, b, scalar_eq, relation_eq) for a, b in pairs)
-    if kp == "union" and kg == "union":
-        return _match_unordered(p[1], g[1], scalar_eq, relation_eq)
-    if kp == "set" and kg == "scalar" and len(p[1]) == 1:  # "\{5\}" vs "5"
-        return compare_structures(p[1][0], g, scalar_eq, relation_eq)
-    if kg == "set" and kp == "scalar" and len(g[1]) == 1:
-        return compare_structures(p, g[1][0], scalar_eq, relation_eq)
-    return False
-
-
-def _match_unordered(ps: list, gs: list, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:
-    """Multiset equality under the equivalence (greedy matching; items are few)."""
-    if len(ps) != len(gs):
-        return False
-    left = list(gs)
-    pending: Exception | None = None
-    for a in ps:
-        for j, b in enumerate(left):
-            try:
-                if compare_structures(a, b, scalar_eq, relation_eq):
-                    del left[j]
-                    break
-            except NeedSymbolic as e:
-                pending = e
-        else:
-            if pending is not None:
-                raise pending
-            return False
-    return True
-
-
-def _compare_matrix(p, g, scalar_eq: ScalarEq) -> bool:
-    def rows(n):
-        if n[0] == "matrix":
-            return n[1]
-        if n[0] == "seq" and (n[1], n[2]) == ("(", ")") and all(i[0] == "scalar" for i in n[3]):
-            return [[i[1]] for i in n[3]]  # a tuple compares with a column vector
-        return None
-
-    rp, rg = rows(p), rows(g)
-    if rp is None or rg is None:
-        raise Undecided("a matrix against something else")
-    if len(rp) == 1 and len(rg) > 1 and all(len(r) == 1 for r in rg):
-        rp = [[c] for c in rp[0]]  # row vector vs column vector: same entries
-    if len(rp) != len(rg) or any(len(a) != len(b) for a, b in zip(rp, rg)):
-        return False
-    return all(scalar_eq(a, b) for ra, rb in zip(rp, rg) for a, b in zip(ra, rb))
-
+__all__ = [
+    "NeedSymbolic",
+    "Undecided",
+    "_match_brace",
+    "compare_normalized",
+    "fast_relation_eq",
+    "fast_scalar_eq",
+    "normalize_answer",
+    "parse_number",
+    "parse_structure",
+]
 
 _CHOICE_RE = re.compile(r"^\(?([A-Ea-e])\)?$")
 _CHOICE_PREFIX_RE = re.compile(r"^\(?([A-E])(?:\)|\.|:|\)\.)\s*\S")
@@ -492,18 +60,32 @@ def _compare_choice(pred: str, gold: str) -> bool | None:
 _PLAIN_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z\s'\-]*$")
 
 
-def fast_scalar_eq(pred: str, gold: str) -> bool:
-    """Scalar equivalence decidable without algebra; raises NeedSymbolic otherwise."""
+def fast_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool:
+    """Scalar equivalence decidable without algebra; raises NeedSymbolic otherwise.
+    finer_decimals: the decimal rule's switch (`envs.numbers.numbers_equal`)."""
     a, b = _squash(pred), _squash(gold)
     if a == b:
         return True
     na, nb = parse_number(pred), parse_number(gold)
     if na is not None and nb is not None:
-        return numbers_equal(na, nb)
+        return numbers_equal(na, nb, finer_decimals=finer_decimals)
+    base = base_numerals_equal(pred, gold)
+    if base is not None:  # "4210_7" vs "4210_{7}" / "4210"
+        return base
+    ta, tb = clock_seconds(pred), clock_seconds(gold)
+    if ta is not None and tb is not None:  # "20:34" vs "08:34 P.M."
+        return ta == tb
     ca, cb = _CHOICE_RE.match(a), _CHOICE_RE.match(b)
     if ca and cb:
         return ca.group(1).upper() == cb.group(1).upper() if len(a) > 1 or len(b) > 1 else a == b
     wa, wb = _PLAIN_WORDS_RE.match(pred.strip()), _PLAIN_WORDS_RE.match(gold.strip())
+    word_a = words_number(pred) if wa else None
+    word_b = words_number(gold) if wb else None
+    if (word_a is not None or word_b is not None) and (word_a is not None or na) and (word_b is not None or nb):
+        # "twenty-five" vs "25" (or vs "twenty five"): the integers the words name
+        num_a = na if word_a is None else Num(Fraction(word_a), False, None)
+        num_b = nb if word_b is None else Num(Fraction(word_b), False, None)
+        return numbers_equal(num_a, num_b, finer_decimals=finer_decimals)
     if wa and wb and (len(a) > 2 or len(b) > 2):  # words ("Evelyn", "odd"), not products like "xy"
         return a.lower() == b.lower()
     if (wa and len(a) > 2 and nb is not None) or (wb and len(b) > 2 and na is not None):
@@ -537,8 +119,16 @@ def _depth(s: str) -> int:
     return best
 
 
-def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bool:
-    """Full comparison of two normalized answers with the given scalar/relation comparators."""
+def compare_normalized(
+    pred: str,
+    gold: str,
+    scalar_eq: ScalarEq,
+    relation_eq: RelationEq,
+    sets_eq: Callable[[tuple, tuple], bool] | None = None,
+) -> bool:
+    """Full comparison of two normalized answers with the given scalar/relation comparators.
+    sets_eq: compares two conditions on one variable by their solution sets (`solution_pair`);
+    without it (the fast stage) such a pair raises NeedSymbolic."""
     if _squash(pred) == _squash(gold):
         return True
     choice = _compare_choice(pred, gold)
@@ -548,12 +138,18 @@ def compare_normalized(pred: str, gold: str, scalar_eq: ScalarEq, relation_eq: R
         return False  # no real answer is this long or deep: spare the structure walk
     undecided: Undecided | None = None
     try:
-        if compare_structures(parse_structure(pred), parse_structure(gold), scalar_eq, relation_eq):
+        p, g = parse_structure(pred), parse_structure(gold)
+        if compare_structures(p, g, scalar_eq, relation_eq):
             return True
     except RecursionError:
         return False
     except Undecided as e:
         undecided = e
+    if solution_pair(p, g):  # "x^2 = 4" vs "x = 2 or x = -2"
+        if sets_eq is None:
+            raise NeedSymbolic("solution sets")
+        if sets_eq(p, g):
+            return True
     # Decimal comma ("1000,99" for 1000.99) when the other side is a decimal number.
     a, b = _squash(pred), _squash(gold)
     if (

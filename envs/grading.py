@@ -5,33 +5,48 @@
     extract_answer(response) -> str | None                 # envs.extract (documented there)
     answers_equivalent(pred, gold) -> bool                 # compare two extracted answers
 
-Modes (`env.grader`; training and evaluation use the same one, summary.json records it):
+Modes (`env.grader`; training and evaluation use the same one, summary.json records it; maj@N
+groups answers with the same one):
 - `builtin` (default): our extraction (`envs.extract`), then the stages below, cheapest first.
 - `math_verify`: Hugging Face math-verify alone (its extraction and comparison, as papers grade),
   run in the same killable worker; for numbers comparable with published ones.
 - `boxed`: like builtin, but only a \\boxed{}/\\fbox{} answer counts (no prose, no bare answers).
 
 The builtin stages:
-1. Both answers are normalized as LaTeX text (delimiters, spacing commands, \\text{}, \\left/\\right,
-   degrees, percent and currency signs, thousands separators, trailing units) and compared as strings.
+1. Both answers are normalized as LaTeX text (`envs.normalize`: delimiters, spacing commands,
+   \\text{}, \\left/\\right, degrees (inside a trig function: radians), percent and currency signs,
+   thousands separators, trailing units, superscript digits) and compared as strings. A percent
+   against a plain rate compares as its value / 100 ("25\\%" = "0.25", both ways; `envs.forms`).
 2. Both are parsed into a light structure (scalar, tuple/interval, set, list, labelled values,
-   union, matrix, relation, option letter) and compared item by item. Plain numbers (integers,
-   decimals, a/b, \\frac, mixed numbers, scientific notation) are compared exactly with
-   `fractions.Fraction`, in this process, without sympy. This decides most answers (every DAPO
-   and AIME answer is an integer); its "equal" and "not equal" are final.
-3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices) sends
-   the pair to a worker process (`envs/_grading_worker.py`): step 2 again with sympy scalars (our
-   own LaTeX translator, exact comparison); when our translator cannot read a side, math-verify
-   parses both answers and its "equal" counts only after our exact re-check of the objects it
-   parsed (`envs/_mv_stage.py`: no float tolerance, no sign-dropping simplification).
+   union, matrix, relation, option letter; `envs.structure`) and compared item by item, in any
+   order for sets and lists of solutions ("p=5,q=2;p=7,q=2" = "(5,2),(7,2)", "\\pm 3" = "3, -3").
+   Plain numbers (integers, decimals, a/b, \\frac, mixed numbers, scientific notation) are compared
+   exactly with `fractions.Fraction`, in this process, without sympy; so are the forms of
+   `envs.forms` (numerals in a base, clock times, numbers in words, "f(x) =" against "y ="). This
+   decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
+   are final.
+3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices, an
+   equation or inequality against its solutions) sends the pair to a worker process
+   (`envs/_grading_worker.py`): step 2 again with sympy scalars (our own LaTeX translator,
+   `envs._symbolic`), conditions on one variable compared by their solution sets
+   (`envs._solution_sets`); when our translator cannot read a side, math-verify parses both
+   answers and its "equal" counts only after our exact re-check of the objects it parsed
+   (`envs/_mv_stage.py`). Every "equal" of this stage is exact (`envs._exact`): numerical
+   evaluation only rejects, equality needs a proof (a zero difference after sympy's
+   simplifications, exact values at random rational points), so two different exact values are
+   never accepted for being close ("99999999/10^8" is not "99999998/99999999"; 2^{1/2^{1000}} is
+   not 1), whatever math-verify said.
    The worker is killed when a call exceeds `timeout_s`, so no answer can hang the caller, from any
    thread, even inside C code; a timed-out call counts as "not equal" and as a timeout in
    `Grader.stats` and in `GradeResult.timed_out`.
 
 The decimal rule (`envs.numbers.numbers_equal`): two exact forms compare exactly. Two decimals
-are equal when their values are, or when the prediction states more digits and rounds to a gold
-of two or more decimals (a gold rounded to "27.39" accepts "27.3912", not "27.4"; a gold "0.5"
-is exact and does not accept "0.54"). A decimal against an exact value
+are equal when their values are ("1.60" = "1.6"), or, by default, when the prediction states more
+digits and rounds to a gold of two or more decimals (a gold rounded to "27.39" accepts
+"27.3912", not "27.4"; "6.02e23" accepts "6.022e23"; a gold "0.5" is exact and does not accept
+"0.54"): the convention of a grader who reads a gold "27.39" as "the value, rounded to two
+decimals". The switch `finer_decimals=False` (`env.grade_finer_decimals: false`) takes the other
+convention: the gold is the value, and "27.3912" is not "27.39". A decimal against an exact value
 (1/3, \\pi) is accepted only when it is that value rounded at the last digit it states and it
 states at least 12 significant digits (a calculator or float print): "0.0833333333333333" is 1/12,
 while "0.333" is not 1/3, "1.4142" is not \\sqrt{2}, and the truncation "0.666666666666666" is not 2/3.
@@ -52,6 +67,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from envs.equivalence import (
@@ -63,6 +79,7 @@ from envs.equivalence import (
     parse_number,
 )
 from envs.extract import extract_answer
+from envs.forms import percent_rate_equal
 
 __all__ = [
     "GRADERS",
@@ -153,9 +170,9 @@ class _SymbolicWorker:
                 pass
         self.proc, self.ready = None, False
 
-    def call(self, request: dict, timeout_s: float) -> tuple[bool, str] | None:
-        """(verdict, stage) from the worker, or None when it timed out or failed (then it is
-        restarted)."""
+    def call(self, request: dict, timeout_s: float) -> dict | None:
+        """The worker's reply {"equal", "stage"[, "pred"]}, or None when it timed out or failed
+        (then it is restarted)."""
         if self.owner_pid != os.getpid():  # we are a forked child: the pipes belong to the parent
             self.proc, self.ready, self.buf, self.owner_pid = None, False, b"", os.getpid()
         try:
@@ -185,7 +202,7 @@ class _SymbolicWorker:
             return None
         try:
             reply = json.loads(line)
-            return bool(reply["equal"]), str(reply.get("stage", "symbolic"))
+            return {**reply, "equal": bool(reply["equal"]), "stage": str(reply.get("stage", "symbolic"))}
         except (ValueError, KeyError, TypeError):
             self.kill()  # out of step with the worker: start over rather than misread answers
             return None
@@ -205,6 +222,8 @@ class Grader:
     symbolic: False compares with numbers and strings only (no worker process; builtin/boxed only).
     cache_size: remembered (pred, gold) verdicts; GRPO groups repeat the same answers a lot.
     startup_timeout_s: bound on starting the worker (importing sympy, math-verify), once per process.
+    finer_decimals: the decimal rule's switch (module docstring): True accepts a decimal that states
+        more digits than a rounded decimal gold and rounds to it; False demands the gold's value.
     stats: calls, symbolic_calls (worker calls), timeouts (worker calls that ran out of time), seconds (grading time).
     """
 
@@ -215,6 +234,7 @@ class Grader:
         symbolic: bool = True,
         cache_size: int = 8192,
         startup_timeout_s: float = 60.0,
+        finer_decimals: bool = True,
     ) -> None:
         if mode not in GRADERS:
             raise ValueError(f"grader={mode!r}: must be one of {list(GRADERS)}")
@@ -231,6 +251,8 @@ class Grader:
         self.timeout_s = timeout_s
         self.symbolic = symbolic
         self.cache_size = cache_size
+        self.finer_decimals = bool(finer_decimals)
+        self._scalar_eq = partial(fast_scalar_eq, finer_decimals=self.finer_decimals)
         self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self._lock = threading.Lock()
         self._worker = _SymbolicWorker(startup_timeout_s)
@@ -240,16 +262,16 @@ class Grader:
     def check(self, response: str, gold: str, *, timeout_s: float | None = None) -> GradeResult:
         """Grade one response; never raises, never hangs past the time bound."""
         t0 = time.perf_counter()
-        pred = extract_answer(response, boxed_only=self.mode == "boxed")
-        if self.mode == "math_verify":
-            verdict, stage = self._ask_worker(
-                {"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s
-            )
-        elif pred is None:
-            verdict, stage = False, "none"
+        if self.mode == "math_verify":  # its extraction and its verdict
+            reply = self._ask_worker({"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s)
+            verdict, stage, pred = reply["equal"], reply["stage"], reply.get("pred")
         else:
-            gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
-            verdict, stage = self._equivalent(pred, gold_ans or gold, timeout_s)
+            pred = extract_answer(response, boxed_only=self.mode == "boxed")
+            if pred is None:
+                verdict, stage = False, "none"
+            else:
+                gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
+                verdict, stage = self._equivalent(pred, gold_ans or gold, timeout_s)
         seconds = time.perf_counter() - t0
         with self._lock:
             self.stats["seconds"] += seconds
@@ -259,7 +281,10 @@ class Grader:
         return self.check(response, gold, timeout_s=timeout_s).correct
 
     def equivalent(self, pred: str, gold: str, *, timeout_s: float | None = None) -> bool:
-        """The builtin comparison of two extracted answers (whatever this grader's mode)."""
+        """This grader's comparison of two extracted answers (maj@N groups answers with it):
+        math-verify's own for `math_verify`, the builtin stages for `builtin` and `boxed`."""
+        if self.mode == "math_verify":
+            return self._ask_worker({"mode": "math_verify_pair", "pred": pred, "gold_raw": gold}, timeout_s)["equal"]
         return self._equivalent(pred, gold, timeout_s)[0]
 
     def close(self) -> None:
@@ -267,14 +292,14 @@ class Grader:
             self._worker.kill()
 
     # -- stages
-    def _ask_worker(self, request: dict, timeout_s: float | None) -> tuple[bool, str]:
+    def _ask_worker(self, request: dict, timeout_s: float | None) -> dict:
         bound = timeout_s or self.timeout_s
         with self._lock:
             self.stats["symbolic_calls"] += 1
-            res = self._worker.call(request, bound)
-            if res is None or res[1] == "timeout":
+            res = self._worker.call({**request, "finer_decimals": self.finer_decimals}, bound)
+            if res is None or res["stage"] == "timeout":
                 self.stats["timeouts"] += 1
-        if res is None or res[1] == "timeout":
+        if res is None or res["stage"] == "timeout":
             from loguru import logger  # rare path: keep the import off module load
 
             logger.warning(
@@ -282,7 +307,7 @@ class Grader:
                 bound,
                 str(request.get("pred", request.get("response", "")))[-80:],
             )
-            return False, "timeout"
+            return {"equal": False, "stage": "timeout"}
         return res
 
     def _equivalent(self, pred: str, gold: str, timeout_s: float | None) -> tuple[bool, str]:
@@ -291,6 +316,8 @@ class Grader:
         if len(pred) + len(gold) > MAX_ANSWER_CHARS:  # junk, not an answer: spare the regex passes
             return pred.split() == gold.split(), "fast"
         try:
+            if percent_rate_equal(pred, gold, finer_decimals=self.finer_decimals):
+                return True, "fast"  # "25\\%" vs a plain rate "0.25" (the signs are gone after normalizing)
             p, g = normalize_answer(pred), normalize_answer(gold)
         except Exception:  # (defensive: normalization is regex-only) never crash the caller
             return False, "fast"
@@ -303,7 +330,7 @@ class Grader:
         try:
             # A "not equal" here is final: the worker runs the same structure walk, and its
             # comparators defer to these fast ones wherever these decide.
-            verdict, escalate = compare_normalized(p, g, fast_scalar_eq, fast_relation_eq), False
+            verdict, escalate = compare_normalized(p, g, self._scalar_eq, fast_relation_eq), False
         except NeedSymbolic:
             verdict, escalate = False, True
         except Exception as e:  # a grader bug must never crash training: count it as "not equal"
@@ -312,7 +339,8 @@ class Grader:
             logger.warning("grading failed ({!r}); counted as not equal: {!r} vs {!r}", e, p[:80], g[:80])
             verdict, escalate = False, False
         if escalate and self.symbolic and len(pred) + len(gold) <= MAX_WORKER_CHARS:
-            verdict, stage = self._ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold}, timeout_s)
+            reply = self._ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold}, timeout_s)
+            verdict, stage = reply["equal"], reply["stage"]
         if stage != "timeout":  # a timeout may pass next time (a cold machine): not remembered
             with self._lock:
                 if self.cache_size > 0:
@@ -322,19 +350,22 @@ class Grader:
         return verdict, stage
 
 
-_GRADERS: dict[str, Grader] = {}  # one shared grader per mode and process: its worker is a process resource
+_GRADERS: dict[tuple[str, bool], Grader] = {}  # one per setting and process: its worker is a process resource
 _GRADERS_LOCK = threading.Lock()
 
 
-def get_grader(mode: str = "builtin") -> Grader:
-    """The process-wide grader of `mode` (created on first use, closed at exit)."""
+def get_grader(mode: str = "builtin", *, finer_decimals: bool = True) -> Grader:
+    """The process-wide grader of `mode` and decimal rule (created on first use, closed at exit)."""
+    key = (mode, bool(finer_decimals))
     with _GRADERS_LOCK:
-        if mode not in _GRADERS:
-            _GRADERS[mode] = Grader(mode)
-            atexit.register(_GRADERS[mode].close)
-        return _GRADERS[mode]
+        if key not in _GRADERS:
+            _GRADERS[key] = Grader(mode, finer_decimals=finer_decimals)
+            atexit.register(_GRADERS[key].close)
+        return _GRADERS[key]
 
 
-def grade_answer(response: str, gold: str, *, timeout_s: float | None = None, mode: str = "builtin") -> bool:
+def grade_answer(
+    response: str, gold: str, *, timeout_s: float | None = None, mode: str = "builtin", finer_decimals: bool = True
+) -> bool:
     """True when the final answer of `response` is equivalent to `gold` (never hangs)."""
-    return get_grader(mode).grade(response, gold, timeout_s=timeout_s)
+    return get_grader(mode, finer_decimals=finer_decimals).grade(response, gold, timeout_s=timeout_s)

@@ -128,17 +128,35 @@ def decimal_matches_exact(dec: Num, exact: Fraction) -> bool:
     return dec.value == exact or (dec.sig >= FULL_PRECISION_DIGITS and rounds_to(exact, dec))
 
 
-def numbers_equal(pred: Num, gold: Num) -> bool:
+def _stated_decimals(n: Num) -> int | None:
+    """Decimals a decimal states ("27.39": 2), or its mantissa's in scientific notation
+    ("6.02e23": 2)."""
+    if n.decimals is not None:
+        return n.decimals
+    return n.sig - 1 if n.last_exp is not None else None
+
+
+def numbers_equal(pred: Num, gold: Num, *, finer_decimals: bool = True) -> bool:
     """The decimal rule: exact when both sides are exact; two decimals are equal when their values
-    are, or when the prediction states more digits and rounds to a gold of two or more decimals
-    ("27.3912" for a gold rounded to "27.39"; a gold "0.5" is taken as exact); a decimal against an exact value follows `decimal_matches_exact`."""
+    are, or (with `finer_decimals`, the default) when the prediction states more digits and
+    rounds to a gold of two or more decimals ("27.3912" for a gold rounded to "27.39"; "6.022e23"
+    for "6.02e23"; a gold "0.5" is taken as exact); a decimal against an exact value follows
+    `decimal_matches_exact`."""
     if pred.value == gold.value:
         return True
     if not (pred.approx or gold.approx):
         return False
     if pred.approx and gold.approx:
         # A gold with one decimal (0.5, 2.5) is an exact value far more often than a rounding.
-        if gold.decimals is not None and pred.decimals is not None and pred.decimals > gold.decimals >= 2:
+        stated = _stated_decimals(gold)
+        if (
+            finer_decimals
+            and stated is not None
+            and stated >= 2
+            and pred.last_exp is not None
+            and gold.last_exp is not None
+            and pred.last_exp < gold.last_exp
+        ):
             return rounds_to(pred.value, gold)
         return False
     dec, exact = (pred, gold) if pred.approx else (gold, pred)

@@ -100,6 +100,10 @@ class RetoolConfig:
     # alone, for numbers comparable with papers that grade with it; "boxed" = builtin, but only a
     # \boxed{} answer counts. See envs/grading.py.
     grader: str = "builtin"
+    # The decimal rule of the builtin and boxed graders (envs/grading.py): true accepts a decimal
+    # that states more digits than a rounded decimal gold and rounds to it ("27.3912" for "27.39",
+    # as a grader of a "round to two decimals" problem would); false demands the gold's value.
+    grade_finer_decimals: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tool_calls < 0:
@@ -272,7 +276,8 @@ class RetoolEnv:
         cfg = self.cfg
         model_text = strip_interpreter(response_text)
         gold = str(self.problem["answer"])
-        graded = get_grader(cfg.grader).check(model_text, gold, timeout_s=cfg.grade_timeout_s)
+        grader = get_grader(cfg.grader, finer_decimals=cfg.grade_finer_decimals)
+        graded = grader.check(model_text, gold, timeout_s=cfg.grade_timeout_s)
         pred, correct = graded.pred, graded.correct
         format_ok = self._format_ok(model_text)
         if correct:

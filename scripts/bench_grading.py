@@ -1,10 +1,14 @@
 """Compare envs.grading (the builtin grader) with Hugging Face math-verify on labelled cases.
 
 Both graders see exactly the same (response, gold) pairs: the project's labelled cases
-(tests/envs/grading_cases.py) and the per-kind cases (tests/envs/grading_cases_kinds.py). For
-math-verify the gold is wrapped in $...$ as its documentation does and the whole response goes
-to its `parse` (its own extraction). Agreement = verdict equals the label; a false positive =
-"equal" on a pair labelled not equal.
+(tests/envs/grading_cases.py, grading_cases_kinds.py, grading_cases_round3.py), then, reported
+apart, the held-out cases (grading_cases_heldout.py: written before the grader changes they
+score; their first, blind score is recorded in that file). For math-verify the gold is wrapped in $...$ as its documentation does and
+the whole response goes to its `parse` (its own extraction). Agreement = verdict equals the label;
+a false positive = "equal" on a pair labelled not equal. The per-kind table shows both graders
+on every kind; `kinds_below_math_verify` counts kinds where ours agrees less often, and
+`closeness_false_pos` counts our false positives on the kinds where a lenient grader accepts a
+merely close value (closeness, decimal_rule).
 
 Speed, measured in this run, one grader after the other, after one warm-up call each (imports,
 sympy, our worker start), best of --repeat passes, our result cache off:
@@ -18,7 +22,9 @@ through our grader, in every mode; each call must return within its time bound p
     python scripts/bench_grading.py [--repeat 3] [--show-disagreements]
 
 The last line is `RESULT agree_ours=N/M agree_math_verify=N/M false_pos_ours=K
-false_pos_math_verify=K speed_ratio=X int_mix_speed_ratio=Y hang_max_s=Z`.
+false_pos_math_verify=K kinds_below_math_verify=K closeness_false_pos=K heldout_agree_ours=N/M
+heldout_agree_math_verify=N/M heldout_false_pos_ours=K heldout_false_pos_math_verify=K
+speed_ratio=X int_mix_speed_ratio=Y hang_max_s=Z`.
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LABELLED = ("grading_cases", "grading_cases_kinds", "grading_cases_round3")
+HELD_OUT = ("grading_cases_heldout",)
+CLOSENESS_KINDS = ("closeness", "decimal_rule")
 
 
-def load_cases() -> list[tuple[str, str, bool, str]]:
+def load_cases(names: tuple[str, ...] = LABELLED) -> list[tuple[str, str, bool, str]]:
     cases = []
-    for name in ("grading_cases", "grading_cases_kinds"):
+    for name in names:
         spec = importlib.util.spec_from_file_location(name, ROOT / f"tests/envs/{name}.py")
         mod = importlib.util.module_from_spec(spec)
         assert spec.loader is not None
@@ -98,6 +107,26 @@ def timed(fn, pairs, repeat: int) -> tuple[list[bool], float]:
     return out, best
 
 
+def per_kind_table(cases, verdicts: dict[str, list[bool]]) -> tuple[list[str], int]:
+    """Rows of the per-kind table, and how many kinds ours agrees on less often than math-verify."""
+    by_kind: dict[str, list[int]] = {}
+    for i, (_, _, label, kind) in enumerate(cases):
+        row = by_kind.setdefault(kind, [0, 0, 0, 0, 0])
+        row[0] += 1
+        row[1] += verdicts["ours"][i] == label
+        row[2] += verdicts["math_verify"][i] == label
+        row[3] += verdicts["ours"][i] and not label
+        row[4] += verdicts["math_verify"][i] and not label
+    lines = [f"{'kind':<14} {'N':>4} {'ours':>5} {'math_verify':>11} {'fp_ours':>8} {'fp_mv':>6}"]
+    below = 0
+    for kind, (cnt, a, b, fa, fb) in sorted(by_kind.items()):
+        below += a < b
+        lines.append(
+            f"{kind:<14} {cnt:>4} {a:>5} {b:>11} {fa:>8} {fb:>6}" + ("  <- below math-verify" if a < b else "")
+        )
+    return lines, below
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="timing passes (best is kept)")
@@ -131,28 +160,31 @@ def main() -> None:
         verdicts[name], secs[name] = timed(fn, pairs, args.repeat)
     agree = {k: sum(v == c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
     false_pos = {k: sum(v and not c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
+    closeness_fp = sum(v and not c[2] and c[3] in CLOSENESS_KINDS for v, c in zip(verdicts["ours"], cases))
 
-    by_cat: dict[str, list[int]] = {}
-    for i, (_, _, label, cat) in enumerate(cases):
-        row = by_cat.setdefault(cat, [0, 0, 0, 0, 0])
-        row[0] += 1
-        row[1] += verdicts["ours"][i] == label
-        row[2] += verdicts["math_verify"][i] == label
-        row[3] += verdicts["ours"][i] and not label
-        row[4] += verdicts["math_verify"][i] and not label
-    print(f"{'category':<14} {'N':>4} {'ours':>5} {'math_verify':>11} {'fp_ours':>8} {'fp_mv':>6}")
-    for cat, (cnt, a, b, fa, fb) in sorted(by_cat.items()):
-        print(f"{cat:<14} {cnt:>4} {a:>5} {b:>11} {fa:>8} {fb:>6}")
+    lines, below = per_kind_table(cases, verdicts)
+    print("\n".join(lines))
     negatives = sum(1 for c in cases if not c[2])
     print(
         f"labelled cases={n} (not equal: {negatives})  calls/s: ours={n / secs['ours']:.0f} "
         f"math_verify={n / secs['math_verify']:.0f}  worker calls={ours.stats['symbolic_calls']}"
     )
+
+    held = load_cases(HELD_OUT)
+    held_verdicts = {name: [fn(resp, gold) for gold, resp, _, _ in held] for name, fn in graders.items()}
+    held_agree = {k: sum(v == c[2] for v, c in zip(vs, held)) for k, vs in held_verdicts.items()}
+    held_fp = {k: sum(v and not c[2] for v, c in zip(vs, held)) for k, vs in held_verdicts.items()}
+    held_lines, held_below = per_kind_table(held, held_verdicts)
+    print(f"\nheld-out cases={len(held)} (written before the grader changes; first blind score in their file):")
+    print("\n".join(held_lines))
+    print(f"held-out kinds below math-verify: {held_below}")
+
     if args.show_disagreements:
-        for i, (gold, resp, label, cat) in enumerate(cases):
-            o, m = verdicts["ours"][i], verdicts["math_verify"][i]
-            if o != label or m != label:
-                print(f"[{cat}] label={label} ours={o} math_verify={m} gold={gold!r} resp={resp[-90:]!r}")
+        for group, group_cases, group_verdicts in (("", cases, verdicts), ("held-out ", held, held_verdicts)):
+            for i, (gold, resp, label, cat) in enumerate(group_cases):
+                o, m = group_verdicts["ours"][i], group_verdicts["math_verify"][i]
+                if o != label or m != label:
+                    print(f"{group}[{cat}] label={label} ours={o} math_verify={m} gold={gold!r} resp={resp[-90:]!r}")
 
     mix = dapo_mix()
     mix_ours, t_ours = timed(graders["ours"], mix, args.repeat)
@@ -180,6 +212,10 @@ def main() -> None:
     print(
         f"RESULT agree_ours={agree['ours']}/{n} agree_math_verify={agree['math_verify']}/{n} "
         f"false_pos_ours={false_pos['ours']} false_pos_math_verify={false_pos['math_verify']} "
+        f"kinds_below_math_verify={below} closeness_false_pos={closeness_fp} "
+        f"heldout_agree_ours={held_agree['ours']}/{len(held)} "
+        f"heldout_agree_math_verify={held_agree['math_verify']}/{len(held)} "
+        f"heldout_false_pos_ours={held_fp['ours']} heldout_false_pos_math_verify={held_fp['math_verify']} "
         f"speed_ratio={secs['math_verify'] / secs['ours']:.2f} int_mix_speed_ratio={t_mv / t_ours:.1f} "
         f"hang_max_s={hang_max:.2f}"
     )

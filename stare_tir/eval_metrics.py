@@ -67,13 +67,23 @@ def majority_vote(
     return bool(verdicts[best[0]])
 
 
-def answers_equivalent(a: str, b: str) -> bool:
-    """Two extracted answers name the same value, as judged by the training grader."""
-    if a.strip() == b.strip():
-        return True
-    from envs.grading import answers_equivalent as grader_equivalent
+def grader_equivalence(grader: str = "builtin", *, finer_decimals: bool = True) -> Callable[[str, str], bool]:
+    """The equivalence maj@N groups answers with: that of the grader `env.grader` selects (and its
+    decimal rule), so a vote counts the answers the reward would call equal as one answer."""
 
-    return bool(grader_equivalent(a, b))
+    def equivalent(a: str, b: str) -> bool:
+        if a.strip() == b.strip():
+            return True
+        from envs.grading import get_grader
+
+        return bool(get_grader(grader, finer_decimals=finer_decimals).equivalent(a, b))
+
+    return equivalent
+
+
+def answers_equivalent(a: str, b: str) -> bool:
+    """Two extracted answers name the same value, as judged by the default (builtin) grader."""
+    return grader_equivalence("builtin")(a, b)
 
 
 def _rate(num: float, den: float) -> float:

@@ -27,6 +27,7 @@ from sandbox import SandboxConfig
 from stare_tir.components import ModelConfig, build_components, model_fingerprint, resolve_model_path
 from stare_tir.config import flatten, resolve_config, save_config
 from stare_tir.data import DataConfig, load_split
+from stare_tir.eval_metrics import grader_equivalence
 from stare_tir.evaluate import EvalConfig, eval_rollout_config, evaluate
 from stare_tir.preflight import StartupError
 from stare_tir.rollout.engine import RolloutConfig
@@ -223,6 +224,7 @@ def run_eval(cfg: EvalRunConfig, run_dir: str | None = None) -> dict[str, Any]:
                 "sandbox": getattr(parts.engine.sandbox, "info", {}),
                 "grader": cfg.env.grader,
             },
+            equivalent=grader_equivalence(cfg.env.grader, finer_decimals=cfg.env.grade_finer_decimals),
         )
     finally:
         parts.close()

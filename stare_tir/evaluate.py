@@ -44,6 +44,7 @@ from stare_tir.eval_metrics import (  # noqa: F401 (re-exported: the metrics are
     avg_at_n,
     benchmark_average,
     dataset_metrics,
+    grader_equivalence,
     majority_vote,
     pass_at_k,
     summary_metrics,
@@ -304,6 +305,7 @@ def evaluate(
     *,
     datasets: dict[str, list[dict]] | None = None,
     meta: dict[str, Any] | None = None,
+    equivalent: Callable[[str, str], bool] = answers_equivalent,
 ) -> dict[str, Any]:
     """Evaluate on every dataset of `cfg` (or the given in-memory `datasets`); return the summary.
 
@@ -314,6 +316,7 @@ def evaluate(
     Writes `<out_dir>/<dataset>.jsonl` (per sample, resumable) and `<out_dir>/summary.json`, and
     logs a table. With out_dir=None nothing is written and nothing is resumed.
     meta: extra top-level entries of the summary (e.g. the model name, the training step).
+    equivalent: how maj@N groups answers (`run_eval`: `grader_equivalence` of `env.grader`).
     Summary: {"datasets": {name: metrics}, "six_benchmark_avg": {...} or None, "eval_config", **meta}.
     """
     from envs.data import load_problems
@@ -338,6 +341,7 @@ def evaluate(
                 out_path=out / f"{key}.jsonl" if out is not None else None,
                 pass_ks=cfg.pass_ks,
                 chunk_size=cfg.chunk_size,
+                equivalent=equivalent,
             )
             per_dataset[key] = metrics
     summary: dict[str, Any] = {

@@ -177,3 +177,25 @@ def test_majority_vote_with_the_training_grader() -> None:
     # 2 against 2: the answer seen first ("3") wins the tie.
     assert not majority_vote(["3", "\\frac{1}{2}", "3", "0.5"], [False, True, False, True], answers_equivalent)
     assert answers_equivalent("\\dfrac{3}{4}", "0.75") and not answers_equivalent("34", "43")
+
+
+def test_majority_vote_groups_answers_with_the_selected_grader() -> None:
+    from stare_tir.eval_metrics import grader_equivalence
+
+    # math-verify rounds floats to 6 decimals, so under `env.grader: math_verify` the two decimals
+    # are one answer (2 votes, seen first, beats "7" on the tie); the builtin grader keeps them
+    # apart and "7" wins with 2 votes against 1.
+    preds = ["1.23456788", "7", "1.23456789", "7"]
+    verdicts = [True, False, True, False]
+    assert not majority_vote(preds, verdicts, grader_equivalence("builtin"))
+    assert majority_vote(preds, verdicts, grader_equivalence("math_verify"))
+    # The decimal rule's switch reaches the vote too: "27.3912" rounds to "27.39" by default only.
+    assert grader_equivalence("builtin")("27.3912", "27.39")
+    assert not grader_equivalence("builtin", finer_decimals=False)("27.3912", "27.39")
+    rows = [
+        {"problem_id": "p", "sample_idx": i, "pred": p, "correct": v, "tool_calls": 0, "code_errors": 0}
+        | {"timeouts": 0, "response_tokens": 1, "generated_tokens": 1, "finish_reason": "stop"}
+        for i, (p, v) in enumerate(zip(preds, verdicts))
+    ]
+    assert dataset_metrics(rows, 4, [1], grader_equivalence("math_verify"))["maj@4"] == 1.0
+    assert dataset_metrics(rows, 4, [1], grader_equivalence("builtin"))["maj@4"] == 0.0
