@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -26,3 +27,23 @@ def load_standin() -> ModuleType:
 @pytest.fixture(scope="session")
 def standin() -> ModuleType:
     return load_standin()
+
+
+# What a launcher sets. A test that leaves one in this worker's environment turns every later
+# in-process learner and every later subprocess into a rank of a world that does not exist.
+# (LOCAL_RANK is left out: the in-process 1-rank group sets it for DeepSpeed, on purpose.)
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_launch_variables():
+    before = {key: os.environ.get(key) for key in LAUNCH_VARIABLES}
+    yield
+    after = {key: os.environ.get(key) for key in LAUNCH_VARIABLES}
+    for key, value in before.items():  # restore first, so one leak does not fail every later test
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    leaked = {key: value for key, value in after.items() if value != before[key]}
+    assert not leaked, f"the test left launcher variables in the environment: {leaked}"

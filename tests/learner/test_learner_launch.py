@@ -189,7 +189,11 @@ def test_entry_points_export_the_srun_rank_before_anything_names_a_per_rank_file
     from stare_tir.cli import run_cli
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
+        # setenv first: delenv of an absent key records nothing, so what run_cli exports would stay
+        # in this worker's environment (a later in-process ZeRO-3 Init then saw WORLD_SIZE=8, and
+        # every later subprocess waited for a rendezvous at gpu007).
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     for key, value in {**SRUN, "SLURM_PROCID": "5", "SLURM_LOCALID": "1"}.items():
         monkeypatch.setenv(key, value)
     seen = {}
