@@ -192,6 +192,9 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         "frac_gated": sum(gate) / len(gate) if gate and gate_logged else None,
         "acc_before_rl": summary.get("acc_before_rl"),
         "acc_after_rl": summary.get("acc_after_rl"),
+        # Best held-out accuracy over every evaluation of the run (before RL included) and its step.
+        "acc_best": summary.get("best_acc"),
+        "acc_best_step": summary.get("best_acc_step"),
         "reward_final": mean("reward/mean"),
         "acc_train_final": mean("acc/train"),
         "tool_calls": mean("rollout/tool_calls"),
@@ -234,6 +237,7 @@ def aggregate(per_seed: list[dict]) -> dict:
         "frac_gated",
         "acc_before_rl",
         "acc_after_rl",
+        "acc_best",
         "reward_final",
         "acc_train_final",
         "tool_calls",
@@ -311,6 +315,58 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict, stem: str = "
             f"{fmt(a.get('sampling_rounds'), '{:.2f}')} |"
         )
     (docs / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    slim = {
+        n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
+        for n, r in results.items()
+    }
+    (docs / f"{stem}.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
+
+
+def write_baselines_table(arms: dict, results: dict, docs: Path, meta: dict, stem: str = "baselines_table") -> None:
+    """The baselines study's table: per method the entropy at the first and last step and the held-out
+    accuracy before/after RL and at its best, mean ± sample s.d. over the seeds it has, then every
+    seed's own numbers (with 1-3 seeds a mean hides too much)."""
+    lines = [
+        "# Baselines study table\n",
+        f"Settings: `{json.dumps(meta)}`\n",
+        "Mean ± sample s.d. over the seeds in the `seeds` column (no ± with one seed). H = batch "
+        "entropy of the sampled responses (nats/token); H step 1 is measured on the first batch, "
+        "before any update; H last = step "
+        f"{meta['steps']}; H 2nd half = mean over the second half of the steps, and its difference "
+        "to GRPO-ds of the same seed (same prompts and sampling seeds; paired). Held-out accuracy: "
+        "128 problems, one sample each; best = the highest of the evaluations every "
+        f"{meta['eval_every']} steps (before RL included). Selected = mean over steps of "
+        "algo/selected_frac (share of loss tokens the method selected or changed); rounds = mean "
+        "sampling rounds per step.\n",
+        "| method | seeds | H step 1 | H last | H 2nd half | paired diff vs GRPO-ds | H min "
+        "| held-out before | held-out after | held-out best | selected | rounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    per_seed_lines = [
+        "\n## Per seed\n",
+        "| method | seed | H step 1 | H last | H 2nd half | held-out before | after | best (step) | selected |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, spec in arms.items():
+        if name not in results:
+            continue
+        a = results[name]["agg"]
+        seeds = ",".join(str(m["seed"]) for m in results[name]["per_seed"])
+        lines.append(
+            f"| {spec['label']} | {a['n_seeds']} ({seeds}) | {fmt(a['H_first'], sd=a['H_first_sd'])} | "
+            f"{fmt(a['H_final'], sd=a['H_final_sd'])} | {fmt(a['H_second_half'], sd=a['H_second_half_sd'])} | "
+            f"{fmt(a['dH_second_half_vs_grpo_ds'], '{:+.4f}', a['dH_second_half_vs_grpo_ds_sd'])} | "
+            f"{fmt(a['H_min'])} | {fmt(a['acc_before_rl'], sd=a['acc_before_rl_sd'])} | "
+            f"{fmt(a['acc_after_rl'], sd=a['acc_after_rl_sd'])} | {fmt(a['acc_best'], sd=a['acc_best_sd'])} | "
+            f"{fmt(a.get('selected_frac'), '{:.4f}')} | {fmt(a.get('sampling_rounds'), '{:.2f}')} |"
+        )
+        for m in results[name]["per_seed"]:
+            per_seed_lines.append(
+                f"| {spec['label']} | {m['seed']} | {fmt(m['H_first'])} | {fmt(m['H_final'])} | "
+                f"{fmt(m['H_second_half'])} | {fmt(m['acc_before_rl'])} | {fmt(m['acc_after_rl'])} | "
+                f"{fmt(m['acc_best'])} ({m['acc_best_step']}) | {fmt(m.get('selected_frac'), '{:.4f}')} |"
+            )
+    (docs / f"{stem}.md").write_text("\n".join(lines + per_seed_lines) + "\n")
     slim = {
         n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
         for n, r in results.items()
@@ -574,7 +630,7 @@ def main(argv=None) -> None:
     add_paired_diffs(results)
     stem, figure = ("baselines_table", "baselines.png") if args.study == "baselines" else ("table", "entropy.png")
     meta["study"] = args.study
-    write_table(arms, results, docs, meta, stem=stem)
+    (write_baselines_table if args.study == "baselines" else write_table)(arms, results, docs, meta, stem=stem)
     if results:
         plot(arms, results, docs, filename=figure)
     print(f"[study] wrote {docs / (stem + '.md')} ({len(results)} arms)", flush=True)
