@@ -413,17 +413,21 @@ def plot(
     filename: str = "entropy.png",
     paired_heldout: bool = False,
 ) -> None:
-    """Four panels: entropy, its paired difference to GRPO-ds, held-out accuracy, and train accuracy
-    or (paired_heldout) the held-out accuracy minus GRPO-ds's of the same seed: arms with different
-    seed sets are only comparable paired, and train batches differ between methods that sample
-    differently (DAPO's over-sampling)."""
+    """Four panels: entropy, its paired difference to GRPO-ds, held-out accuracy and train accuracy.
+    paired_heldout (the baselines study) adds two: the held-out accuracy minus GRPO-ds's of the same
+    seed (methods with different seed sets are only comparable paired), and the entropy against the
+    held-out accuracy (a method that only learns slower keeps its entropy longer without keeping
+    more of it at equal accuracy)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ((ax1, ax4), (ax2, ax3)) = plt.subplots(2, 2, figsize=(16, 10))
+    if paired_heldout:
+        fig, ((ax1, ax4), (ax2, ax3), (ax5, ax_train)) = plt.subplots(3, 2, figsize=(16, 15))
+    else:
+        fig, ((ax1, ax4), (ax2, ax_train)) = plt.subplots(2, 2, figsize=(16, 10))
     ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
     targets = sorted({arms[n]["target"] for n in results})
     for t in targets:
@@ -449,7 +453,22 @@ def plot(
             ax2.plot(ev_steps, np.nanmean(ev, 0), "o-", ms=4, label=label, **style)
             if len(seeds) > 1:
                 ax2.fill_between(ev_steps, np.nanmin(ev, 0), np.nanmax(ev, 0), color=color, alpha=0.12)
+        A = np.array([[np.nan if v is None else v for v in m["acc_train"][:n]] for m in seeds])
+        ax_train.plot(x, smooth(np.nanmean(A, 0), smooth_k), label=label, **style)
         if paired_heldout:
+            # entropy over the smooth_k steps up to each evaluation, against that evaluation's accuracy
+            pts = [
+                [
+                    (acc, np.mean([h for st, h in zip(m["step"], m["entropy"]) if s - smooth_k < st <= s]))
+                    for s, acc in m["eval"]
+                    if s > 0
+                ]
+                for m in seeds
+            ]
+            k = min(len(p) for p in pts)
+            if k:
+                P = np.array([p[:k] for p in pts])  # [seeds, evals, (acc, H)]
+                ax5.plot(P[:, :, 0].mean(0), P[:, :, 1].mean(0), "o-", ms=4, label=label, **style)
             both = [m for m in seeds if m["seed"] in ref]
             if both and name != "grpo_ds" and ev_steps:
                 ref_ev = [dict(ref[m["seed"]]["eval"]) for m in both]
@@ -462,9 +481,6 @@ def plot(
                 ax3.plot(ev_steps, np.nanmean(D, 0), "o-", ms=4, label=label, **style)
                 if len(both) > 1:
                     ax3.fill_between(ev_steps, np.nanmin(D, 0), np.nanmax(D, 0), color=color, alpha=0.12)
-        else:
-            A = np.array([[np.nan if v is None else v for v in m["acc_train"][:n]] for m in seeds])
-            ax3.plot(x, smooth(np.nanmean(A, 0), smooth_k), label=label, **style)
         paired = [m for m in seeds if m["seed"] in ref and len(ref[m["seed"]]["entropy"]) >= n]
         if paired and name != "grpo_ds":
             D = np.array([np.array(m["entropy"][:n]) - np.array(ref[m["seed"]]["entropy"][:n]) for m in paired])
@@ -478,6 +494,12 @@ def plot(
         title="Policy entropy (mean, min-max over seeds; grey: H* ±10%)",
     )
     ax2.set(xlabel="RL step", ylabel="held-out accuracy", title="Held-out accuracy (mean, min-max over seeds)")
+    ax_train.set(
+        xlabel="RL step",
+        ylabel="train accuracy",
+        title=f"Train accuracy (mean over seeds, trailing {smooth_k}-step mean)",
+    )
+    axes = [ax1, ax2, ax4, ax_train]
     if paired_heldout:
         ax3.axhline(0.0, color="black", lw=1.0)
         ax3.set(
@@ -485,19 +507,20 @@ def plot(
             ylabel="acc(arm) - acc(GRPO-ds), same seed",
             title="Held-out accuracy difference to GRPO-ds, paired by seed (mean, min-max)",
         )
-    else:
-        ax3.set(
-            xlabel="RL step",
-            ylabel="train accuracy",
-            title=f"Train accuracy (mean over seeds, trailing {smooth_k}-step mean)",
+        ax5.set(
+            xlabel="held-out accuracy",
+            ylabel=f"batch entropy, mean of the {smooth_k} steps up to the evaluation",
+            yscale="log",
+            title="Entropy against held-out accuracy (mean over seeds, one point per evaluation after step 0)",
         )
+        axes += [ax3, ax5]
     ax4.axhline(0.0, color="black", lw=1.0)
     ax4.set(
         xlabel="RL step",
         ylabel="H(arm) - H(GRPO-ds), same seed",
         title=f"Entropy difference to GRPO-ds, paired by seed (trailing {smooth_k}-step mean, min-max)",
     )
-    for ax in (ax1, ax2, ax3, ax4):
+    for ax in axes:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
