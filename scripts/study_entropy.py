@@ -185,6 +185,8 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         "H_final": H[-1] if H else None,
         # Where the entropy settles: mean over the second half of the run (less noisy than one step).
         "H_second_half": sum(H[len(H) // 2 :]) / len(H[len(H) // 2 :]) if H else None,
+        # How fast it falls: the mean over the first half (a method that delays the collapse shows here).
+        "H_first_half": sum(H[: len(H) // 2]) / len(H[: len(H) // 2]) if len(H) > 1 else None,
         "H_min": min(H) if H else None,
         "H_max": max(H) if H else None,
         "first_gate_step": None if first is None else rows[first]["step"],
@@ -192,6 +194,9 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         "frac_gated": sum(gate) / len(gate) if gate and gate_logged else None,
         "acc_before_rl": summary.get("acc_before_rl"),
         "acc_after_rl": summary.get("acc_after_rl"),
+        # Best held-out accuracy over every evaluation of the run (before RL included) and its step.
+        "acc_best": summary.get("best_acc"),
+        "acc_best_step": summary.get("best_acc_step"),
         "reward_final": mean("reward/mean"),
         "acc_train_final": mean("acc/train"),
         "tool_calls": mean("rollout/tool_calls"),
@@ -228,12 +233,14 @@ def aggregate(per_seed: list[dict]) -> dict:
         "H_first",
         "H_final",
         "H_second_half",
+        "H_first_half",
         "H_min",
         "H_max",
         "mean_abs_dev_after_gate",
         "frac_gated",
         "acc_before_rl",
         "acc_after_rl",
+        "acc_best",
         "reward_final",
         "acc_train_final",
         "tool_calls",
@@ -251,18 +258,23 @@ def aggregate(per_seed: list[dict]) -> dict:
     return out
 
 
+PAIRED_KEYS = {"H_second_half": "dH_second_half", "H_first_half": "dH_first_half", "acc_after_rl": "dacc_after_rl"}
+
+
 def add_paired_diffs(results: dict) -> None:
-    """Each arm's second-half entropy minus GRPO-ds's for the same seed (same prompts and sampling
-    seeds, so the difference is paired), as mean and s.d. over seeds in the arm's agg."""
+    """Each arm's second-half and first-half entropy and held-out accuracy after RL minus GRPO-ds's for
+    the same seed (same prompts and sampling seeds, so the difference is paired), as mean and s.d.
+    over the seeds both have, in the arm's agg (d<key>_vs_grpo_ds)."""
     ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
     for name, r in results.items():
-        diffs = [
-            m["H_second_half"] - ref[m["seed"]]["H_second_half"]
-            for m in r["per_seed"]
-            if m["seed"] in ref and m["H_second_half"] is not None
-        ]
-        d, sd = mean_sd(diffs) if name != "grpo_ds" else (None, None)
-        r["agg"]["dH_second_half_vs_grpo_ds"], r["agg"]["dH_second_half_vs_grpo_ds_sd"] = d, sd
+        for key, out in PAIRED_KEYS.items():
+            diffs = [
+                m[key] - ref[m["seed"]][key]
+                for m in r["per_seed"]
+                if m["seed"] in ref and m.get(key) is not None and ref[m["seed"]].get(key) is not None
+            ]
+            d, sd = mean_sd(diffs) if name != "grpo_ds" else (None, None)
+            r["agg"][f"{out}_vs_grpo_ds"], r["agg"][f"{out}_vs_grpo_ds_sd"] = d, sd
 
 
 def fmt(v, p="{:.3f}", sd=None):
@@ -318,6 +330,69 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict, stem: str = "
     (docs / f"{stem}.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
 
 
+def paired(agg: dict, key: str, p: str = "{:+.4f}") -> str:
+    """A paired difference to GRPO-ds (add_paired_diffs) as mean ± s.d."""
+    return fmt(agg[f"{key}_vs_grpo_ds"], p, agg[f"{key}_vs_grpo_ds_sd"])
+
+
+def write_baselines_table(arms: dict, results: dict, docs: Path, meta: dict, stem: str = "baselines_table") -> None:
+    """The baselines study's table: per method the entropy at the first and last step and the held-out
+    accuracy before/after RL and at its best, mean ± sample s.d. over the seeds it has, then every
+    seed's own numbers (with 1-3 seeds a mean hides too much)."""
+    lines = [
+        "# Baselines study table\n",
+        f"Settings: `{json.dumps(meta)}`\n",
+        "Mean ± sample s.d. over the seeds in the `seeds` column (no ± with one seed). H = batch "
+        "entropy of the sampled responses (nats/token); H step 1 is measured on the first batch, "
+        "before any update; H last = step "
+        f"{meta['steps']} (one noisy step); H 1st/2nd half = mean over the first/second half of the "
+        "steps. Paired diff = the method's value minus GRPO-ds's for the same seed (same prompts and "
+        "sampling seeds), mean ± s.d. over the seeds both have. Held-out accuracy: "
+        "128 problems, one sample each (one problem = 0.008); best = the highest of the evaluations every "
+        f"{meta['eval_every']} steps (before RL included). Selected = mean over steps of "
+        "algo/selected_frac (share of loss tokens the method selected or changed); rounds = mean "
+        "sampling rounds per step.\n",
+        "| method | seeds | H step 1 | H 1st half | H 2nd half | H last | paired diff 1st half "
+        "| paired diff 2nd half | held-out before | held-out after | held-out best | paired diff after "
+        "| selected | rounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    per_seed_lines = [
+        "\n## Per seed\n",
+        "| method | seed | H step 1 | H 1st half | H 2nd half | H last | held-out before | after | best (step) "
+        "| selected |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, spec in arms.items():
+        if name not in results:
+            continue
+        a = results[name]["agg"]
+        seeds = ",".join(str(m["seed"]) for m in results[name]["per_seed"])
+
+        lines.append(
+            f"| {spec['label']} | {a['n_seeds']} ({seeds}) | {fmt(a['H_first'], sd=a['H_first_sd'])} | "
+            f"{fmt(a['H_first_half'], sd=a['H_first_half_sd'])} | "
+            f"{fmt(a['H_second_half'], sd=a['H_second_half_sd'])} | {fmt(a['H_final'], sd=a['H_final_sd'])} | "
+            f"{paired(a, 'dH_first_half')} | {paired(a, 'dH_second_half')} | "
+            f"{fmt(a['acc_before_rl'], sd=a['acc_before_rl_sd'])} | "
+            f"{fmt(a['acc_after_rl'], sd=a['acc_after_rl_sd'])} | {fmt(a['acc_best'], sd=a['acc_best_sd'])} | "
+            f"{paired(a, 'dacc_after_rl', '{:+.3f}')} | "
+            f"{fmt(a.get('selected_frac'), '{:.4f}')} | {fmt(a.get('sampling_rounds'), '{:.2f}')} |"
+        )
+        for m in results[name]["per_seed"]:
+            per_seed_lines.append(
+                f"| {spec['label']} | {m['seed']} | {fmt(m['H_first'])} | {fmt(m['H_first_half'])} | "
+                f"{fmt(m['H_second_half'])} | {fmt(m['H_final'])} | {fmt(m['acc_before_rl'])} | {fmt(m['acc_after_rl'])} | "
+                f"{fmt(m['acc_best'])} ({m['acc_best_step']}) | {fmt(m.get('selected_frac'), '{:.4f}')} |"
+            )
+    (docs / f"{stem}.md").write_text("\n".join(lines + per_seed_lines) + "\n")
+    slim = {
+        n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
+        for n, r in results.items()
+    }
+    (docs / f"{stem}.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
+
+
 def smooth(y, k: int):
     """Trailing mean over k steps (NaN-aware), so noisy per-step curves stay readable."""
     import numpy as np
@@ -330,14 +405,29 @@ def smooth(y, k: int):
     return out
 
 
-def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5, filename: str = "entropy.png") -> None:
+def plot(
+    arms: dict,
+    results: dict,
+    docs: Path,
+    smooth_k: int = 5,
+    filename: str = "entropy.png",
+    paired_heldout: bool = False,
+) -> None:
+    """Four panels: entropy, its paired difference to GRPO-ds, held-out accuracy and train accuracy.
+    paired_heldout (the baselines study) adds two: the held-out accuracy minus GRPO-ds's of the same
+    seed (methods with different seed sets are only comparable paired), and the entropy against the
+    held-out accuracy (a method that only learns slower keeps its entropy longer without keeping
+    more of it at equal accuracy)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ((ax1, ax4), (ax2, ax3)) = plt.subplots(2, 2, figsize=(16, 10))
+    if paired_heldout:
+        fig, ((ax1, ax4), (ax2, ax3), (ax5, ax_train)) = plt.subplots(3, 2, figsize=(16, 15))
+    else:
+        fig, ((ax1, ax4), (ax2, ax_train)) = plt.subplots(2, 2, figsize=(16, 10))
     ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
     targets = sorted({arms[n]["target"] for n in results})
     for t in targets:
@@ -364,7 +454,33 @@ def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5, filename: str
             if len(seeds) > 1:
                 ax2.fill_between(ev_steps, np.nanmin(ev, 0), np.nanmax(ev, 0), color=color, alpha=0.12)
         A = np.array([[np.nan if v is None else v for v in m["acc_train"][:n]] for m in seeds])
-        ax3.plot(x, smooth(np.nanmean(A, 0), smooth_k), label=label, **style)
+        ax_train.plot(x, smooth(np.nanmean(A, 0), smooth_k), label=label, **style)
+        if paired_heldout:
+            # entropy over the smooth_k steps up to each evaluation, against that evaluation's accuracy
+            pts = [
+                [
+                    (acc, np.mean([h for st, h in zip(m["step"], m["entropy"]) if s - smooth_k < st <= s]))
+                    for s, acc in m["eval"]
+                    if s > 0
+                ]
+                for m in seeds
+            ]
+            k = min(len(p) for p in pts)
+            if k:
+                P = np.array([p[:k] for p in pts])  # [seeds, evals, (acc, H)]
+                ax5.plot(P[:, :, 0].mean(0), P[:, :, 1].mean(0), "o-", ms=4, label=label, **style)
+            both = [m for m in seeds if m["seed"] in ref]
+            if both and name != "grpo_ds" and ev_steps:
+                ref_ev = [dict(ref[m["seed"]]["eval"]) for m in both]
+                D = np.array(
+                    [
+                        [dict(m["eval"]).get(s, np.nan) - r.get(s, np.nan) for s in ev_steps]
+                        for m, r in zip(both, ref_ev)
+                    ]
+                )
+                ax3.plot(ev_steps, np.nanmean(D, 0), "o-", ms=4, label=label, **style)
+                if len(both) > 1:
+                    ax3.fill_between(ev_steps, np.nanmin(D, 0), np.nanmax(D, 0), color=color, alpha=0.12)
         paired = [m for m in seeds if m["seed"] in ref and len(ref[m["seed"]]["entropy"]) >= n]
         if paired and name != "grpo_ds":
             D = np.array([np.array(m["entropy"][:n]) - np.array(ref[m["seed"]]["entropy"][:n]) for m in paired])
@@ -378,18 +494,33 @@ def plot(arms: dict, results: dict, docs: Path, smooth_k: int = 5, filename: str
         title="Policy entropy (mean, min-max over seeds; grey: H* ±10%)",
     )
     ax2.set(xlabel="RL step", ylabel="held-out accuracy", title="Held-out accuracy (mean, min-max over seeds)")
-    ax3.set(
+    ax_train.set(
         xlabel="RL step",
         ylabel="train accuracy",
         title=f"Train accuracy (mean over seeds, trailing {smooth_k}-step mean)",
     )
+    axes = [ax1, ax2, ax4, ax_train]
+    if paired_heldout:
+        ax3.axhline(0.0, color="black", lw=1.0)
+        ax3.set(
+            xlabel="RL step",
+            ylabel="acc(arm) - acc(GRPO-ds), same seed",
+            title="Held-out accuracy difference to GRPO-ds, paired by seed (mean, min-max)",
+        )
+        ax5.set(
+            xlabel="held-out accuracy",
+            ylabel=f"batch entropy, mean of the {smooth_k} steps up to the evaluation",
+            yscale="log",
+            title="Entropy against held-out accuracy (mean over seeds, one point per evaluation after step 0)",
+        )
+        axes += [ax3, ax5]
     ax4.axhline(0.0, color="black", lw=1.0)
     ax4.set(
         xlabel="RL step",
         ylabel="H(arm) - H(GRPO-ds), same seed",
         title=f"Entropy difference to GRPO-ds, paired by seed (trailing {smooth_k}-step mean, min-max)",
     )
-    for ax in (ax1, ax2, ax3, ax4):
+    for ax in axes:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -574,9 +705,9 @@ def main(argv=None) -> None:
     add_paired_diffs(results)
     stem, figure = ("baselines_table", "baselines.png") if args.study == "baselines" else ("table", "entropy.png")
     meta["study"] = args.study
-    write_table(arms, results, docs, meta, stem=stem)
+    (write_baselines_table if args.study == "baselines" else write_table)(arms, results, docs, meta, stem=stem)
     if results:
-        plot(arms, results, docs, filename=figure)
+        plot(arms, results, docs, filename=figure, paired_heldout=args.study == "baselines")
     print(f"[study] wrote {docs / (stem + '.md')} ({len(results)} arms)", flush=True)
 
 

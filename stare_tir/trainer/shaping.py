@@ -41,12 +41,14 @@ class TokenView:
     mine: slice  # this rank's tokens
 
     def groups(self) -> list[Tensor]:
-        """Positions of the loss tokens of each selection group, in flat order."""
+        """Positions of the loss tokens of each selection group (by group id), each in flat order."""
         ids = self.group[self.mask]
         pos = torch.nonzero(self.mask).squeeze(1)
         if ids.numel() == 0:
             return []
-        return [pos[ids == g] for g in torch.unique(ids).tolist()]
+        order = torch.argsort(ids, stable=True)  # one sort, not a scan per group
+        _, counts = torch.unique_consecutive(ids[order], return_counts=True)
+        return list(torch.split(pos[order], counts.tolist()))
 
 
 def void_masks(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[list[Tensor], int]:

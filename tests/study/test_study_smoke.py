@@ -95,3 +95,11 @@ def test_two_arms_two_steps_write_table_and_plot(tmp_path):
     data = json.loads((docs / "baselines_table.json").read_text())
     assert data["meta"]["study"] == "baselines"
     assert data["arms"]["entropy_80_20"]["agg"]["selected_frac"] == pytest.approx(0.2, abs=0.02)
+    # Its table: held-out accuracy at its best (from the run's summary) and one row per method and seed.
+    assert "| held-out best |" in table and "## Per seed" in table
+    for name in ("grpo_ds", "entropy_80_20"):
+        arm = data["arms"][name]
+        summary = json.loads((out / f"{name}_s0" / "summary.json").read_text())
+        assert arm["agg"]["acc_best"] == summary["best_acc"] is not None
+        assert arm["agg"]["n_seeds"] == 1
+    assert table.count("| 80/20 rule (top 20% entropy) |") == 2  # the mean row and the seed-0 row
