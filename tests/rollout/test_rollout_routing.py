@@ -174,5 +174,21 @@ def test_every_route_key_is_documented():
     doc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(doc)
     keys = ServerPicker(1).take_stats()
-    assert set(keys) == {f"route/{k}" for k in PICK_KINDS} | {"route/requests", "route/affinity_frac"}
+    cache = {"route/prompt_tokens", "route/cached_frac"}
+    assert set(keys) == {f"route/{k}" for k in PICK_KINDS} | {"route/requests", "route/affinity_frac"} | cache
+    assert set(ServerPicker(1).take_stats(picks=False)) == cache  # behind a router
     assert not doc.missing_from_doc(keys), doc.missing_from_doc(keys)
+
+
+def test_cached_tokens_reported_by_the_servers_are_summed():
+    picker = ServerPicker(2)
+
+    async def main():
+        for prompt, cached in (([1] * 10, 0), ([2] * 30, 24), ([3] * 10, None)):  # None: not reported
+            req = picker.request(prompt)
+            picker.answered(req, picker.pick(req), prompt, [0], cached)
+
+    asyncio.run(main())
+    stats = picker.take_stats()
+    assert stats["route/prompt_tokens"] == 40 and stats["route/cached_frac"] == 24 / 40
+    assert picker.take_stats()["route/prompt_tokens"] == 0  # taken: reset

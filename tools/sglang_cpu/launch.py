@@ -8,6 +8,7 @@ flags and why each is there: README "Real SGLang on CPU". Every process gets its
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -80,9 +81,17 @@ def server_command(model: Path, port: int, tp_size: int = 1, max_total_tokens: i
     ]
 
 
-def start(cmd: list[str], url: str, log_path: Path, ready: str, timeout_s: float, env: dict | None = None) -> Process:
-    """Run `cmd` (its output appended to `log_path`) until its log shows `ready` and GET /health
-    answers; raises Unavailable with the log's tail otherwise."""
+def start(
+    cmd: list[str],
+    url: str,
+    log_path: Path,
+    ready: str,
+    timeout_s: float,
+    env: dict | None = None,
+    health_path: str = "/health",
+) -> Process:
+    """Run `cmd` (its output appended to `log_path`) until its log shows `ready` and GET
+    `health_path` answers 200; raises Unavailable with the log's tail otherwise."""
     if not Path(cmd[0]).exists():
         raise Unavailable(f"{Path(cmd[0]).relative_to(ROOT)} does not exist: run `make sglang-cpu`")
     t0 = time.monotonic()
@@ -93,7 +102,7 @@ def start(cmd: list[str], url: str, log_path: Path, ready: str, timeout_s: float
     while True:
         if proc.poll() is not None:
             raise Unavailable(f"{cmd[2]} exited with {proc.returncode} while starting:\n{started.log_tail()}")
-        if ready in started.log_text()[skip:] and _healthy(url):
+        if ready in started.log_text()[skip:] and _healthy(url + health_path):
             break
         if time.monotonic() - t0 > timeout_s:
             stop(started)
@@ -127,15 +136,23 @@ def start_server(
     return start(cmd, f"http://127.0.0.1:{port}", log_path, SERVER_READY, timeout_s, sglang_env(tp_size))
 
 
-def start_router(log_path: Path, worker_urls: list[str], flags: list[str], timeout_s: float = 120.0) -> Process:
-    """sglang-router (`python -m sglang_router.launch_router`) over `worker_urls` with `flags`."""
+def start_router(log_path: Path, worker_urls: list[str], flags: list[str], timeout_s: float = 300.0) -> Process:
+    """sglang-router (`python -m sglang_router.launch_router`) over `worker_urls` with `flags`,
+    once it has registered every worker (its workers join in the background after "Router ready")."""
     port = free_port()
     cmd = [str(SGLANG_PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--worker-urls", *worker_urls, *flags]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
     env.pop("PYTHONPATH", None)
-    # Its log says nothing stable when ready; /health answering is the sign (checked by `start`).
-    return start(cmd, f"http://127.0.0.1:{port}", log_path, "", timeout_s, env)
+    url = f"http://127.0.0.1:{port}"
+    router = start(cmd, url, log_path, "Router ready", timeout_s, env, health_path="/readiness")
+    deadline = time.monotonic() + timeout_s
+    while _ready_workers(url) < len(worker_urls):
+        if time.monotonic() > deadline or router.proc.poll() is not None:
+            stop(router)
+            raise Unavailable(f"sglang-router did not register {worker_urls}:\n{router.log_tail()}")
+        time.sleep(0.5)
+    return router
 
 
 def stop(process: Process) -> None:
@@ -159,7 +176,17 @@ def stop(process: Process) -> None:
 def _healthy(url: str) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(url + "/health", timeout=30) as resp:
+        with opener.open(url, timeout=30) as resp:
             return resp.status == 200
     except OSError:
         return False
+
+
+def _ready_workers(router_url: str) -> int:
+    """Healthy workers a router reports on /readiness (0 while it has none)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(router_url + "/readiness", timeout=30) as resp:
+            return int(json.loads(resp.read()).get("healthy_workers", 0))
+    except (OSError, ValueError):
+        return 0

@@ -132,7 +132,8 @@ class SGLangBackend:
                 inflight[i] -= 1
             gen = parse_generate_output(out, stop, self._eos_ids, self._decode)
             if not self._stale_answer(gen):
-                self._picker.answered(route, i, prompt_ids, gen.token_ids)
+                meta = out.get("meta_info") or {}
+                self._picker.answered(route, i, prompt_ids, gen.token_ids, meta.get("cached_tokens"))
                 return gen
             self.stale_answers += 1
             failures += 1
@@ -150,10 +151,9 @@ class SGLangBackend:
         return self.weight_version is not None and gen.weight_version not in (None, self.weight_version)
 
     def take_route_stats(self) -> dict[str, float]:
-        """The `route/*` counts of this process since the last call (docs/metrics.md); none behind
-        a router, which picks the worker itself."""
-        stats = self._picker.take_stats()
-        return {} if self.behind_router else stats
+        """The `route/*` metrics of this process since the last call (docs/metrics.md); behind a
+        router, which picks the worker itself, only how the caches served the prompts."""
+        return self._picker.take_stats(picks=not self.behind_router)
 
     async def aclose(self) -> None:
         """Close the keep-alive connections (on the event loop that opened them)."""

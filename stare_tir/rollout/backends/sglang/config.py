@@ -38,9 +38,11 @@ class SGLangConfig:
     routing: Literal["affinity", "least_loaded"] = "affinity"
     # Affinity's load bound: a request leaves its server when that server has more than
     # affinity_slack + affinity_slack_frac x (the least-loaded server's count) requests in flight
-    # beyond the least-loaded server; it then goes there and its trajectory follows it.
-    affinity_slack: int = 4
-    affinity_slack_frac: float = 0.25
+    # beyond the least-loaded server; it then goes there and its trajectory follows it. A move
+    # prefills the whole context again while a few more requests in a server's batch cost little,
+    # so only a clear imbalance moves a turn (sglang-router's cache_aware balances past 64 and 1.5x).
+    affinity_slack: int = 16
+    affinity_slack_frac: float = 0.5
     # Open connections per trainer rank for generation (one per request in flight; more requests
     # wait for a free one). The process's open-file limit is raised to fit when it can be.
     max_connections: int = 256

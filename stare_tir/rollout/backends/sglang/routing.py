@@ -19,7 +19,8 @@ preference). AReaL pins a request id to a server the same way (areal/engine/sgla
 `rid_to_address`), without the load bound; sglang-router's cache_aware policy matches prefixes
 itself, behind one URL (see `ROUTING_KEY_HEADER` for pinning trajectories there).
 
-Every choice is counted (`take_stats`, the `route/*` metrics of docs/metrics.md).
+Every choice is counted, and so are the prompt tokens the servers report they took from their
+cache (`take_stats`, the `route/*` metrics of docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ class ServerPicker:
         self,
         n_servers: int,
         policy: Literal["affinity", "least_loaded"] = "affinity",
-        slack: int = 4,
-        slack_frac: float = 0.25,
+        slack: int = 16,
+        slack_frac: float = 0.5,
     ) -> None:
         if policy not in ("affinity", "least_loaded"):
             raise ValueError(f"routing={policy!r}: must be affinity or least_loaded")
@@ -135,22 +136,37 @@ class ServerPicker:
         self._groups.move_to_end(req.group)  # recently used: kept longest
         return server, "followed_group"
 
-    def answered(self, req: Request, server: int, prompt_ids: list[int], output_ids: list[int]) -> None:
+    def answered(
+        self, req: Request, server: int, prompt_ids: list[int], output_ids: list[int], cached_tokens: int | None = None
+    ) -> None:
         """`server` answered `req` with `output_ids`: its cache now holds prompt + answer, and the
-        trajectory's next turn (same task, prompt starting with them) should go there."""
+        trajectory's next turn (same task, prompt starting with them) should go there.
+        cached_tokens: the prompt tokens the server took from its cache (`meta_info.cached_tokens`;
+        None: not reported)."""
+        if cached_tokens is not None:
+            self.counts["prompt_tokens"] += len(prompt_ids)
+            self.counts["cached_tokens"] += min(int(cached_tokens), len(prompt_ids))
         task = _current_task()
         if task is not None:
             full = list(prompt_ids) + list(output_ids)
             self._last[task] = _LastTurn(server, len(full), hash(tuple(full)), req.key)
 
-    def take_stats(self) -> dict[str, float]:
-        """The `route/*` counts since the last call (then reset), and the share of requests that
-        went to a server holding their prefix."""
+    def take_stats(self, picks: bool = True) -> dict[str, float]:
+        """The `route/*` metrics since the last call (then reset): how the servers' caches served
+        the prompts, and (`picks`) where the requests went and the share that went to a server
+        holding their prefix."""
         counts, self.counts = self.counts, Counter()
-        total = sum(counts[k] for k in PICK_KINDS)
-        stats = {f"route/{k}": float(counts[k]) for k in PICK_KINDS}
-        stats["route/requests"] = float(total)
-        stats["route/affinity_frac"] = (counts["followed_turn"] + counts["followed_group"]) / total if total else 0.0
+        prompt = counts["prompt_tokens"]
+        stats = {
+            "route/prompt_tokens": float(prompt),
+            "route/cached_frac": counts["cached_tokens"] / prompt if prompt else 0.0,
+        }
+        if picks:
+            total = sum(counts[k] for k in PICK_KINDS)
+            stats.update({f"route/{k}": float(counts[k]) for k in PICK_KINDS})
+            stats["route/requests"] = float(total)
+            followed = counts["followed_turn"] + counts["followed_group"]
+            stats["route/affinity_frac"] = followed / total if total else 0.0
         return stats
 
 
