@@ -202,9 +202,7 @@ def main() -> None:
         else:
             t = time.perf_counter()
             for name in ("a", "b"):
-                started.append(
-                    LAUNCH.start_server(logs / f"server_{name}.log", max_total_tokens=args.max_total_tokens)
-                )
+                started.append(LAUNCH.start_server(logs / f"server_{name}.log", max_total_tokens=args.max_total_tokens))
             urls = [s.url for s in started]
             print(f"two real SGLang servers ready in {time.perf_counter() - t:.0f} s: {urls} (logs in {logs})")
         tok = AutoTokenizer.from_pretrained(str(LAUNCH.TINY_BASE))
@@ -226,7 +224,7 @@ def main() -> None:
             print(
                 f"[1] {routing:12s} cached_frac={frac:.3f} over {later} later turns ({uncached} tokens prefilled), "
                 f"wall {wall:.2f} s, requests per server {list(split.values())}, "
-                f"route {({k[6:]: int(v) for k, v in route.items() if k != 'route/affinity_frac'})}"
+                f"route { ({k[6:]: int(v) for k, v in route.items() if k != 'route/affinity_frac'}) }"
             )
         same = [a.response_ids == b.response_ids for a, b in zip(runs["affinity"][0], runs["least_loaded"][0])]
         tokens_identical = all(same)
@@ -241,7 +239,9 @@ def main() -> None:
         for routing in ("affinity", "least_loaded"):
             _, records, _, _ = rollout(urls, urls, routing, tok, gproblems, gargs, 0.0)
             frac, firsts, _ = cached_frac(records, gprompts, first=True)
-            print(f"[1] groups of {args.group_n}, {routing:12s} first-turn cached_frac={frac:.3f} over {firsts} first turns")
+            print(
+                f"[1] groups of {args.group_n}, {routing:12s} first-turn cached_frac={frac:.3f} over {firsts} first turns"
+            )
 
         # ------------------------------------------------------------------ 2. sglang-router
         router_fracs, router_same = {}, []
@@ -250,7 +250,9 @@ def main() -> None:
             router = LAUNCH.start_router(logs / f"router_{policy}.log", urls, flags)
             started.append(router)
             try:
-                trajs, records, wall, _ = rollout([router.url], urls, "affinity", tok, problems, args, args.tool_latency)
+                trajs, records, wall, _ = rollout(
+                    [router.url], urls, "affinity", tok, problems, args, args.tool_latency
+                )
             finally:
                 LAUNCH.stop(router)
                 started.remove(router)
