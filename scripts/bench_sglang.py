@@ -10,7 +10,7 @@ after --tool-latency s. Every run starts from empty radix caches (/flush_cache).
    both servers. cached_frac = the servers' own `meta_info.cached_tokens` / `prompt_tokens`
    summed over turns >= 2 (a first turn's prompt is new to any server). tokens_identical: every
    trajectory sampled the same tokens under both policies (greedy decoding).
-2. sglang-router 0.3.2 in front of both servers, with the flags the client needs
+2. sglang-router (0.3.2 pinned) in front of both servers, with the flags the client needs
    (stare_tir/rollout/backends/sglang/router.py ROUTER_FLAGS), under its default policy
    cache_aware and under `manual` (the client's trajectory key in X-SMG-Routing-Key):
    cached_frac through the router, and router_tokens_identical (the same tokens as direct).
@@ -224,7 +224,7 @@ def main() -> None:
             print(
                 f"[1] {routing:12s} cached_frac={frac:.3f} over {later} later turns ({uncached} tokens prefilled), "
                 f"wall {wall:.2f} s, requests per server {list(split.values())}, "
-                f"route { ({k[6:]: int(v) for k, v in route.items() if k != 'route/affinity_frac'}) }"
+                f"route { ({k[6:]: (round(v, 3) if k.endswith('_frac') else int(v)) for k, v in route.items()}) }"
             )
         same = [a.response_ids == b.response_ids for a, b in zip(runs["affinity"][0], runs["least_loaded"][0])]
         tokens_identical = all(same)
@@ -296,7 +296,7 @@ def main() -> None:
 
     print(
         f"RESULT cached_frac_affinity={runs['affinity'][1]:.3f} cached_frac_least_loaded={runs['least_loaded'][1]:.3f} "
-        f"tokens_identical={int(tokens_identical)} router=sglang-router-0.3.2 "
+        f"tokens_identical={int(tokens_identical)} router=sglang-router-{LAUNCH.router_version()} "
         f"router_tokens_identical={int(all(router_same))} engine_overhead={overhead:.3f} "
         f"cached_frac_router={router_fracs['cache_aware']:.3f} cached_frac_router_manual={router_fracs['manual']:.3f}"
     )

@@ -141,7 +141,8 @@ def start_router(log_path: Path, worker_urls: list[str], flags: list[str], timeo
     once it has registered every worker (its workers join in the background after "Router ready")."""
     port = free_port()
     cmd = [str(SGLANG_PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--worker-urls", *worker_urls, *flags]
+    # its Prometheus exporter takes port 29000 unless told otherwise: two routers would collide
+    cmd += ["--prometheus-port", str(free_port()), "--worker-urls", *worker_urls, *flags]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
     env.pop("PYTHONPATH", None)
     url = f"http://127.0.0.1:{port}"
@@ -153,6 +154,12 @@ def start_router(log_path: Path, worker_urls: list[str], flags: list[str], timeo
             raise Unavailable(f"sglang-router did not register {worker_urls}:\n{router.log_tail()}")
         time.sleep(0.5)
     return router
+
+
+def router_version() -> str:
+    """The installed sglang-router's version (in .venv-sglang)."""
+    code = "from importlib.metadata import version; print(version('sglang-router'))"
+    return subprocess.run([str(SGLANG_PYTHON), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def stop(process: Process) -> None:
