@@ -22,6 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 TINY_BASE = ROOT / "stare_tir" / "assets" / "tiny-base"
 SERVER_READY = "The server is fired up"
+# `python -m sglang_router.launch_router` without its module-level import of the debug-only Python
+# load balancer (sglang_router/mini_lb.py imports all of sglang and torch: ~8 s of CPU per start on
+# these machines, about 0.3 s without); the Rust router it starts is the same.
+ROUTER_MAIN = (
+    "import sys, types; stub = types.ModuleType('sglang_router.mini_lb'); stub.MiniLoadBalancer = None; "
+    "sys.modules['sglang_router.mini_lb'] = stub; from sglang_router.launch_router import main; main()"
+)
 
 
 class Unavailable(RuntimeError):
@@ -89,9 +96,12 @@ def start(
     timeout_s: float,
     env: dict | None = None,
     health_path: str = "/health",
+    name: str = "",
 ) -> Process:
     """Run `cmd` (its output appended to `log_path`) until its log shows `ready` and GET
-    `health_path` answers 200; raises Unavailable with the log's tail otherwise."""
+    `health_path` answers 200; raises Unavailable with the log's tail otherwise. name: what
+    the messages call it (default: the module after `-m`)."""
+    name = name or cmd[2]
     if not Path(cmd[0]).exists():
         raise Unavailable(f"{Path(cmd[0]).relative_to(ROOT)} does not exist: run `make sglang-cpu`")
     t0 = time.monotonic()
@@ -101,12 +111,12 @@ def start(
     started = Process(url, proc, log_path)
     while True:
         if proc.poll() is not None:
-            raise Unavailable(f"{cmd[2]} exited with {proc.returncode} while starting:\n{started.log_tail()}")
+            raise Unavailable(f"{name} exited with {proc.returncode} while starting:\n{started.log_tail()}")
         if ready in started.log_text()[skip:] and _healthy(url + health_path):
             break
         if time.monotonic() - t0 > timeout_s:
             stop(started)
-            raise Unavailable(f"{cmd[2]} not ready after {timeout_s:.0f} s:\n{started.log_tail()}")
+            raise Unavailable(f"{name} not ready after {timeout_s:.0f} s:\n{started.log_tail()}")
         time.sleep(0.5)
     started.start_s = time.monotonic() - t0
     return started
@@ -137,16 +147,16 @@ def start_server(
 
 
 def start_router(log_path: Path, worker_urls: list[str], flags: list[str], timeout_s: float = 300.0) -> Process:
-    """sglang-router (`python -m sglang_router.launch_router`) over `worker_urls` with `flags`,
-    once it has registered every worker (its workers join in the background after "Router ready")."""
+    """sglang-router (`python -m sglang_router.launch_router`, see ROUTER_MAIN) over `worker_urls`
+    with `flags`, once it has registered every worker (they join in the background after "Router ready")."""
     port = free_port()
-    cmd = [str(SGLANG_PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [str(SGLANG_PYTHON), "-c", ROUTER_MAIN, "--host", "127.0.0.1", "--port", str(port)]
     # its Prometheus exporter takes port 29000 unless told otherwise: two routers would collide
     cmd += ["--prometheus-port", str(free_port()), "--worker-urls", *worker_urls, *flags]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
     env.pop("PYTHONPATH", None)
     url = f"http://127.0.0.1:{port}"
-    router = start(cmd, url, log_path, "Router ready", timeout_s, env, health_path="/readiness")
+    router = start(cmd, url, log_path, "Router ready", timeout_s, env, "/readiness", "sglang_router.launch_router")
     deadline = time.monotonic() + timeout_s
     while _ready_workers(url) < len(worker_urls):
         if time.monotonic() > deadline or router.proc.poll() is not None:
