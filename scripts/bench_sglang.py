@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import sys
 import tempfile
 import time
@@ -287,8 +288,9 @@ def main() -> None:
             f"raw tokens identical: {replay_same}; engine_overhead = {overhead:.3f}"
         )
         print(
-            f"    client process CPU time, fastest run: engine {min(eng_cpu):.2f} s, raw {min(raw_cpu):.2f} s "
-            "(on this 2-core machine the client's CPU competes with both servers'; on GPU servers it does not)"
+            f"    client process CPU time, fastest run: engine {min(eng_cpu):.2f} s, raw {min(raw_cpu):.2f} s; load "
+            f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (on CPU servers the client's CPU competes "
+            "with theirs and other load stretches it; on GPU servers it does not)"
         )
     finally:
         for process in started:
