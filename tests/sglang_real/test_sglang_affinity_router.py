@@ -141,7 +141,9 @@ class Recorder:
         return getattr(self.client, name)
 
 
-PROBLEMS = [{"id": str(i), "q": f"What is {i} * {i + 13} + {3 * i}?"} for i in range(12)]
+# An odd count: least-loaded breaks ties in turn, so with an even count trajectories that move in
+# lockstep would land every turn on the server of their previous one, and miss nothing.
+PROBLEMS = [{"id": str(i), "q": f"What is {i} * {i + 13} + {3 * i}?"} for i in range(13)]
 
 
 def _rollout(backend: SGLangBackend, tok):
