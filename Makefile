@@ -19,7 +19,8 @@ setup: $(BIN)/.installed
 # a separate venv, since sglang pins its own torch/transformers. `--no-deps` with exact pins
 # (sglang's metadata asks for a CUDA torch and CUDA kernels); torch is the local CPU build.
 # The .pth file imports the shims in tools/sglang_cpu at interpreter start (no installed file is
-# edited); the last line proves the server's modules import.
+# edited); the last line proves the server's modules import, and the router's (sglang-router, a
+# pinned Rust wheel that runs on CPU: the router tests and scripts/bench_sglang.py).
 SGL_VENV := .venv-sglang
 SGL_BIN := $(SGL_VENV)/bin
 
@@ -32,7 +33,7 @@ $(SGL_VENV)/.installed: requirements-sglang-cpu.txt
 $(SGL_VENV)/.shims: $(SGL_VENV)/.installed tools/sglang_cpu/sglang_cpu_shims.py
 	printf '%s\nimport sglang_cpu_shims\n' "$(CURDIR)/tools/sglang_cpu" > \
 	  "$$($(SGL_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/stare_tir_sglang_cpu.pth"
-	SGLANG_USE_CPU_ENGINE=1 $(SGL_BIN)/python -c 'import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler'
+	SGLANG_USE_CPU_ENGINE=1 $(SGL_BIN)/python -c 'import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, sglang_router.launch_router'
 	touch $@
 
 sglang-cpu: $(SGL_VENV)/.shims

@@ -35,6 +35,7 @@ from stare_tir.preflight import (
     check_data,
     check_model,
     check_registry_names,
+    check_router,
     check_sandbox,
     check_sync_dir,
     check_trackers,
@@ -51,6 +52,7 @@ def preflight(cfg: TrainConfig) -> None:
     check_backend(cfg.trainer.backend, cfg.rollout.sglang)
     if cfg.trainer.backend == "sglang":
         check_sync_dir(cfg.rollout.sglang)
+        check_router(cfg.rollout.sglang)
     info = check_sandbox(cfg.sandbox)
     check_sft_traces(cfg)
     check_data(cfg.data)

@@ -254,6 +254,18 @@ def check_sglang_health(url: str, key: str, timeout_s: float = REMOTE_TIMEOUT_S)
         )
 
 
+def check_router(sglang: Any) -> None:
+    """A sglang-router among rollout.sglang.urls needs its workers in rollout.sglang.weight_urls:
+    weight pushes must reach every worker, and the router answers 404 to them (see
+    stare_tir/rollout/backends/sglang/router.py)."""
+    from stare_tir.rollout.backends.sglang.router import check_router_urls
+
+    try:
+        check_router_urls(sglang.urls, sglang.weight_urls, timeout_s=REMOTE_TIMEOUT_S)
+    except ValueError as e:
+        raise StartupError(str(e)) from None
+
+
 def check_sync_dir(sglang: Any) -> None:
     """`weight_sync=disk` writes each sync to rollout.sglang.sync_dir: it must be named and writable."""
     if sglang.weight_sync != "disk":

@@ -121,6 +121,7 @@ def rl_step(run: Run, step: int) -> dict:
     resynced = resync_stale_servers(run)  # a restarted server gets the current weights before use
     batch, rolled, metrics = collect_batch(run, step)
     metrics.update(resynced)
+    metrics.update(getattr(run.backend, "take_route_stats", dict)())  # SGLang: where its requests went
     metrics.update(global_means(learner, rollout_stats(rolled), len(rolled)))
     t_rollout = time.perf_counter() - t0
 

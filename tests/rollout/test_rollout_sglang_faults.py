@@ -191,7 +191,8 @@ def test_restarted_server_is_set_aside_then_resynced(standin, tiny_path, tiny_to
     are discarded and re-run on the other server, it is reported stale, and after the next push
     it serves again. The same backend object lives through the restart, as in a run."""
     with _serve(standin, tiny_path) as a, _serve(standin, tiny_path) as b:
-        be = SGLangBackend([a.url, b.url], SGLangConfig(weight_sync="tensor"))
+        # least-loaded: 4 of the 8 identical prompts per server (affinity would pile them on one)
+        be = SGLangBackend([a.url, b.url], SGLangConfig(weight_sync="tensor", routing="least_loaded"))
         state = _state(tiny_path, noise=0.05)
         be.update_weights(state.items(), version="3")
         prompt = _prompt(tiny_tok)

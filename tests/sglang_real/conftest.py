@@ -4,15 +4,15 @@ One server per test session on the tiny base model: starting it takes ~20 s and 
 test shares it (the tests are grouped on one xdist worker) and puts its weights back when done.
 Without `.venv-sglang` the tests skip locally with the reason, but FAIL under CI (env CI set):
 there the real engine is the point, and a broken install must not pass as green.
+Starting and stopping: tools/sglang_cpu/launch.py (shared with scripts/bench_sglang.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import signal
-import socket
 import subprocess
-import time
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +21,22 @@ import pytest
 from stare_tir.rollout.backends._http import request_sync
 
 ROOT = Path(__file__).resolve().parents[2]
-SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
-TINY_BASE = ROOT / "stare_tir" / "assets" / "tiny-base"
+
+
+def _load_launch():
+    """tools/sglang_cpu/launch.py (tools are no package: loaded by path, once)."""
+    mod = sys.modules.get("sglang_cpu_launch")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("sglang_cpu_launch", ROOT / "tools" / "sglang_cpu" / "launch.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["sglang_cpu_launch"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+LAUNCH = _load_launch()
+SGLANG_PYTHON = LAUNCH.SGLANG_PYTHON
+TINY_BASE = LAUNCH.TINY_BASE
 START_TIMEOUT_S = 480.0  # ~20 s on an idle 2-core machine; minutes when other jobs share it
 
 
@@ -34,12 +48,6 @@ def _unavailable(reason: str) -> None:
     if in_ci():
         pytest.fail(f"real SGLang unavailable in CI: {reason}", pytrace=False)
     pytest.skip(f"real SGLang unavailable: {reason}")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -63,87 +71,21 @@ class RealServer:
         return sum(1 for line in self.log_text().splitlines() if f'"POST {route} ' in line)
 
 
-def launch_command(model: Path, port: int, tp_size: int = 1) -> list[str]:
-    """The CPU launch flags (see README "Real SGLang on CPU" for why each is there)."""
-    return [
-        str(SGLANG_PYTHON),
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(model),
-        "--device",
-        "cpu",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--attention-backend",
-        "torch_native",
-        "--disable-overlap-schedule",
-        "--disable-cuda-graph",
-        "--dtype",
-        "float32",
-        "--max-total-tokens",
-        "4096",
-        "--sleep-on-idle",
-        "--log-level",
-        "info",
-        "--tp",
-        str(tp_size),
-    ]
-
-
-def start_server(log_path: Path, model: Path = TINY_BASE, port: int = 0, tp_size: int = 1) -> RealServer:
+def start_server(
+    log_path: Path, model: Path = TINY_BASE, port: int = 0, tp_size: int = 1, max_total_tokens: int = 4096
+) -> RealServer:
     """Launch a server (port 0: a free one) and wait until it serves; its log is appended to."""
-    if not SGLANG_PYTHON.exists():
-        _unavailable(f"{SGLANG_PYTHON.relative_to(ROOT)} does not exist: run `make sglang-cpu`")
-    port = port or _free_port()
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    if tp_size > 1:
-        # one core per TP rank: the CPU engine otherwise wants one NUMA node per rank
-        # (python/sglang/srt/utils/numa_utils.py `init_threads_binding`)
-        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1)) for i in range(tp_size))
-    env.pop("PYTHONPATH", None)  # the server runs in its own venv, not this one
-    t0 = time.monotonic()
-    skip = log_path.stat().st_size if log_path.exists() else 0  # a restart appends to the log
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(
-        launch_command(model, port, tp_size),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    log.close()
-    server = RealServer(f"http://127.0.0.1:{port}", proc, log_path, model, 0.0)
-    while True:
-        if proc.poll() is not None:
-            _unavailable(f"the server exited with {proc.returncode} while starting:\n{server.log_tail()}")
-        if "The server is fired up" in server.log_text()[skip:]:
-            break
-        if time.monotonic() - t0 > START_TIMEOUT_S:
-            stop_server(server)
-            _unavailable(f"not ready after {START_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
-        time.sleep(0.5)
-    request_sync("GET", server.url + "/health", timeout_s=30)
-    server.start_s = time.monotonic() - t0
-    return server
+    try:
+        started = LAUNCH.start_server(log_path, model, port, tp_size, max_total_tokens, timeout_s=START_TIMEOUT_S)
+    except LAUNCH.Unavailable as exc:
+        _unavailable(str(exc))
+    request_sync("GET", started.url + "/health", timeout_s=30)
+    return RealServer(started.url, started.proc, log_path, model, started.start_s)
 
 
 def stop_server(server: RealServer) -> None:
     """SIGTERM (SGLang stops its scheduler and detokenizer children), SIGKILL the group if stuck."""
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-    try:  # children left behind by a crash: the group is this server's own (new session)
-        os.killpg(server.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    server.proc.wait(timeout=30)
+    LAUNCH.stop(server)
 
 
 def restart_server(server: RealServer) -> None:

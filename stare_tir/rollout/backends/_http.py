@@ -79,8 +79,8 @@ class AsyncJSONClient:
             self._loop = loop
         return self._session
 
-    async def request(self, method: str, url: str, payload: Any = None) -> Any:
-        """Send `payload` as JSON; return the decoded JSON answer (or text if not JSON).
+    async def request(self, method: str, url: str, payload: Any = None, headers: dict[str, str] | None = None) -> Any:
+        """Send `payload` as JSON (with `headers`); return the decoded JSON answer (or text if not JSON).
 
         Raises NotSentError when no connection could be made, HTTPError for a non-2xx answer,
         ConnectionError when the connection broke after the request was sent.
@@ -88,7 +88,7 @@ class AsyncJSONClient:
         check_url(url)
         session = self._session_for_loop()
         try:
-            async with session.request(method, url, json=payload) as resp:
+            async with session.request(method, url, json=payload, headers=headers) as resp:
                 data = await resp.read()
                 return _decode(url, resp.status, data)
         except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import resource
 import time
 from typing import TYPE_CHECKING, Any, Iterable
@@ -30,6 +29,7 @@ from stare_tir.rollout.backends.sglang.push import (
     push_disk,
     push_tensor,
 )
+from stare_tir.rollout.backends.sglang.routing import ROUTING_KEY_HEADER, ServerPicker
 from stare_tir.rollout.backends.sglang.wire import parse_generate_output, sampling_payload
 
 if TYPE_CHECKING:
@@ -84,8 +84,9 @@ class SGLangBackend:
                 eos.add(tokenizer.eos_token_id)
             self._decode = fast_decoder(tokenizer)
         self._eos_ids: frozenset[int] = frozenset(int(e) for e in eos)
-        self._inflight = [0] * len(self.urls)
-        self._rr = itertools.count()
+        self._picker = ServerPicker(
+            len(self.urls), self.cfg.routing, self.cfg.affinity_slack, self.cfg.affinity_slack_frac
+        )
         self._layouts: list[ServerLayout] | None = None
         self._sessions = Sessions(self.cfg.timeout_s)
         self._group: UpdateGroup | None = None
@@ -99,22 +100,27 @@ class SGLangBackend:
     # ------------------------------------------------------------------------------- data path
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
-        """One request to the least-loaded server. A connect failure (nothing sent) is retried on
-        another server; a failure after the request went out is raised, never re-run. An answer
-        from other weights than the last push (a restarted server) is discarded, its server set
-        aside until the next push, and the request re-run on another server."""
+        """One request to the server `routing` picks (`routing.py`: the server of the trajectory's
+        previous turn under a load bound, or the least-loaded one). A connect failure (nothing
+        sent) is retried on another server; a failure after the request went out is raised, never
+        re-run. An answer from other weights than the last push (a restarted server) is
+        discarded, its server set aside until the next push, and the request re-run elsewhere."""
         payload = {
             "input_ids": list(prompt_ids),
             "return_logprob": True,
             "sampling_params": sampling_payload(sampling, stop, self.cfg.send_seed),
         }
+        route = self._picker.request(prompt_ids)
+        # Behind a router the trajectory's key lets `--policy manual` keep its turns on one worker.
+        headers = {ROUTING_KEY_HEADER: route.key} if self.behind_router else None
+        inflight = self._picker.inflight
         tried: set[int] = set()
         failures = 0
         while True:
-            i = self._pick(tried)
-            self._inflight[i] += 1
+            i = self._picker.pick(route, tried, self._stale)
+            inflight[i] += 1
             try:
-                out = await self._client.request("POST", self.urls[i] + "/generate", payload)
+                out = await self._client.request("POST", self.urls[i] + "/generate", payload, headers)
             except NotSentError:
                 tried.add(i)
                 failures += 1
@@ -123,9 +129,11 @@ class SGLangBackend:
                 await asyncio.sleep(0.5 * failures)
                 continue
             finally:
-                self._inflight[i] -= 1
+                inflight[i] -= 1
             gen = parse_generate_output(out, stop, self._eos_ids, self._decode)
             if not self._stale_answer(gen):
+                meta = out.get("meta_info") or {}
+                self._picker.answered(route, i, prompt_ids, gen.token_ids, meta.get("cached_tokens"))
                 return gen
             self.stale_answers += 1
             failures += 1
@@ -142,12 +150,10 @@ class SGLangBackend:
     def _stale_answer(self, gen: Generation) -> bool:
         return self.weight_version is not None and gen.weight_version not in (None, self.weight_version)
 
-    def _pick(self, avoid: set[int]) -> int:
-        usable = [i for i in range(len(self.urls)) if i not in self._stale]
-        cands = [i for i in usable if i not in avoid] or usable or list(range(len(self.urls)))
-        low = min(self._inflight[i] for i in cands)
-        ties = [i for i in cands if self._inflight[i] == low]
-        return ties[next(self._rr) % len(ties)]
+    def take_route_stats(self) -> dict[str, float]:
+        """The `route/*` metrics of this process since the last call (docs/metrics.md); behind a
+        router, which picks the worker itself, only how the caches served the prompts."""
+        return self._picker.take_stats(picks=not self.behind_router)
 
     async def aclose(self) -> None:
         """Close the keep-alive connections (on the event loop that opened them)."""

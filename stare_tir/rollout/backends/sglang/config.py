@@ -31,6 +31,18 @@ class SGLangConfig:
     generate_timeout_s: float | None = None
     # Retries of a request whose connection could not be opened (on the next-least-loaded server).
     retries: int = 2
+    # Which server each /generate goes to (several `urls`; see routing.py). "affinity": a turn goes
+    # to the server that answered its trajectory's previous turn (its prefix is in that server's
+    # radix cache), a first turn to the server that already got the same prompt (the group's
+    # samples); "least_loaded": the server with the fewest requests in flight.
+    routing: Literal["affinity", "least_loaded"] = "affinity"
+    # Affinity's load bound: a request leaves its server when that server has more than
+    # affinity_slack + affinity_slack_frac x (the least-loaded server's count) requests in flight
+    # beyond the least-loaded server; it then goes there and its trajectory follows it. A move
+    # prefills the whole context again while a few more requests in a server's batch cost little,
+    # so only a clear imbalance moves a turn (sglang-router's cache_aware balances past 64 and 1.5x).
+    affinity_slack: int = 16
+    affinity_slack_frac: float = 0.5
     # Open connections per trainer rank for generation (one per request in flight; more requests
     # wait for a free one). The process's open-file limit is raised to fit when it can be.
     max_connections: int = 256
@@ -77,6 +89,13 @@ class SGLangConfig:
             raise ValueError(f"max_connections={self.max_connections!r}: must be >= 1")
         if self.retries < 0:
             raise ValueError(f"retries={self.retries!r}: must be >= 0")
+        if self.routing not in ("affinity", "least_loaded"):
+            raise ValueError(f"routing={self.routing!r}: must be affinity or least_loaded")
+        if self.affinity_slack < 0 or self.affinity_slack_frac < 0:
+            raise ValueError(
+                f"affinity_slack={self.affinity_slack!r}, affinity_slack_frac={self.affinity_slack_frac!r}: "
+                "must be >= 0"
+            )
         if self.weight_sync not in ("disk", "tensor", "distributed"):
             raise ValueError(f"weight_sync={self.weight_sync!r}: must be disk, tensor or distributed")
         if self.colocate and self.weight_sync == "distributed":
