@@ -95,6 +95,9 @@ class SGLangBackend:
         self.weight_version: str | None = None
         self._pushes = 0
         self._stale: set[int] = set()  # generation URLs that answered with other weights
+        # Generation URLs that dropped a request they had (killed, restarted): avoided by the
+        # requests after it until the next push, which either reaches them or names them.
+        self._lost: set[int] = set()
         self.stale_answers = 0  # answers discarded (and re-run elsewhere) for their weights
 
     # ------------------------------------------------------------------------------- data path
@@ -103,7 +106,7 @@ class SGLangBackend:
         """One request to the server `routing` picks (`routing.py`: the server of the trajectory's
         previous turn under a load bound, or the least-loaded one). A connect failure (nothing
         sent) is retried on another server; a failure after the request went out is raised, never
-        re-run. An answer from other weights than the last push (a restarted server) is
+        re-run, and that server is avoided until the next push. An answer from other weights than the last push (a restarted server) is
         discarded, its server set aside until the next push, and the request re-run elsewhere."""
         payload = {
             "input_ids": list(prompt_ids),
@@ -117,7 +120,7 @@ class SGLangBackend:
         tried: set[int] = set()
         failures = 0
         while True:
-            i = self._picker.pick(route, tried, self._stale)
+            i = self._picker.pick(route, tried | self._lost, self._stale)
             inflight[i] += 1
             try:
                 out = await self._client.request("POST", self.urls[i] + "/generate", payload, headers)
@@ -128,6 +131,12 @@ class SGLangBackend:
                     raise
                 await asyncio.sleep(0.5 * failures)
                 continue
+            except ConnectionError:
+                # Lost, and reported (never re-run: it may have been generating). Without this,
+                # affinity kept sending a dead server's trajectories and groups to it, and a
+                # request written onto a kept-alive socket the kill had closed was lost too.
+                self._lost.add(i)
+                raise
             finally:
                 inflight[i] -= 1
             gen = parse_generate_output(out, stop, self._eos_ids, self._decode)
@@ -227,6 +236,7 @@ class SGLangBackend:
         """Another process pushed `version` to the servers: answers must now carry it."""
         self.weight_version = version
         self._stale.clear()
+        self._lost.clear()
 
     def flush_cache(self, tries: int = 40, wait_s: float = 0.25) -> None:
         flush_cache(self.control_urls, self.cfg.timeout_s, tries, wait_s)
