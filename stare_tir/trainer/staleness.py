@@ -92,7 +92,9 @@ def off_policy_update(
     n_local = float(mask.sum())
     if cfg.enabled:
         seq = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(sizes)]) if batch else mask.long()
-        w, local = behaviour_weights(prox, behav, mask, seq, mode=cfg.mode, cap=cfg.cap, lower=cfg.lower, level=cfg.level)
+        w, local = behaviour_weights(
+            prox, behav, mask, seq, mode=cfg.mode, cap=cfg.cap, lower=cfg.lower, level=cfg.level
+        )
         red = learner.all_reduce_sum(torch.tensor([local[k] * n_local for k in sorted(local)] + [n_local]))
         metrics.update({k: float(red[i] / red[-1].clamp(min=1)) for i, k in enumerate(sorted(local))})
         per_traj = list(torch.split(w, sizes))

@@ -335,7 +335,11 @@ class HFBackend:
                     await asyncio.sleep(0)
                 continue  # re-check: the wake-up may mean this batcher was superseded
             admit: list[_Request] = []
-            if self._pending and not self._hold.is_set() and (self._batch is None or steps_since_join >= self.cfg.join_every):
+            if (
+                self._pending
+                and not self._hold.is_set()
+                and (self._batch is None or steps_since_join >= self.cfg.join_every)
+            ):
                 free = self.cfg.max_batch_size - (len(self._batch.reqs) if self._batch else 0)
                 while self._pending and len(admit) < free:
                     req = self._pending.popleft()
