@@ -15,7 +15,6 @@ from stare_tir.rollout.backends._http import HTTPError, request_sync
 from stare_tir.rollout.backends.base import SamplingParams
 from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig
 
-
 SEED = 1234
 
 
