@@ -28,6 +28,8 @@ of 0.5.23):
   count), like a batched server whose step time does not depend on the batch. The HF backend
   computes a segment's tokens up front; those not yet emitted at a pause are dropped (and, for
   retract and in_place, recomputed after continue).
+- `--enable-deterministic-inference`: upstream runs batch-invariant kernels; the stand-in scores
+  each answer's log-probs alone (its seeds are honoured in both).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+import time
 from typing import Any, Iterator
 
 from stare_tir.rollout.backends.base import Generation, SamplingParams, StopChecker, finish_after_token
@@ -65,6 +68,8 @@ class GenerationControl:
         self.epoch = 0  # pauses so far: a request sees it change under it
         self.mode_of: dict[int, str] = {}
         self.updating = 0
+        self.updates = 0  # weight updates so far
+        self._changed: asyncio.Event | None = None  # set at the next pause or continue
         # observations for tests
         self.tokens_during_update = 0  # tokens emitted while weights were being loaded (must stay 0)
         self.pauses: dict[str, int] = dict.fromkeys(PAUSE_MODES, 0)
@@ -82,6 +87,8 @@ class GenerationControl:
             self.mode_of[self.epoch] = mode
             self.pauses[mode] += 1
             self.cond.notify_all()
+        self._notify_loop()
+        with self.cond:
             if mode == "abort":  # returns once every request in flight has ended
                 self.cond.wait_for(lambda: self.readers == 0, timeout=60)
         return {"message": "Generation paused successfully.", "status": "ok"}
@@ -90,6 +97,7 @@ class GenerationControl:
         with self.cond:
             self.paused = None
             self.cond.notify_all()
+        self._notify_loop()
         return {"message": "Generation continued successfully.", "status": "ok"}
 
     @contextlib.contextmanager
@@ -121,6 +129,7 @@ class GenerationControl:
         finally:
             with self.cond:
                 self.updating -= 1
+                self.updates += 1
                 if locked:
                     self.writer = False
                 self.cond.notify_all()
@@ -131,6 +140,23 @@ class GenerationControl:
 
     # ------------------------------------------------------------------ one request (event loop)
 
+    def _signal(self) -> asyncio.Event:
+        """Set at the next pause or continue (one per change, on the stand-in's event loop)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _notify_loop(self) -> None:
+        loop = self.server.loop
+
+        def wake() -> None:
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
+
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(wake)
+
     async def answer(self, prompt: list[int], sampling: SamplingParams, stop: list[str]) -> Answer:
         server = self.server
         backend = server.backend
@@ -140,23 +166,27 @@ class GenerationControl:
         spans: list[tuple[int, int, str]] = []
         while True:
             while self.paused is not None:  # held by a pause (retract, in_place) until continue
-                await asyncio.sleep(0.002)
-            epoch, version = self.epoch, server.weight_version
+                await self._signal().wait()
+            epoch, version, updates = self.epoch, server.weight_version, self.updates
             seg = sampling
             if tokens:  # the rest of the budget; a seed that does not repeat the first segment's draws
                 seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + len(tokens)) % (2**31 - 1)
                 seg = dataclasses.replace(sampling, max_new_tokens=sampling.max_new_tokens - len(tokens), seed=seed)
             gen = await backend.generate(prompt + tokens, seg, stop)
             ids, lps, finish, stop_text = self._cut(gen, tokens, checker, backend.eos_token_ids, sampling)
-            emitted = 0
-            for _ in ids:
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                if self.epoch != epoch:
-                    break
-                if self.updating:
-                    self.tokens_during_update += 1
-                emitted += 1
+            if server.deterministic and sampling.top_p == 1.0 and sampling.top_k < 1:
+                lps = await self._batch_invariant_logprobs(prompt + tokens, ids, sampling.temperature)
+            emitted = len(ids)
+            if self.token_delay_s and ids and self.epoch == epoch:  # emitting takes len(ids) x delay
+                t0 = time.perf_counter()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._signal().wait(), timeout=len(ids) * self.token_delay_s)
+                if self.epoch != epoch:  # paused mid-emission: what was out by then stays
+                    emitted = min(len(ids), int((time.perf_counter() - t0) / self.token_delay_s))
+            elif self.epoch != epoch:
+                emitted = 0
+            if self.updates != updates and self.epoch == epoch:  # weights changed under a running request
+                self.tokens_during_update += emitted
             if emitted:
                 if spans and spans[-1][2] == version:
                     spans[-1] = (spans[-1][0], len(tokens) + emitted, version)
@@ -169,6 +199,26 @@ class GenerationControl:
             self.interrupted += 1
             if self.mode_of.get(self.epoch) == "abort":
                 return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True)
+
+    async def _batch_invariant_logprobs(self, context: list[int], ids: list[int], temperature: float) -> list[float]:
+        """With --enable-deterministic-inference SGLang runs batch-invariant kernels
+        (python/sglang/srt/batch_invariant_ops/): an answer's numbers do not depend on what else was
+        in the batch. The HF backend's batched numerics do (in the last bits), so the stand-in
+        scores each answer alone: one forward over its own tokens, under the model lock."""
+        if not ids or temperature <= 0:
+            return [0.0] * len(ids)
+        backend = self.server.backend
+
+        def score() -> list[float]:
+            import torch
+
+            with backend._lock, torch.inference_mode():
+                x = torch.tensor([context + ids], device=backend.device)
+                logits = backend.model(input_ids=x).logits[0, len(context) - 1 : -1].float() / temperature
+                lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids, device=x.device)[:, None])
+                return lp.squeeze(1).tolist()
+
+        return await asyncio.get_running_loop().run_in_executor(backend._executor, score)
 
     @staticmethod
     def _cut(
