@@ -4,16 +4,17 @@
 The rollout backend is the SGLang stand-in (tests/rollout/sglang_standin.py, a subprocess speaking
 SGLang's HTTP API, with its pause/continue and update-lock behaviour) with a per-token delay chosen
 so that generating a step's batch takes about as long as the learner's step (measured first, on
-this machine, unless --token-delay-s is given). Seeds are honoured by the stand-in
-(--enable-deterministic-inference), so the runs are reproducible. Runs, each from the tiny base
-model, `algo.name=grpo` (every step updates), weights pushed over HTTP (tensor mode):
+this machine, unless --token-delay-s is given). Runs, each from the tiny base model, `algo.name=grpo`
+(every step updates), 4 PPO passes per batch, weights pushed over HTTP (tensor mode):
 
-    calibrate  eta=0, 2 steps at no delay and 2 at 0.03 s/token: the learner's seconds per step,
-               and the rollout's as a line in the delay (its own work + delay x tokens)
+    calibrate  eta=0, 2 steps at 0.1 s/token (the delay dominates): the learner's and the rollout's
+               seconds per step; the delay is scaled so that the rollout takes the learner's time
     eta0       the synchronous loop (`rl_step`, as `train_rl` runs eta=0), timed
-    lockstep   the asynchronous machinery with eta=0 (`AsyncRollouts(run, 0)`): must give the eta0
-               run's metrics bit for bit (timing keys aside), which is what eta0_identical says
     eta1       `AsyncRollouts(run, 1)`: the next batch generates while the learner trains, timed
+    ref        the synchronous loop again, now with the stand-in deterministic (seeds honoured,
+               log-probs batch-invariant, as --enable-deterministic-inference)
+    lockstep   the asynchronous machinery with eta=0 (`AsyncRollouts(run, 0)`), deterministic: must
+               give ref's metrics bit for bit (timing keys aside), which is what eta0_identical says
 
 The last line is
     RESULT speedup_eta1=<eta0 wall / eta1 wall> max_lag=<largest async/lag_max at eta=1>
@@ -67,6 +68,10 @@ def config(url: str, run_dir: Path, steps: int, overrides: list[str]):
             f"trainer.steps={steps}",
             f"trainer.run_dir={run_dir}",
             "learner.zero_stage=0",
+            # Four passes over each batch: the tiny model's single update is short next to the
+            # stand-in's own CPU work per rollout on a 2-core machine; four make a learner step about
+            # as long as a batch's generation, the setting this bench is about. Both runs use them.
+            "algo.ppo_epochs=4",
             *overrides,
         ],
     )
@@ -112,49 +117,47 @@ def same(a: list[dict], b: list[dict]) -> tuple[bool, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=8, help="timed RL steps per run (default: 8)")
+    p.add_argument("--identity-steps", type=int, default=3, help="steps of the eta0/lockstep pair (default: 3)")
     p.add_argument("--token-delay-s", type=float, default=None, help="stand-in seconds per token (default: calibrated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the stand-in (default: 1)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra dotted config overrides")
     args = p.parse_args()
 
     import torch
-
     from sglang_standin import launch_standin
+
     from stare_tir.rollout.backends._http import request_sync
     from stare_tir.tiny import pretrained_tiny_base
 
     torch.manual_seed(0)
-    proc, url = launch_standin(
-        str(pretrained_tiny_base()),
-        extra_args=["--threads", str(args.threads), "--enable-deterministic-inference"],
-    )
+    proc, url = launch_standin(str(pretrained_tiny_base()), extra_args=["--threads", str(args.threads)])
     work = Path(tempfile.mkdtemp(prefix="bench_async_"))
+
+    def stand_in(**settings) -> None:
+        request_sync("POST", url + "/standin_fault", settings)
+
     try:
         delay = args.token_delay_s
-        if delay is None:  # rollout seconds ~ own work + delay x tokens on the longest path: fit, then match
-            probes = {}
-            for probe in (0.0, 0.03):
-                request_sync("POST", url + "/standin_fault", {"token_delay_s": probe})
-                rows, _ = train(config(url, work / f"calibrate{probe}", 2, args.overrides), None)
-                probes[probe] = (sum(r["time/rollout"] for r in rows[1:]) / (len(rows) - 1), learner_s(rows[1:]))
-            (g0, t0), (g1, t1) = probes[0.0], probes[0.03]
-            learn = (t0 + t1) / 2
-            delay = max(0.0, (learn - g0) * 0.03 / max(g1 - g0, 1e-9))
-            print(
-                f"calibration: rollout {g0:.2f} s/step at no delay, {g1:.2f} at 0.03 s/token; "
-                f"learner {learn:.2f} s/step -> {delay:.4f} s/token"
-            )
-        request_sync("POST", url + "/standin_fault", {"token_delay_s": delay})
-
+        if delay is None:  # with the delay dominating, rollout seconds scale with it: match the learner's
+            probe = 0.1
+            stand_in(token_delay_s=probe, deterministic=False)
+            rows, _ = train(config(url, work / "calibrate", 2, args.overrides), None)
+            gen, learn = rows[-1]["time/rollout"], learner_s(rows[-1:])
+            delay = probe * learn / gen
+            print(f"calibration: rollout {gen:.2f} s/step at {probe} s/token, learner {learn:.2f} s/step")
+        stand_in(token_delay_s=delay, deterministic=False)
         sync_rows, sync_wall = train(config(url, work / "eta0", args.steps, args.overrides), None)
-        lock_rows, _ = train(config(url, work / "lockstep", args.steps, args.overrides), 0)
         async_rows, async_wall = train(config(url, work / "eta1", args.steps, args.overrides), 1)
+        # The identity pair: seeds honoured and log-probs batch-invariant (the timed runs skip that cost).
+        stand_in(deterministic=True)
+        ref_rows, _ = train(config(url, work / "ref", args.identity_steps, args.overrides), None)
+        lock_rows, _ = train(config(url, work / "lockstep", args.identity_steps, args.overrides), 0)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
 
-    identical, why = same(sync_rows, lock_rows)
+    identical, why = same(ref_rows, lock_rows)
     gen_s = sum(r["time/rollout"] for r in sync_rows) / len(sync_rows)
     max_lag = max(r["async/lag_max"] for r in async_rows)
     for name, rows, wall in (("eta0", sync_rows, sync_wall), ("eta1", async_rows, async_wall)):

@@ -28,7 +28,8 @@ a version is given):
                                         updates while requests run, version spans)
     GET  /standin_stats                 (not SGLang: request counts and sync observations)
     POST /standin_fault                 (not SGLang: {"refuse_update": K},
-                                        {"restart_after_generates": K}, {"token_delay_s": D};
+                                        {"restart_after_generates": K}, {"token_delay_s": D},
+                                        {"deterministic": bool};
                                         see `set_fault`)
 
 `--compat` picks the version behaviour (QUIRKS in sglang_standin_quirks.py): "0.5.23" (the default, as measured on the
@@ -440,6 +441,8 @@ class StandinServer:
             self.restart_at = self.counts["/generate"] + int(body["restart_after_generates"])
         if "token_delay_s" in body:
             self.control.token_delay_s = float(body["token_delay_s"])
+        if "deterministic" in body:  # as --enable-deterministic-inference
+            self.deterministic = bool(body["deterministic"])
         return HTTPStatus.OK, {"success": True}
 
     def pause(self, body: dict) -> tuple[int, Any]:

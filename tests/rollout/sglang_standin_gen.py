@@ -24,10 +24,10 @@ of 0.5.23):
 - Version spans: when the version changes, every live request records (old version, its output
   length) (scheduler.py `record_weight_version_change`, utils/weight_versions.py), and its answer
   carries `weight_versions` spans.
-- `--token-delay-s D` (not SGLang): each request emits one token per D seconds (paused time does not
-  count), like a batched server whose step time does not depend on the batch. The HF backend
-  computes a segment's tokens up front; those not yet emitted at a pause are dropped (and, for
-  retract and in_place, recomputed after continue).
+- `--token-delay-s D` (not SGLang): each request's tokens come out one per D seconds from its arrival
+  (or its continue), like a batched server whose step time does not depend on the batch; the HF
+  backend computes them up front, inside that time when it can. Those not yet out at a pause are
+  dropped (and, for retract and in_place, recomputed after continue).
 - `--enable-deterministic-inference`: upstream runs batch-invariant kernels; the stand-in scores
   each answer's log-probs alone (its seeds are honoured in both).
 """
@@ -67,6 +67,7 @@ class GenerationControl:
         self.paused: str | None = None
         self.epoch = 0  # pauses so far: a request sees it change under it
         self.mode_of: dict[int, str] = {}
+        self.paused_at: dict[int, float] = {}
         self.updating = 0
         self.updates = 0  # weight updates so far
         self._changed: asyncio.Event | None = None  # set at the next pause or continue
@@ -85,6 +86,7 @@ class GenerationControl:
             self.paused = mode
             self.epoch += 1
             self.mode_of[self.epoch] = mode
+            self.paused_at[self.epoch] = time.perf_counter()
             self.pauses[mode] += 1
             self.cond.notify_all()
         self._notify_loop()
@@ -168,6 +170,7 @@ class GenerationControl:
             while self.paused is not None:  # held by a pause (retract, in_place) until continue
                 await self._signal().wait()
             epoch, version, updates = self.epoch, server.weight_version, self.updates
+            t0 = time.perf_counter()  # the segment's tokens come out at t0 + (i + 1) x delay
             seg = sampling
             if tokens:  # the rest of the budget; a seed that does not repeat the first segment's draws
                 seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + len(tokens)) % (2**31 - 1)
@@ -177,14 +180,14 @@ class GenerationControl:
             if server.deterministic and sampling.top_p == 1.0 and sampling.top_k < 1:
                 lps = await self._batch_invariant_logprobs(prompt + tokens, ids, sampling.temperature)
             emitted = len(ids)
-            if self.token_delay_s and ids and self.epoch == epoch:  # emitting takes len(ids) x delay
-                t0 = time.perf_counter()
+            delay = self.token_delay_s
+            left = len(ids) * delay - (time.perf_counter() - t0)  # computing them took part of it
+            if delay and left > 0 and self.epoch == epoch:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._signal().wait(), timeout=len(ids) * self.token_delay_s)
-                if self.epoch != epoch:  # paused mid-emission: what was out by then stays
-                    emitted = min(len(ids), int((time.perf_counter() - t0) / self.token_delay_s))
-            elif self.epoch != epoch:
-                emitted = 0
+                    await asyncio.wait_for(self._signal().wait(), timeout=left)
+            if self.epoch != epoch:  # paused: what was out by the pause stays, the rest is dropped
+                out_for = self.paused_at.get(epoch + 1, t0) - t0
+                emitted = min(len(ids), int(out_for / delay)) if delay else 0
             if self.updates != updates and self.epoch == epoch:  # weights changed under a running request
                 self.tokens_during_update += emitted
             if emitted:
