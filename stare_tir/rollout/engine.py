@@ -153,6 +153,7 @@ class RolloutEngine:
         self.cfg = cfg or RolloutConfig()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None  # runs the loop in the background (start_background)
+        self._submitted: set[asyncio.Task] = set()  # work started by `submit`, not yet done
         self.last_stats: dict = {}
         self.sandbox = None
         if sandbox is not None:
@@ -265,17 +266,27 @@ class RolloutEngine:
         """Start `coro` on the background loop (`start_background`); its future resolves when it ends."""
         if self._thread is None:
             raise RuntimeError("submit() needs the loop in the background: call start_background() first")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+        async def tracked():
+            task = asyncio.current_task()
+            self._submitted.add(task)
+            try:
+                return await coro
+            finally:
+                self._submitted.discard(task)
+
+        return asyncio.run_coroutine_threadsafe(tracked(), self._loop)
 
     def _stop_background(self) -> None:
-        """Stop the background loop and cancel what still runs on it (a batch in flight)."""
+        """Stop the background loop, then cancel the work still in flight (a batch generated ahead)
+        and let it wind down here, its envs closing while the sandbox still runs."""
         thread, self._thread = self._thread, None
         if thread is None:
             return
         loop = self._loop
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        pending = [t for t in self._submitted if not t.done()]
         for task in pending:
             task.cancel()
         if pending:

@@ -114,6 +114,7 @@ class AsyncRollouts:
         self._waited = 0.0  # the learner's wait for this step's round
         self._depth = (0.0, 0.0)  # (rounds done and waiting, rounds generating) when it was taken
         self._round_s = 0.0  # how long this step's round generated
+        self.served = [run.learner.steps_applied]  # versions in the order they were served (lags count them)
         allow = getattr(run.backend, "allow_in_flight_updates", None)
         if allow is not None and max_staleness > 0:  # SGLang: pushes pause the servers (retract)
             allow(max_staleness + 1)
@@ -151,6 +152,8 @@ class AsyncRollouts:
     def first_round(self, step: int) -> list[Trajectory]:
         """This step's first round (scheduling what may start now), waited for; what `collect_batch`
         uses instead of rolling out its first round."""
+        if self.run.learner.steps_applied != self.served[-1]:  # the last step pushed new weights
+            self.served.append(self.run.learner.steps_applied)
         self.schedule(step)
         ahead = [r for b, r in self.rounds.items() if b > step]
         done = sum(r.future.done() for r in ahead)
@@ -163,7 +166,7 @@ class AsyncRollouts:
 
     def is_stale(self, t: Trajectory) -> bool:
         """Beyond eta versions behind the weights being updated, or from weights never pushed."""
-        lag = trajectory_lag(t, self.run.learner.steps_applied)
+        lag = trajectory_lag(t, self.served)
         return lag is None or lag > self.eta
 
     def step_metrics(self, batch: list[Trajectory]) -> dict[str, float]:
@@ -174,7 +177,7 @@ class AsyncRollouts:
         now = time.perf_counter()
         rollout_idle = (now - self._last_take) - self.clock.busy_between(self._last_take, now)
         self._last_take = now
-        metrics = lag_metrics(learner, batch, learner.steps_applied)
+        metrics = lag_metrics(learner, batch, self.served)
         means = learner.all_reduce_sum(torch.tensor([rollout_idle, *self._depth, 1.0], dtype=torch.float64))
         top = learner.all_reduce_max(torch.tensor([self._waited, self._round_s], dtype=torch.float64))
         metrics["async/learner_idle_s"] = float(top[0])
@@ -197,7 +200,7 @@ class AsyncRollouts:
             {"step": r.step, "version": r.version, "prompts": r.prompts, "result": r.future.result()}
             for r in sorted(self.rounds.values(), key=lambda r: r.step)
         ]
-        state = {"world_size": self.run.learner.world_size, "rounds": rounds}
+        state = {"world_size": self.run.learner.world_size, "rounds": rounds, "served": self.served}
         tmp = self._file(directory).with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(self._file(directory))
@@ -210,6 +213,7 @@ class AsyncRollouts:
         state = torch.load(path, weights_only=False) if path.exists() else None
         usable = state is not None and state["world_size"] == learner.world_size
         if int(learner.all_reduce_sum(torch.tensor([float(not usable)])).item()) == 0:
+            self.served = list(state["served"])
             for saved in state["rounds"]:
                 future: concurrent.futures.Future = concurrent.futures.Future()
                 future.set_result(saved["result"])

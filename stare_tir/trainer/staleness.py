@@ -1,10 +1,12 @@
 """How stale a step's trajectories are, and the behaviour-policy correction that makes up for it.
 
 A version names the learner's weights (`learner.steps_applied`, what every push carries and every
-token span records: `Trajectory.weight_versions`). The lag of a token is the version being updated
-minus the version that sampled it; a trajectory's lag is its oldest token's. Measured when the
-step trains, so time spent waiting in a queue counts (a batch that waited through two pushes is
-two versions old, however fast it was generated).
+token span records: `Trajectory.weight_versions`). The lag of a token is the number of versions
+served after the one that sampled it, up to the weights being updated (`served`: the versions in
+the order they were served, the current last); a trajectory's lag is its oldest token's. Versions
+are counted as served, not as optimizer steps: with `algo.ppo_epochs` > 1 a step applies several
+steps but serves one version. Measured when the step trains, so time spent waiting in a queue
+counts (a batch that waited through two pushes is two versions old, however fast it was generated).
 
 What STARE's gate measures under eta >= 1: `entropy/batch` is the recompute's entropy, i.e. the
 entropy of the weights being updated (pi_prox) at the states the older behaviour policy visited,
@@ -15,6 +17,7 @@ not the behaviour policy's own entropy. `offpolicy/behaviour_surprisal` is the b
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import torch
 
@@ -41,26 +44,32 @@ def oldest_version(t: Trajectory) -> int | None:
     return None if any(n is None for n in numbers) else min(numbers)
 
 
-def trajectory_lag(t: Trajectory, current: int) -> int | None:
+def version_lag(version: int | None, served: Sequence[int]) -> int | None:
+    """Versions served after `version` (None: a version that was never served)."""
+    if version is None or version not in served:
+        return None
+    return len(served) - 1 - max(i for i, v in enumerate(served) if v == version)
+
+
+def trajectory_lag(t: Trajectory, served: Sequence[int]) -> int | None:
     """Versions between `t`'s oldest token and the weights being updated (None: unknown weights)."""
-    oldest = oldest_version(t)
-    return None if oldest is None else current - oldest
+    return version_lag(oldest_version(t), served)
 
 
-def token_lags(t: Trajectory, current: int) -> torch.Tensor:
+def token_lags(t: Trajectory, served: Sequence[int]) -> torch.Tensor:
     """[R] long: each response token's lag (tokens outside the reported spans: the trajectory's)."""
-    fallback = trajectory_lag(t, current)
+    fallback = trajectory_lag(t, served)
     lags = torch.full((len(t.response_ids),), fallback if fallback is not None else 0, dtype=torch.long)
     for lo, hi, v in t.weight_versions:
-        n = _as_version(v)
-        if n is not None:
-            lags[lo:hi] = current - n
+        lag = version_lag(_as_version(v), served)
+        if lag is not None:
+            lags[lo:hi] = lag
     return lags
 
 
-def lag_metrics(learner: Learner, batch: list[Trajectory], current: int) -> dict[str, float]:
+def lag_metrics(learner: Learner, batch: list[Trajectory], served: Sequence[int]) -> dict[str, float]:
     """async/lag_mean and async/lag_max over the trajectories of the update (all ranks)."""
-    lags = [trajectory_lag(t, current) for t in batch]
+    lags = [trajectory_lag(t, served) for t in batch]
     known = [x for x in lags if x is not None]
     sums = learner.all_reduce_sum(torch.tensor([float(sum(known)), float(len(known))], dtype=torch.float64))
     top = learner.all_reduce_max(torch.tensor([float(max(known, default=0))]))
@@ -73,7 +82,7 @@ def off_policy_update(
     prox_logprobs: list[torch.Tensor],
     inputs: UpdateInputs,
     cfg: OffPolicyConfig,
-    current: int,
+    served: Sequence[int],
     per_lag: bool,
 ) -> tuple[UpdateInputs, dict[str, float]]:
     """The update's inputs with decoupled PPO's behaviour weights folded into the token weights
@@ -101,7 +110,7 @@ def off_policy_update(
         weights = per_traj if inputs.token_weights is None else [a * b for a, b in zip(inputs.token_weights, per_traj)]
         inputs = dataclasses.replace(inputs, token_weights=weights)
     if per_lag:
-        lag = torch.cat([token_lags(t, current) for t in batch]) if batch else mask.long()
+        lag = torch.cat([token_lags(t, served) for t in batch]) if batch else mask.long()
         sums = learner.all_reduce_sum(mismatch_sums_by_lag(prox, behav, mask, lag))
         metrics.update(mismatch_metrics(sums))
         s = learner.all_reduce_sum(torch.tensor([float(-behav[mask].sum()), n_local], dtype=torch.float64))

@@ -172,8 +172,9 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
     )
     metrics.update(inputs.metrics)
     if algo.off_policy.enabled or rollouts is not None:  # decoupled PPO's behaviour weight; mismatch per lag
+        served = rollouts.served if rollouts is not None else [learner.steps_applied]
         inputs, off_metrics = off_policy_update(
-            learner, batch, old_logprobs, inputs, algo.off_policy, learner.steps_applied, rollouts is not None
+            learner, batch, old_logprobs, inputs, algo.off_policy, served, rollouts is not None
         )
         metrics.update(off_metrics)
     if algo.use_stare:

@@ -68,6 +68,8 @@ class ProducerEngine:
     async def generate_with_stats(self, problems, n, seed):
         self.calls.append(([p["id"] for p in problems], seed))
         out = [traj(g, 1.0 if s == 0 else -1.0) for g, p in enumerate(problems) for s in range(n)]
+        for t in out:  # no spans reported: the round's version stands for the whole trajectory
+            t.weight_versions = []
         return out, {"engine/wall_s": 0.5}
 
     def run(self, problems, n):  # a refill round of dynamic sampling
@@ -96,11 +98,14 @@ def test_rounds_are_scheduled_eta_ahead_with_the_prompts_and_seeds_of_the_synchr
     pipe.schedule(1)
     assert sorted(pipe.rounds) == [1, 2]  # step 2's round generates while step 1 trains
     batch, rolled, m = collect_batch(run, 1, pipe)
-    collect_batch(run, 2, pipe)
-    assert sorted(pipe.rounds) == [3]
-    pipe.schedule(3)
-    assert sorted(pipe.rounds) == [3]  # never past the run's last step
-    collect_batch(run, 3, pipe)
+    lags = [pipe.step_metrics(batch)["async/lag_max"]]
+    for step in (2, 3):
+        run.learner.steps_applied += 2  # two optimizer steps per RL step (algo.ppo_epochs=2): one version served
+        batch, _, m2 = collect_batch(run, step, pipe)
+        assert m2["dropped/stale"] == 0
+        lags.append(pipe.step_metrics(batch)["async/lag_max"])
+        assert sorted(pipe.rounds) == ([3] if step == 2 else [])  # never past the run's last step
+    assert lags == [0.0, 1.0, 1.0] and pipe.served == [0, 2, 4]
 
     sync = fake_run(eta=0, steps=3)
     for step in (1, 2, 3):
@@ -112,15 +117,17 @@ def test_rounds_are_scheduled_eta_ahead_with_the_prompts_and_seeds_of_the_synchr
 
 def test_stale_trajectories_and_unknown_weights_are_dropped_and_counted():
     run = fake_run(eta=1)
-    run.learner.steps_applied = 2
+    run.learner.steps_applied = 4
     pipe = AsyncRollouts(run, 1)
-    fresh, old, foreign = traj(0, 1.0, ["1", "2"]), traj(0, -1.0, ["0", "2"]), traj(0, -1.0, ["default"])
-    assert trajectory_lag(fresh, 2) == 1 and trajectory_lag(old, 2) == 2 and trajectory_lag(foreign, 2) is None
-    assert token_lags(old, 2).tolist() == [2, 2, 2, 0]  # per span; the observation takes the oldest
+    pipe.served = [0, 2, 4]  # versions are counted as served (two optimizer steps per step here)
+    fresh, old, foreign = traj(0, 1.0, ["2", "4"]), traj(0, -1.0, ["0", "4"]), traj(0, -1.0, ["default"])
+    assert trajectory_lag(fresh, pipe.served) == 1 and trajectory_lag(old, pipe.served) == 2
+    assert trajectory_lag(foreign, pipe.served) is None and trajectory_lag(traj(0, 1.0, ["3"]), pipe.served) is None
+    assert token_lags(old, pipe.served).tolist() == [2, 2, 2, 0]  # per span; the observation takes the oldest
     assert [pipe.is_stale(t) for t in (fresh, old, foreign)] == [False, True, True]
     unreported = traj(0, 1.0)
     unreported.weight_versions = []
-    unreported.info["round_version"] = 1  # no spans: the version its round started with
+    unreported.info["round_version"] = 2  # no spans: the version its round started with
     assert not pipe.is_stale(unreported)
 
     from stare_tir.trainer.batch import drop_for_update
@@ -163,7 +170,7 @@ def test_behaviour_weights_enter_the_token_weights_and_metrics_are_per_lag():
     batch = [traj(0, 1.0, ["0", "1"]), traj(0, -1.0, ["1", "1"])]
     prox = [torch.tensor([-0.5 + 1.0, -0.7, 0.0, -1.0]), torch.tensor([-0.5, -0.7, 0.0, -1.0 - 2.0])]
     inputs = UpdateInputs(batch, [1.0, -1.0], None, prox, None)
-    out, m = off_policy_update(Learner(), batch, prox, inputs, OffPolicyConfig(mode="tis", cap=2.0), 1, True)
+    out, m = off_policy_update(Learner(), batch, prox, inputs, OffPolicyConfig(mode="tis", cap=2.0), [0, 1], True)
     w = torch.cat(out.token_weights)
     # r = pi_prox / pi_behav: e^1 clipped to 2, 1, (observation) 1, 1, 1, 1, 1, e^-2
     assert w.tolist() == pytest.approx([2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, float(torch.exp(torch.tensor(-2.0)))])
@@ -171,10 +178,10 @@ def test_behaviour_weights_enter_the_token_weights_and_metrics_are_per_lag():
     assert m["offpolicy/lag1/frac"] == pytest.approx(2 / 6) and m["offpolicy/lag0/frac"] == pytest.approx(4 / 6)
     assert m["offpolicy/lag1/abs_mean"] == pytest.approx(0.5)  # |1| and |0| on the two lag-1 tokens
     mis, _ = off_policy_update(
-        Learner(), batch, prox, inputs, OffPolicyConfig(mode="mis", cap=2.0, lower=0.5), 1, False
+        Learner(), batch, prox, inputs, OffPolicyConfig(mode="mis", cap=2.0, lower=0.5), [0, 1], False
     )
     assert torch.cat(mis.token_weights).tolist()[0] == 0.0 and torch.cat(mis.token_weights).tolist()[-1] == 0.0
-    none, m0 = off_policy_update(Learner(), batch, prox, inputs, OffPolicyConfig(), 1, False)
+    none, m0 = off_policy_update(Learner(), batch, prox, inputs, OffPolicyConfig(), [0, 1], False)
     assert none is inputs and m0 == {}  # off: the update's inputs untouched
 
 

@@ -59,4 +59,7 @@ def test_two_ranks_train_one_version_behind_while_the_server_generates(standin, 
     assert stats["tokens_during_update"] == 0 and stats["weight_version"] == str(STEPS)
     # Both ranks' rounds were saved with the last checkpoint? None is scheduled past the last step.
     ckpt = run_dir / "checkpoints" / f"step_{STEPS:06d}"
-    assert sorted(p.name for p in ckpt.glob("async_rounds_rank*.pt")) == ["async_rounds_rank0.pt", "async_rounds_rank1.pt"]
+    assert sorted(p.name for p in ckpt.glob("async_rounds_rank*.pt")) == [
+        "async_rounds_rank0.pt",
+        "async_rounds_rank1.pt",
+    ]
