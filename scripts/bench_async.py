@@ -11,6 +11,8 @@ this machine, unless --token-delay-s is given). Runs, each from the tiny base mo
                seconds per step; the delay is scaled so that the rollout takes the learner's time
     eta0       the synchronous loop (`rl_step`, as `train_rl` runs eta=0), timed
     eta1       `AsyncRollouts(run, 1)`: the next batch generates while the learner trains, timed
+               (eta0 and eta1 alternate, --repeats pairs: a machine shared with other jobs does not
+               favour either side)
     ref        the synchronous loop again, now with the stand-in deterministic (seeds honoured,
                log-probs batch-invariant, as --enable-deterministic-inference)
     lockstep   the asynchronous machinery with eta=0 (`AsyncRollouts(run, 0)`), deterministic: must
@@ -116,7 +118,8 @@ def same(a: list[dict], b: list[dict]) -> tuple[bool, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=8, help="timed RL steps per run (default: 8)")
+    p.add_argument("--steps", type=int, default=6, help="timed RL steps per run (default: 6)")
+    p.add_argument("--repeats", type=int, default=2, help="eta0/eta1 run pairs, alternated (default: 2)")
     p.add_argument("--identity-steps", type=int, default=3, help="steps of the eta0/lockstep pair (default: 3)")
     p.add_argument("--token-delay-s", type=float, default=None, help="stand-in seconds per token (default: calibrated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the stand-in (default: 1)")
@@ -146,8 +149,13 @@ def main() -> None:
             delay = probe * learn / gen
             print(f"calibration: rollout {gen:.2f} s/step at {probe} s/token, learner {learn:.2f} s/step")
         stand_in(token_delay_s=delay, deterministic=False)
-        sync_rows, sync_wall = train(config(url, work / "eta0", args.steps, args.overrides), None)
-        async_rows, async_wall = train(config(url, work / "eta1", args.steps, args.overrides), 1)
+        # Alternated, so that a change in what else the machine runs does not favour one side.
+        sync_rows, async_rows, sync_wall, async_wall = [], [], 0.0, 0.0
+        for rep in range(args.repeats):
+            rows, wall = train(config(url, work / f"eta0_{rep}", args.steps, args.overrides), None)
+            sync_rows, sync_wall = sync_rows + rows, sync_wall + wall
+            rows, wall = train(config(url, work / f"eta1_{rep}", args.steps, args.overrides), 1)
+            async_rows, async_wall = async_rows + rows, async_wall + wall
         # The identity pair: seeds honoured and log-probs batch-invariant (the timed runs skip that cost).
         stand_in(deterministic=True)
         ref_rows, _ = train(config(url, work / "ref", args.identity_steps, args.overrides), None)
@@ -162,7 +170,7 @@ def main() -> None:
     max_lag = max(r["async/lag_max"] for r in async_rows)
     for name, rows, wall in (("eta0", sync_rows, sync_wall), ("eta1", async_rows, async_wall)):
         phases = ", ".join(f"{k[5:]} {sum(r[k] for r in rows) / len(rows):.2f}" for k in PHASES)
-        print(f"{name}: {wall:.1f} s for {len(rows)} steps; mean s/step: {phases}")
+        print(f"{name}: {wall:.1f} s for {len(rows)} steps ({args.repeats} runs); mean s/step: {phases}")
     print(
         "eta1 per step: lag " + ", ".join(f"{r['async/lag_max']:.0f}" for r in async_rows)
         + "; learner idle " + ", ".join(f"{r['async/learner_idle_s']:.2f}" for r in async_rows)
@@ -171,7 +179,8 @@ def main() -> None:
         print(f"eta0 vs lockstep differ: {why}")
     print(
         f"RESULT speedup_eta1={sync_wall / async_wall:.2f} max_lag={max_lag:.0f} eta0_identical={int(identical)} "
-        f"gen_s={gen_s:.2f} learn_s={learner_s(sync_rows):.2f} token_delay_s={delay:.4f} steps={args.steps}"
+        f"gen_s={gen_s:.2f} learn_s={learner_s(sync_rows):.2f} token_delay_s={delay:.4f} "
+        f"steps={args.steps}x{args.repeats}"
     )
 
 
