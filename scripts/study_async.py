@@ -8,6 +8,12 @@ evaluation on 128 problems every 10 steps. The eta=1 arms train with decoupled P
 behaviour weight (algo.off_policy.mode=tis, cap 2); `--arms` adds the eta=1 arms without it.
 Resumable: a finished arm/seed (summary.json) is skipped.
 
+At eta=0 the loop is the synchronous one bit for bit, so `--eta0-from DIR` takes the eta=0 arms
+from the entropy study's runs (DIR/grpo_ds_s<seed>, DIR/stare_o1_s<seed>, from
+scripts/study_entropy.py --study baselines) instead of training them again: only after checking
+that each run's config.yaml equals this study's settings key by key and that its SFT weights are
+byte-identical to the ones here (copy DIR/sft_base/sft/model to <out>/sft_base/sft/model first).
+
 Writes <docs>/async.png (entropy per arm, mean and min-max over seeds; smoothed train accuracy;
 held-out accuracy) and <docs>/async.json (per-arm aggregates and per-seed curves); prints a
 markdown table.
@@ -44,6 +50,10 @@ ARMS = {
     ),
 }
 DEFAULT_ARMS = ["grpo_ds_eta0", "grpo_ds_eta1", "stare_eta0", "stare_eta1"]
+ENTROPY_STUDY_NAMES = {"grpo_ds_eta0": "grpo_ds", "stare_eta0": "stare_o1"}  # scripts/study_entropy.py's arms
+# Settings a borrowed run may differ in: where it lives, and the SGLang client's settings (unused:
+# both studies generate with the HF backend, which is checked).
+BORROW_IGNORED = ("trainer.run_dir", "model.path", "rollout.sglang.")
 
 
 def run(cmd: list[str], log: Path, threads: int) -> int:
@@ -63,6 +73,60 @@ def ensure_sft(out: Path, threads: int) -> str:
         if rc != 0 or not (model / "config.json").is_file():
             raise SystemExit(f"SFT failed (rc={rc}); see {out / 'sft_base.log'}")
     return str(model)
+
+
+def arm_overrides(name: str, seed: int, run_dir: Path, sft: str, args: argparse.Namespace) -> list[str]:
+    """The KEY=VALUE settings of one arm and seed (over configs/tiny_cpu.yaml, train_tir's default)."""
+    cmd = [f"trainer.run_dir={run_dir}", f"model.path={sft}", "sft.enabled=false"]
+    cmd += [f"trainer.seed={seed}", "data.seed=0", f"trainer.steps={args.steps}", f"learner.lr={args.lr}"]
+    return cmd + ["trainer.eval_every=10", "algo.stare.target_entropy=0.3", *STUDY_SET, *ARMS[name][0]]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def check_borrowed(run_dir: Path, overrides: list[str]) -> None:
+    """Refuse an eta=0 run from the entropy study unless it trained with exactly these settings and
+    from the same SFT weights. Keys only one side knows (added since) must hold their defaults."""
+    import yaml
+
+    from stare_tir.config import load_config, to_dict
+    from stare_tir.train_config import TrainConfig
+
+    mine_cfg = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", overrides)
+    defaults = _flat(to_dict(TrainConfig()))
+    mine = _flat(to_dict(mine_cfg))
+    theirs = _flat(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    if mine.get("trainer.backend") != "hf" or theirs.get("trainer.backend") != "hf":
+        raise SystemExit(f"{run_dir}: borrowing eta=0 runs assumes the HF backend on both sides")
+    differ = []
+    for key in sorted(set(mine) | set(theirs)):
+        if key.startswith(BORROW_IGNORED):
+            continue
+        if key not in theirs:  # a setting added since: it must be at its default (the old behaviour)
+            if mine[key] != defaults.get(key):
+                differ.append(f"{key}: {mine[key]!r} here, absent there")
+        elif key not in mine or mine[key] != theirs[key]:
+            differ.append(f"{key}: {mine.get(key, '<absent>')!r} here, {theirs[key]!r} there")
+    weights = "model.safetensors"
+    if _sha256(Path(mine["model.path"]) / weights) != _sha256(Path(theirs["model.path"]) / weights):
+        differ.append(f"model.path: SFT weights differ ({mine['model.path']} vs {theirs['model.path']})")
+    if differ:
+        raise SystemExit(f"{run_dir} was trained with other settings; run eta=0 here instead: " + "; ".join(differ))
 
 
 def arm_metrics(run_dir: Path) -> dict:
@@ -122,13 +186,18 @@ def report(results: dict, docs: Path, meta: dict) -> None:
         m, sd = pair if pair else (None, None)
         return "-" if m is None else p.format(m) + ("" if sd is None else " ± " + p.format(sd))
 
-    print("| arm | H steps 31-60 | vs eta=0 (paired) | train acc 31-60 | held-out acc after RL | vs eta=0 | lag |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| arm | seeds | H steps 31-60 | vs eta=0 (paired) | train acc 31-60 | held-out acc after RL | vs eta=0 "
+        "| lag | gate on |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, a in agg.items():
+        seeds = ",".join(str(s["seed"]) for s in results[name])
         print(
-            f"| {ARMS[name][1]} | {fmt(a['H_second_half'])} | {fmt(a.get('H_second_half_vs_eta0'), '{:+.3f}')} | "
+            f"| {ARMS[name][1]} | {seeds} | {fmt(a['H_second_half'])} | {fmt(a.get('H_second_half_vs_eta0'), '{:+.3f}')} | "
             f"{fmt(a['acc_train_second_half'])} | {fmt(a['acc_after_rl'])} | "
-            f"{fmt(a.get('acc_after_rl_vs_eta0'), '{:+.3f}')} | {fmt(a['lag_mean'], '{:.2f}')} |"
+            f"{fmt(a.get('acc_after_rl_vs_eta0'), '{:+.3f}')} | {fmt(a['lag_mean'], '{:.2f}')} | "
+            f"{fmt(a['gate_frac'], '{:.2f}')} |"
         )
     plot(results, docs / "async.png")
 
@@ -186,20 +255,34 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per run")
     p.add_argument("--report-only", action="store_true", help="only the table and the figure of finished runs")
+    p.add_argument(
+        "--eta0-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="take the eta=0 arms from the entropy study's runs in DIR (checked to have identical settings)",
+    )
     args = p.parse_args(argv)
     out, docs = Path(args.out), Path(args.docs)
     out.mkdir(parents=True, exist_ok=True)
+
+    def run_dir(name: str, seed: int) -> Path:
+        if args.eta0_from is not None and name in ENTROPY_STUDY_NAMES:
+            return args.eta0_from / f"{ENTROPY_STUDY_NAMES[name]}_s{seed}"
+        return out / f"{name}_s{seed}"
+
+    sft = str(out / "sft_base" / "sft" / "model")
     if not args.report_only:
         sft = ensure_sft(out, args.threads)
         todo = []
         for seed in args.seeds:
             for name in args.arms:
-                rd = out / f"{name}_s{seed}"
+                rd = run_dir(name, seed)
+                if rd.parent != out:  # borrowed: never run there
+                    continue
                 if (rd / "summary.json").is_file():
                     continue
-                cmd = [sys.executable, str(TRAIN), f"trainer.run_dir={rd}", f"model.path={sft}", "sft.enabled=false"]
-                cmd += [f"trainer.seed={seed}", "data.seed=0", f"trainer.steps={args.steps}", f"learner.lr={args.lr}"]
-                cmd += ["trainer.eval_every=10", "algo.stare.target_entropy=0.3", *STUDY_SET, *ARMS[name][0]]
+                cmd = [sys.executable, str(TRAIN), *arm_overrides(name, seed, rd, sft, args)]
                 cmd += ["--resume"] if (rd / "checkpoints" / "latest").is_file() else ["--overwrite"]
                 todo.append((name, seed, cmd))
 
@@ -213,15 +296,20 @@ def main(argv: list[str] | None = None) -> None:
             list(pool.map(launch, todo))
     results = {}
     for name in args.arms:
-        runs = [
-            {**arm_metrics(out / f"{name}_s{s}"), "seed": s}
-            for s in args.seeds
-            if (out / f"{name}_s{s}" / "summary.json").is_file()
-        ]
+        runs = []
+        for seed in args.seeds:
+            rd = run_dir(name, seed)
+            if not (rd / "summary.json").is_file():
+                continue
+            if rd.parent != out:
+                check_borrowed(rd, arm_overrides(name, seed, out / rd.name, sft, args))
+            runs.append({**arm_metrics(rd), "seed": seed, "borrowed": rd.parent != out})
         if runs:
             results[name] = runs
     docs.mkdir(parents=True, exist_ok=True)
-    report(results, docs, {"seeds": args.seeds, "steps": args.steps, "lr": args.lr, "arms": args.arms})
+    meta = {"seeds": args.seeds, "steps": args.steps, "lr": args.lr, "arms": args.arms}
+    meta["eta0_from_entropy_study"] = args.eta0_from is not None
+    report(results, docs, meta)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ def test_two_ranks_train_one_version_behind_while_the_server_generates(standin, 
     assert [r["async/lag_max"] for r in steps] == [0.0] + [1.0] * (STEPS - 1)  # never beyond eta
     for r in steps:
         assert r["update/synced"] == 1.0 and r["dropped/stale"] == 0 and r["dropped/rollout_error"] == 0
+        assert "offpolicy/weight_mean" in r  # the behaviour weights entered the loss
+    # Tokens sampled before each mid-generation push carry the old version: they train one behind.
+    assert all(r["offpolicy/lag1/frac"] > 0 for r in steps[1:]), [r.get("offpolicy/lag1/frac") for r in steps]
     counts = stats["counts"]
     assert counts["/update_weights_from_tensor"] == 1 + STEPS  # rank 0 alone pushes: start + each step
     assert stats["pauses"]["retract"] == STEPS  # every push while generating paused the server
