@@ -207,11 +207,14 @@ def test_async_settings_that_cannot_work_are_refused():
 
 # ------------------------------------------------------------------------------------ real runs
 
+# grpo (no dynamic sampling): every step updates. The raw tiny base almost never answers, so under
+# grpo_ds whether a step finds an informative group (or ends the run after trainer.max_empty_steps)
+# hung on a grading timeout on a loaded machine; dynamic sampling and over-sampling through the
+# producer are covered above with a scripted engine.
 FAST = [
     "model.path=tiny",
     "sft.enabled=false",
-    "algo.name=grpo_ds",
-    "algo.oversample=3",
+    "algo.name=grpo",
     "data.arithmetic_train_size=200",
     "data.arithmetic_eval_size=2",
     "trainer.prompts_per_step=4",
@@ -219,10 +222,11 @@ FAST = [
     "rollout.max_total_tokens=64",
     "rollout.max_new_tokens_per_turn=32",
     "trainer.eval_every=0",
-    "algo.dynamic_sampling_rounds=2",
     "learner.zero_stage=0",
 ]
-SKIP = ("time/", "throughput/", "engine/", "grade/seconds", "async/", "offpolicy/", "dropped/stale")
+# mismatch/*: the HF engine's own log-probs (vs the recompute) vary in the last bits with how its
+# continuous batching happened to group requests, which timing decides; nothing trains on them here.
+SKIP = ("time/", "throughput/", "engine/", "grade/seconds", "async/", "offpolicy/", "dropped/stale", "mismatch/")
 
 
 @pytest.mark.slow
@@ -278,7 +282,8 @@ def test_eta1_run_trains_one_version_behind_and_resumes_on_what_it_had_generated
     spec = importlib.util.spec_from_file_location("doc", ROOT / "tests" / "core" / "test_core_metrics_doc.py")
     doc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(doc)
-    assert not doc.missing_from_doc({k for r in rows.values() for k in r}), doc.missing_from_doc(rows[2])
+    ours = {k for r in rows.values() for k in r if k.startswith(("async/", "offpolicy/"))}  # the rest: e2e tests
+    assert ours and not doc.missing_from_doc(ours), doc.missing_from_doc(ours)
     assert (ref / "checkpoints" / "step_000002" / "async_rounds_rank0.pt").is_file()
 
     # Resume from step 2's checkpoint: step 3 trains on the round saved with it, as the reference did.
