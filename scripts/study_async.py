@@ -122,8 +122,13 @@ def check_borrowed(run_dir: Path, overrides: list[str]) -> None:
                 differ.append(f"{key}: {mine[key]!r} here, absent there")
         elif key not in mine or mine[key] != theirs[key]:
             differ.append(f"{key}: {mine.get(key, '<absent>')!r} here, {theirs[key]!r} there")
-    weights = "model.safetensors"
-    if _sha256(Path(mine["model.path"]) / weights) != _sha256(Path(theirs["model.path"]) / weights):
+    weights, their_model = "model.safetensors", Path(theirs["model.path"])
+    if not their_model.is_absolute():  # relative to where that study ran: the run dir's config names it
+        root = run_dir.resolve()
+        for _ in Path(theirs["trainer.run_dir"]).parts:
+            root = root.parent
+        their_model = root / their_model
+    if _sha256(Path(mine["model.path"]) / weights) != _sha256(their_model / weights):
         differ.append(f"model.path: SFT weights differ ({mine['model.path']} vs {theirs['model.path']})")
     if differ:
         raise SystemExit(f"{run_dir} was trained with other settings; run eta=0 here instead: " + "; ".join(differ))
@@ -184,7 +189,7 @@ def report(results: dict, docs: Path, meta: dict) -> None:
 
     def fmt(pair, p="{:.3f}"):
         m, sd = pair if pair else (None, None)
-        return "-" if m is None else p.format(m) + ("" if sd is None else " ± " + p.format(sd))
+        return "-" if m is None else p.format(m) + ("" if sd is None else " ± " + p.replace("+", "").format(sd))
 
     print(
         "| arm | seeds | H steps 31-60 | vs eta=0 (paired) | train acc 31-60 | held-out acc after RL | vs eta=0 "
