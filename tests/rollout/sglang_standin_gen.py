@@ -70,6 +70,10 @@ class GenerationControl:
         self.paused_at: dict[int, float] = {}
         self.updating = 0
         self.updates = 0  # weight updates so far
+        # Segments being computed: a segment is one forward pass's worth of the scheduler's work here
+        # (its tokens come out later, on the delay's clock), so an update waits for it as SGLang's
+        # does for the batch it is running (the pause takes effect between scheduler iterations).
+        self.computing = 0
         self._changed: asyncio.Event | None = None  # set at the next pause or continue
         # observations for tests
         self.tokens_during_update = 0  # tokens emitted while weights were being loaded (must stay 0)
@@ -117,7 +121,8 @@ class GenerationControl:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """One weight update: at once when paused, else after the requests in flight."""
+        """One weight update: when paused, after the segments being computed; else after the
+        requests in flight."""
         with self.cond:
             locked = self.paused is None
             if locked:
@@ -125,6 +130,8 @@ class GenerationControl:
                 self.cond.wait_for(lambda: self.readers == 0 and not self.writer)
                 self.writers_waiting -= 1
                 self.writer = True
+            else:  # tokens computed under the new weights must not pass for the old version's
+                self.cond.wait_for(lambda: self.computing == 0)
             self.updating += 1
         try:
             yield
@@ -175,10 +182,17 @@ class GenerationControl:
             if tokens:  # the rest of the budget; a seed that does not repeat the first segment's draws
                 seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + len(tokens)) % (2**31 - 1)
                 seg = dataclasses.replace(sampling, max_new_tokens=sampling.max_new_tokens - len(tokens), seed=seed)
-            gen = await backend.generate(prompt + tokens, seg, stop)
-            ids, lps, finish, stop_text = self._cut(gen, tokens, checker, backend.eos_token_ids, sampling)
-            if server.deterministic and sampling.top_p == 1.0 and sampling.top_k < 1:
-                lps = await self._batch_invariant_logprobs(prompt + tokens, ids, sampling.temperature)
+            with self.cond:
+                self.computing += 1
+            try:
+                gen = await backend.generate(prompt + tokens, seg, stop)
+                ids, lps, finish, stop_text = self._cut(gen, tokens, checker, backend.eos_token_ids, sampling)
+                if server.deterministic and sampling.top_p == 1.0 and sampling.top_k < 1:
+                    lps = await self._batch_invariant_logprobs(prompt + tokens, ids, sampling.temperature)
+            finally:
+                with self.cond:
+                    self.computing -= 1
+                    self.cond.notify_all()
             emitted = len(ids)
             delay = self.token_delay_s
             left = len(ids) * delay - (time.perf_counter() - t0)  # computing them took part of it

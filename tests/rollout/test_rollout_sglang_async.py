@@ -56,10 +56,23 @@ def slow_server(tiny_path, standin):
     server.shutdown()
 
 
-def test_a_push_mid_answer_retracts_and_resumes_it_on_the_new_weights(slow_server, tiny_path):
+@pytest.mark.parametrize("compute_lag_s", [0.0, 1.0])
+def test_a_push_mid_answer_retracts_and_resumes_it_on_the_new_weights(slow_server, tiny_path, compute_lag_s):
+    """compute_lag_s: the stand-in computes the answer's first segment only after the push arrived
+    (a loaded machine): the update must wait for it, or the tokens out before the pause would carry
+    the old version with the new weights' log-probs."""
     from transformers import AutoModelForCausalLM
 
     server = slow_server
+    if compute_lag_s:
+        generate = server.backend.generate
+
+        async def late(*args, **kwargs):
+            if server.control.updates == 1:  # only the segment the push interrupts
+                await asyncio.sleep(compute_lag_s)
+            return await generate(*args, **kwargs)
+
+        server.backend.generate = late
     model = AutoModelForCausalLM.from_pretrained(str(tiny_path)).eval()
     be = SGLangBackend([server.url], SGLangConfig(weight_sync="tensor", send_seed=True), tokenizer=server.tokenizer)
     be.update_weights(model.state_dict().items(), version="0")
