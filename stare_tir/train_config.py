@@ -12,6 +12,7 @@ from typing import Literal
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
+from stare_tir.algos.off_policy_config import OffPolicyConfig
 from stare_tir.algos.stare_config import StareConfig
 from stare_tir.algos.token_config import (
     TOKEN_METHOD_NAMES,
@@ -79,6 +80,10 @@ class AlgoConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "verl"] = "token-mean"
     # Truncated importance sampling cap for rollout/trainer logprob mismatch (None: off).
     tis_cap: float | None = None
+    # Behaviour-policy correction for stale rollouts (trainer.max_staleness >= 1): decoupled PPO's
+    # capped weight pi_prox / pi_behav, truncated (tis) or masked (mis), per token or per sequence
+    # (stare_tir/algos/off_policy.py). Off by default; algo.tis_cap is its token-level tis.
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     # With ppo_epochs == 1: the update's old log-probs are its own, detached (ratio exactly 1, as
     # verl does on-policy) instead of the recompute pass's (ratio 1 up to the numerical difference
     # of two forward passes). The recompute pass still gives entropy, surprisal and TIS.
@@ -129,6 +134,11 @@ class AlgoConfig:
             raise ValueError(
                 f"ratio_one_on_policy with ppo_epochs={self.ppo_epochs}: old = current holds only for one "
                 "update per batch; set algo.ppo_epochs=1 or algo.ratio_one_on_policy=false"
+            )
+        if self.tis_cap is not None and self.off_policy.enabled:
+            raise ValueError(
+                f"tis_cap={self.tis_cap!r} with off_policy.mode={self.off_policy.mode!r}: both weight the loss "
+                "by pi_recompute / pi_rollout; keep one (algo.off_policy.mode=tis is tis_cap with options)"
             )
         if self.oversample is not None and self.oversample < 1:
             raise ValueError(f"oversample={self.oversample!r}: must be >= 1")
@@ -202,6 +212,12 @@ class TrainerConfig:
     seed: int = 0
     # Rollout backend: hf (in-process, CPU or one GPU) or sglang (servers at rollout.sglang.urls).
     backend: Literal["hf", "sglang"] = "hf"
+    # Asynchronous RL (eta): 0 is the synchronous loop (each step rolls out, then trains). eta >= 1
+    # rolls out the batches of the next eta steps while this one trains, and trains only on
+    # trajectories whose weights are at most eta versions older than those being updated
+    # (stare_tir/trainer/async_rollouts.py). Not with colocated servers (they are asleep while the
+    # learner trains). Pair it with algo.off_policy.
+    max_staleness: int = 0
     # Stop with an error after this many consecutive non-finite steps (each one is skipped).
     max_nonfinite_steps: int = 3
     # Stop with an error after this many consecutive steps without a usable group (every rollout
@@ -226,7 +242,7 @@ class TrainerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-        for name in ("eval_every", "save_hf_every"):
+        for name in ("eval_every", "save_hf_every", "max_staleness"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
 
@@ -245,6 +261,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_sampling_matches_learner(self.rollout, self.learner, self.algo)
+        if self.trainer.max_staleness > 0 and self.trainer.backend == "sglang" and self.rollout.sglang.colocate:
+            raise ValueError(
+                f"trainer.max_staleness={self.trainer.max_staleness} with rollout.sglang.colocate=true: colocated "
+                "servers release their memory while the learner trains, so nothing can generate meanwhile; "
+                "set trainer.max_staleness=0, or run the servers on their own GPUs (colocate=false)"
+            )
+        if self.algo.off_policy.enabled and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
+            raise ValueError(
+                f"algo.off_policy.mode={self.algo.off_policy.mode!r} with rollout.top_p={self.rollout.top_p!r}, "
+                f"rollout.top_k={self.rollout.top_k!r}: the behaviour log-probs of truncated sampling are not "
+                "comparable with the learner's; set rollout.top_p=1.0 and rollout.top_k=-1, or "
+                "algo.off_policy.mode=none"
+            )
 
 
 def check_sampling_matches_learner(rollout: RolloutConfig, learner: LearnerConfig, algo: AlgoConfig) -> None:

@@ -22,6 +22,13 @@ _WHERE = {
         "register_advantage_estimator",
     ),
     "logprobs": ("logprobs_and_entropy", "logprobs_and_entropy_from_logits"),
+    "off_policy": (
+        "LAG_BUCKETS",
+        "behaviour_weights",
+        "mismatch_metrics",
+        "mismatch_sums_by_lag",
+    ),
+    "off_policy_config": ("OffPolicyConfig",),
     # (The function `policy_loss` shares its module's name: import it from stare_tir.algos.policy_loss.)
     "policy_loss": (
         "AGG_MODES",

@@ -22,13 +22,20 @@ others' generation, so sandbox time overlaps generation time.
 
 Token-in/token-out: the engine never decodes and re-encodes model tokens. Text is decoded only to
 hand it to the env (turn text) and to grade (the full response).
+
+Asynchronous training (`trainer.max_staleness` >= 1) runs the engine's event loop in a background
+thread (`start_background`) and hands it whole batches (`submit`) while the learner trains: every
+`generate` call works on the settings it started with, so a batch in flight is never changed by a
+later `configured(...)` block (an evaluation, another round's seed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -145,6 +152,8 @@ class RolloutEngine:
         self.env_factory = env_factory
         self.cfg = cfg or RolloutConfig()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None  # runs the loop in the background (start_background)
+        self._submitted: set[asyncio.Task] = set()  # work started by `submit`, not yet done
         self.last_stats: dict = {}
         self.sandbox = None
         if sandbox is not None:
@@ -153,24 +162,34 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ public API
 
-    async def generate(self, problems: list[dict], n: int | None = None) -> list[Trajectory]:
+    async def generate(self, problems: list[dict], n: int | None = None, seed: int | None = None) -> list[Trajectory]:
         """`n` trajectories per problem (default cfg.n_per_prompt), ordered problem-major.
 
         group_id is the index of the problem in `problems`; rewards are filled by env.reward.
-        Per-batch statistics are left in `self.last_stats`.
+        seed: this call's base seed (None: cfg.seed). Per-batch statistics are left in
+        `self.last_stats`.
         """
-        n = self.cfg.n_per_prompt if n is None else n
+        trajs, self.last_stats = await self.generate_with_stats(problems, n, seed)
+        return trajs
+
+    async def generate_with_stats(
+        self, problems: list[dict], n: int | None = None, seed: int | None = None
+    ) -> tuple[list[Trajectory], dict]:
+        """`generate`, returning this call's statistics with its trajectories (calls that overlap
+        on the loop each get their own)."""
+        cfg = self.cfg if seed is None else dataclasses.replace(self.cfg, seed=seed)  # fixed for this call
+        n = cfg.n_per_prompt if n is None else n
         if n < 1:
             raise ValueError(f"n={n!r}: must be >= 1")
-        sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        sem = asyncio.Semaphore(cfg.max_concurrency)
         prompts: dict[int, list[int]] = {}
-        bar = _progress(len(problems) * n, self.cfg.progress)
+        bar = _progress(len(problems) * n, cfg.progress)
         t0 = time.perf_counter()
         counters = Counter()
 
         async def one(group: int, sample: int) -> Trajectory:
             async with sem:
-                traj = await self._rollout(problems[group], group, sample, prompts)
+                traj = await self._rollout(problems[group], group, sample, prompts, cfg)
             counters["model_tokens"] += traj.num_model_tokens
             counters["turns"] += traj.num_turns
             if bar is not None:
@@ -196,8 +215,7 @@ class RolloutEngine:
         finally:
             if bar is not None:
                 bar.close()
-        self.last_stats = rollout_stats(trajs, time.perf_counter() - t0)
-        return list(trajs)
+        return list(trajs), rollout_stats(trajs, time.perf_counter() - t0)
 
     @contextlib.contextmanager
     def configured(self, cfg: RolloutConfig | None = None, **changes: Any) -> Iterator[RolloutConfig]:
@@ -217,7 +235,7 @@ class RolloutEngine:
 
     def run(self, problems: list[dict], n: int | None = None) -> tuple[list[Trajectory], dict]:
         """Synchronous wrapper: (trajectories, per-batch stats)."""
-        trajs = self.run_coroutine(self.generate(problems, n))
+        trajs, self.last_stats = self.run_coroutine(self.generate_with_stats(problems, n))
         return trajs, self.last_stats
 
     def run_coroutine(self, coro):
@@ -225,11 +243,54 @@ class RolloutEngine:
 
         Async resources used by envs (a sandbox and its worker tasks) are bound to the loop that
         started them: pass the sandbox to the constructor (or start it here) so they stay
-        valid for every `run()`.
+        valid for every `run()`. With the loop in the background, the caller waits for the result.
         """
+        if self._thread is not None:
+            return self.submit(coro).result()
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(coro)
+
+    def start_background(self) -> None:
+        """Run the event loop in a daemon thread from now on: `submit` starts work that goes on
+        while the caller does something else (the learner trains). Idempotent."""
+        if self._thread is not None:
+            return
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        loop = self._loop
+        self._thread = threading.Thread(target=loop.run_forever, daemon=True, name="rollout-loop")
+        self._thread.start()
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        """Start `coro` on the background loop (`start_background`); its future resolves when it ends."""
+        if self._thread is None:
+            raise RuntimeError("submit() needs the loop in the background: call start_background() first")
+
+        async def tracked():
+            task = asyncio.current_task()
+            self._submitted.add(task)
+            try:
+                return await coro
+            finally:
+                self._submitted.discard(task)
+
+        return asyncio.run_coroutine_threadsafe(tracked(), self._loop)
+
+    def _stop_background(self) -> None:
+        """Stop the background loop, then cancel the work still in flight (a batch generated ahead)
+        and let it wind down here, its envs closing while the sandbox still runs."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        loop = self._loop
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        pending = [t for t in self._submitted if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     def close(self) -> None:
         """Stop the sandbox handed to the constructor, then close the event loop (the backend is
@@ -237,6 +298,7 @@ class RolloutEngine:
         if self._loop is not None and not self._loop.is_closed():
             loop = self._loop
             try:
+                self._stop_background()
                 aclose = getattr(self.backend, "aclose", None)
                 if aclose is not None:  # its connections live on this loop: close them here
                     try:
@@ -262,7 +324,9 @@ class RolloutEngine:
         # The template's control tokens (<|im_start|>, ...) must become their special ids here.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    async def _rollout(self, problem: dict, group: int, sample: int, prompts: dict[int, list[int]]) -> Trajectory:
+    async def _rollout(
+        self, problem: dict, group: int, sample: int, prompts: dict[int, list[int]], cfg: RolloutConfig
+    ) -> Trajectory:
         env = self.env_factory(problem)
         if group not in prompts:  # chat template once per problem, shared by its samples
             prompts[group] = self._prompt_ids(env)
@@ -270,7 +334,7 @@ class RolloutEngine:
         timing = {"gen_s": 0.0, "env_s": 0.0}
         try:
             try:
-                await self._episode(env, traj, group, sample, timing)
+                await self._episode(env, traj, group, sample, timing, cfg)
             except Exception as exc:  # env or backend failure: keep the record, flag it
                 traj.finish_reason = "error"
                 traj.info["error"] = f"{type(exc).__name__}: {exc}"
@@ -297,8 +361,9 @@ class RolloutEngine:
                 traj.info["close_error"] = f"{type(exc).__name__}: {exc}"
         return traj
 
-    async def _episode(self, env: Any, traj: Trajectory, group: int, sample: int, timing: dict) -> None:
-        cfg = self.cfg
+    async def _episode(
+        self, env: Any, traj: Trajectory, group: int, sample: int, timing: dict, cfg: RolloutConfig
+    ) -> None:
         stops = list(dict.fromkeys(list(getattr(env, "stop_strings", []) or []) + cfg.stop_strings))
         while True:
             left = cfg.max_total_tokens - len(traj.response_ids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -10,26 +10,37 @@ from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.run import Run
 
+if TYPE_CHECKING:  # async_rollouts imports this module
+    from stare_tir.trainer.async_rollouts import AsyncRollouts
+
 
 def rollout_seed(seed: int, step: int, rnd: int, rank: int) -> int:
     """The engine's base seed for one sampling round of one rank (it derives per-turn seeds)."""
     return ((seed * 100_003 + step) * 1_009 + rnd) * 65_537 + rank
 
 
-def drop_for_update(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[list[Trajectory], dict]:
+def drop_for_update(
+    trajs: list[Trajectory], algo: AlgoConfig, is_stale: Callable[[Trajectory], bool] | None = None
+) -> tuple[list[Trajectory], dict]:
     """Remove trajectories that must not reach the loss; every drop is counted by reason.
 
     sandbox_error: the infrastructure failed, the code did not; scoring it would bias advantages.
     rollout_error: the env or backend raised; the trajectory is incomplete, its reward meaningless.
+    stale (asynchronous runs, `is_stale`): sampled by weights more than trainer.max_staleness
+    versions old, or by weights the trainer never pushed.
     void turns (algo.void_turns=drop) / overlong (algo.filter_overlong): optional filters. With
     void_turns=mask the trajectory stays (its loss mask is zeroed later, `trainer.shaping`).
     """
     kept, counts = [], {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0}
+    if is_stale is not None:
+        counts["stale"] = 0
     for t in trajs:
         if t.sandbox_error:
             counts["sandbox_error"] += 1
         elif t.finish_reason == "error":
             counts["rollout_error"] += 1
+        elif is_stale is not None and is_stale(t):
+            counts["stale"] += 1
         elif algo.void_turns == "drop" and t.void_turns > 0:
             counts["void_turn"] += 1
         elif algo.filter_overlong and t.finish_reason == "max_tokens":
@@ -47,7 +58,9 @@ def informative_groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
     return [g for g in groups.values() if len(g) >= 2 and len({t.reward for t in g}) > 1]
 
 
-def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajectory], dict]:
+def collect_batch(
+    run: Run, step: int, rollouts: AsyncRollouts | None = None
+) -> tuple[list[Trajectory], list[Trajectory], dict]:
     """Roll out prompts until the batch holds `prompts_per_step` usable groups (dynamic sampling).
 
     Each round rolls out k = algo.oversample times the groups still missing and keeps the first
@@ -56,6 +69,8 @@ def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajector
     and the official STARE scripts' `batch[:traj_bsz]`). Every rank takes the same prompts from the
     sampler and keeps its own round-robin share, so the data position is identical on all ranks
     and in checkpoints, and a resumed run takes exactly the prompts an uninterrupted one would.
+    rollouts (trainer.max_staleness >= 1): the first round was rolled out ahead, while earlier
+    steps trained, and trajectories too stale to train on are dropped (`trainer/async_rollouts.py`).
 
     Returns (trajectories for the update, every trajectory rolled out, metrics).
     """
@@ -66,6 +81,8 @@ def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajector
     groups: list[list[Trajectory]] = []
     rolled: list[Trajectory] = []
     drops = {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0, "equal_reward_groups": 0}
+    if rollouts is not None:
+        drops["stale"] = 0
     rounds = algo.dynamic_sampling_rounds if algo.dynamic_sampling else 1
     barriers = prompts = 0
     for rnd in range(rounds):
@@ -74,17 +91,20 @@ def collect_batch(run: Run, step: int) -> tuple[list[Trajectory], list[Trajector
             need = int(run.learner.all_reduce_sum(torch.tensor([float(max(share - len(groups), 0))])).item())
         if need <= 0:
             break
-        problems = run.learner.shard(run.sampler.take(k * need))
         prompts += k * need
         barriers += 1
-        # Seeds derive from (step, round, rank): a resumed run samples exactly what an uninterrupted
-        # one would, and no two ranks share the sampling streams of their k-th problem.
-        with run.engine.configured(seed=rollout_seed(cfg.trainer.seed, step, rnd, run.learner.rank)):
-            trajs, _ = run.engine.run(problems, cfg.rollout.n_per_prompt)
+        if rnd == 0 and rollouts is not None:  # taken and seeded alike when it was scheduled
+            trajs = rollouts.first_round(step)
+        else:
+            problems = run.learner.shard(run.sampler.take(k * need))
+            # Seeds derive from (step, round, rank): a resumed run samples exactly what an uninterrupted
+            # one would, and no two ranks share the sampling streams of their k-th problem.
+            with run.engine.configured(seed=rollout_seed(cfg.trainer.seed, step, rnd, run.learner.rank)):
+                trajs, _ = run.engine.run(problems, cfg.rollout.n_per_prompt)
         for t in trajs:  # unique group ids across rounds and ranks
             t.group_id = (rnd * k * want + t.group_id) * run.learner.world_size + run.learner.rank
         rolled += trajs
-        kept, counts = drop_for_update(trajs, algo)
+        kept, counts = drop_for_update(trajs, algo, rollouts.is_stale if rollouts is not None else None)
         for key, v in counts.items():
             drops[key] += v
         if algo.dynamic_sampling:

@@ -20,9 +20,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+
+
 def save_checkpoint(run: Run, step: int) -> Path:
     ckpt_root = run.run_dir / "checkpoints"
-    path = ckpt_root / f"step_{step:06d}"
+    path = checkpoint_dir(run.run_dir, step)
     client_state = {
         "step": step,
         "sampler": run.sampler.state_dict(),

@@ -2,7 +2,8 @@
 
 It reads top to bottom: one step is `rl_step` (`trainer/step.py`); everything it calls is a
 small function or a component built once in `build_run` (`trainer/run.py`). The config
-dataclasses live in `stare_tir.train_config`.
+dataclasses live in `stare_tir.train_config`. With trainer.max_staleness >= 1 the next steps'
+rollouts generate while a step trains (`trainer/async_rollouts.py`); at 0 nothing of it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tqdm import tqdm
 
 from stare_tir.evaluate import evaluate_problems
 from stare_tir.train_config import TrainConfig
-from stare_tir.trainer.checkpoint import latest_checkpoint, resume_from, save_checkpoint
+from stare_tir.trainer.async_rollouts import AsyncRollouts
+from stare_tir.trainer.checkpoint import checkpoint_dir, latest_checkpoint, resume_from, save_checkpoint
 from stare_tir.trainer.run import Run, build_run, close_run
 from stare_tir.trainer.step import global_means, rl_step
 from stare_tir.trainer.weight_sync import sync_weights
@@ -104,6 +106,11 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
             saved_step = run.step
         elif getattr(run.backend, "shared_by_ranks", False):
             sync_weights(run)  # servers start from whatever they loaded: serve the learner's weights
+        rollouts = None
+        if cfg.trainer.max_staleness > 0:
+            rollouts = AsyncRollouts(run, cfg.trainer.max_staleness)
+            if ckpt is not None:
+                rollouts.load(ckpt)  # the rounds the interrupted run had generated ahead
         eval_before = None
         if run.step == 0:
             eval_before = evaluate_heldout(run, "before RL")
@@ -113,7 +120,7 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
         with stop.installed(), bar:  # the bar is closed before any message below it
             while run.step < cfg.trainer.steps:
                 step = run.step + 1
-                metrics = rl_step(run, step)
+                metrics = rl_step(run, step, rollouts)
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.steps:
                     metrics.update(evaluate_heldout(run, f"step {step}"))
                 run.step = step
@@ -131,6 +138,8 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
                     logger.info(_step_line(step, metrics))
                 stopping = stop.agreed(run)
                 if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps or stopping:
+                    if rollouts is not None:  # the rounds generated ahead go into the checkpoint too
+                        rollouts.save(checkpoint_dir(run_dir, step))
                     save_checkpoint(run, step)
                     saved_step = step
                 if cfg.trainer.save_hf_every and step % cfg.trainer.save_hf_every == 0 and step < cfg.trainer.steps:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from loguru import logger
@@ -16,12 +17,16 @@ from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.batch import collect_batch
 from stare_tir.trainer.run import Run
 from stare_tir.trainer.shaping import prepare_update
+from stare_tir.trainer.staleness import off_policy_update
 from stare_tir.trainer.weight_sync import (
     release_rollout_memory,
     resume_rollout_memory,
     resync_stale_servers,
     sync_weights,
 )
+
+if TYPE_CHECKING:  # async_rollouts imports this module's package
+    from stare_tir.trainer.async_rollouts import AsyncRollouts
 
 
 def reward_penalties(trajs: list[Trajectory], algo: AlgoConfig, max_len: int) -> list[float]:
@@ -114,15 +119,18 @@ def logprob_mismatch(trajs: list[Trajectory], old_logprobs: list[torch.Tensor]) 
     }
 
 
-def rl_step(run: Run, step: int) -> dict:
-    """One RL step; returns its metrics row."""
+def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
+    """One RL step; returns its metrics row. rollouts (trainer.max_staleness >= 1): this step's
+    first round was rolled out while earlier steps trained (`trainer/async_rollouts.py`)."""
     cfg, algo, learner = run.cfg, run.cfg.algo, run.learner
     t0 = time.perf_counter()
     resynced = resync_stale_servers(run)  # a restarted server gets the current weights before use
-    batch, rolled, metrics = collect_batch(run, step)
+    batch, rolled, metrics = collect_batch(run, step, rollouts)
     metrics.update(resynced)
     metrics.update(getattr(run.backend, "take_route_stats", dict)())  # SGLang: where its requests went
     metrics.update(global_means(learner, rollout_stats(rolled), len(rolled)))
+    if rollouts is not None:
+        metrics.update(rollouts.step_metrics(batch))  # lag, idle seconds of both sides, queue
     t_rollout = time.perf_counter() - t0
 
     # Decided over all ranks: a rank with an empty share still joins every collective below.
@@ -164,6 +172,12 @@ def rl_step(run: Run, step: int) -> dict:
         penalized=[p < 0 for p in penalties],
     )
     metrics.update(inputs.metrics)
+    if algo.off_policy.enabled or rollouts is not None:  # decoupled PPO's behaviour weight; mismatch per lag
+        served = rollouts.served if rollouts is not None else [learner.steps_applied]
+        inputs, off_metrics = off_policy_update(
+            learner, batch, old_logprobs, inputs, algo.off_policy, served, rollouts is not None
+        )
+        metrics.update(off_metrics)
     if algo.use_stare:
         metrics.update(run.controller.metrics())
         metrics["stare/gate_on"] = float(run.controller.gate_on)
@@ -225,7 +239,8 @@ def rl_step(run: Run, step: int) -> dict:
             "time/update": t_update,
             "time/sync": t_sync,
             "time/step": time.perf_counter() - t0,
-            "throughput/rollout_tokens_per_s": n_tokens / max(t_rollout, 1e-9),
+            # asynchronous: over the time its rounds generated (the learner waited for part of it only)
+            "throughput/rollout_tokens_per_s": n_tokens / max(t_rollout + metrics.get("async/round_s", 0.0), 1e-9),
         }
     )
     return metrics

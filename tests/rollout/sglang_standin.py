@@ -23,12 +23,19 @@ a version is given):
     POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name"}
     POST /destroy_weights_update_group
     POST /release_memory_occupation, /resume_memory_occupation  {"tags"}
+    POST /pause_generation {"mode"}, /continue_generation   managers/tokenizer_manager.py,
+                                        managers/scheduler.py (see sglang_standin_gen.py: modes,
+                                        updates while requests run, version spans)
     GET  /standin_stats                 (not SGLang: request counts and sync observations)
     POST /standin_fault                 (not SGLang: {"refuse_update": K},
-                                        {"restart_after_generates": K}; see `set_fault`)
+                                        {"restart_after_generates": K}, {"token_delay_s": D},
+                                        {"deterministic": bool};
+                                        see `set_fault`)
 
 `--compat` picks the version behaviour (QUIRKS in sglang_standin_quirks.py): "0.5.23" (the default, as measured on the
-real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks.
+real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks. `/server_info` reports the
+compat version. `--token-delay-s D` makes each request emit one token per D seconds (a generation that
+takes as long as a learner step, for asynchronous training).
 
 Faults it reproduces (each kills the process, as a fatal error in SGLang's scheduler loop kills
 the real server: the HTTP server's child watcher then ends it, and the pending call's connection
@@ -74,6 +81,7 @@ if __package__ in (None, ""):  # run as a script: the repository root must be im
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules beside it
 
+from sglang_standin_gen import Answer, GenerationControl  # noqa: E402
 from sglang_standin_http import make_handler  # noqa: E402
 from sglang_standin_quirks import (  # noqa: E402
     COMPAT,
@@ -107,6 +115,7 @@ class StandinServer:
         tp_size: int = 1,
         refuse_update: int = 0,
         keepalive_s: float = 5.0,
+        token_delay_s: float = 0.0,
     ) -> None:
         if host not in LOOPBACK:
             raise ValueError(f"host={host!r}: the stand-in binds to the loopback interface only")
@@ -118,6 +127,7 @@ class StandinServer:
         from stare_tir.rollout.backends.hf import HFBackend, HFBackendConfig
 
         self.quirks = COMPAT[compat] | set(quirks or ())
+        self.version = compat
         self.deterministic = deterministic
         self.model_path = str(model_path)
         self.backend = HFBackend(self.model_path, cfg=HFBackendConfig(max_batch_size=max_batch_size))
@@ -143,6 +153,7 @@ class StandinServer:
         self.connections: set = set()  # open client sockets (cut by shutdown)
         self._stopped = False
         self.exit_on_fatal = False  # main() sets it: a subprocess stand-in exits like the server
+        self.control = GenerationControl(self, token_delay_s)
         self.httpd = ThreadingHTTPServer((host, port), make_handler(self, keepalive_s))
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -197,7 +208,8 @@ class StandinServer:
                 self.generate_during_sync += 1
             self.running += 1
         try:
-            return self._generate(body)
+            with self.control.reading():  # waits while paused or while an update runs
+                return self._generate(body)
         finally:
             self._retire()
 
@@ -229,14 +241,17 @@ class StandinServer:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": str(exc)}}
         batched = isinstance(ids[0], list)
         prompts = ids if batched else [ids]
-        futs = [asyncio.run_coroutine_threadsafe(self.backend.generate(p, sampling, stop), self.loop) for p in prompts]
+        futs = [asyncio.run_coroutine_threadsafe(self.control.answer(p, sampling, stop), self.loop) for p in prompts]
         outs = [
             self._answer(p, f.result(), sp, bool(body.get("return_logprob")), sampling) for p, f in zip(prompts, futs)
         ]
         return HTTPStatus.OK, (outs if batched else outs[0])
 
-    def _answer(self, prompt: list[int], gen, sp: dict, logprobs: bool, sampling: SamplingParams) -> dict:
-        if "length_first" in self.quirks and len(gen.token_ids) >= sampling.max_new_tokens:
+    def _answer(self, prompt: list[int], answer: Answer, sp: dict, logprobs: bool, sampling: SamplingParams) -> dict:
+        gen = answer.gen
+        if answer.aborted:  # schedule_batch.py FINISH_ABORT.to_json
+            finish = {"type": "abort", "message": "Abort all requests", "status_code": None, "err_type": None}
+        elif "length_first" in self.quirks and len(gen.token_ids) >= sampling.max_new_tokens:
             finish = {"type": "length", "length": len(gen.token_ids)}
         elif gen.finish_reason == "eos":
             finish = {"type": "stop", "matched": gen.token_ids[-1]}
@@ -253,8 +268,10 @@ class StandinServer:
             "prompt_tokens": len(prompt),
             "completion_tokens": len(gen.token_ids),
             "cached_tokens": 0,
-            "weight_version": self.weight_version,
-            "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(gen.token_ids)}],
+            # utils/weight_versions.py `add_weight_versions_to_meta_info`
+            "weight_version": gen.weight_version or self.weight_version,
+            "weight_versions": [{"version": v, "start": a, "end": b} for a, b, v in gen.weight_versions]
+            or [{"version": self.weight_version, "start": 0, "end": 0}],
         }
         if logprobs:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
@@ -264,9 +281,9 @@ class StandinServer:
         return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
     def flush(self) -> tuple[int, Any]:
-        with self.lock:
-            busy = self.running > 0 and "flush_400" in self.quirks
-        if busy:
+        with self.lock:  # paused (retract, abort): the held requests are not running
+            busy = self.running > 0 and "flush_400" in self.quirks and self.control.paused not in ("retract", "abort")
+        if busy or self.control.flush_refused():
             return HTTPStatus.BAD_REQUEST, "Flush cache failed.\n"
         return HTTPStatus.OK, "Cache flushed.\n"
 
@@ -422,7 +439,17 @@ class StandinServer:
             self.refuse_update, self.updates = int(body["refuse_update"]), 0
         if "restart_after_generates" in body:
             self.restart_at = self.counts["/generate"] + int(body["restart_after_generates"])
+        if "token_delay_s" in body:
+            self.control.token_delay_s = float(body["token_delay_s"])
+        if "deterministic" in body:  # as --enable-deterministic-inference
+            self.deterministic = bool(body["deterministic"])
         return HTTPStatus.OK, {"success": True}
+
+    def pause(self, body: dict) -> tuple[int, Any]:
+        try:
+            return HTTPStatus.OK, self.control.pause(body, abort_only="pause_abort_only" in self.quirks)
+        except ValueError as exc:  # msgspec validation of the mode
+            return HTTPStatus.BAD_REQUEST, {"error": {"message": str(exc)}}
 
     def restart(self) -> None:
         """What a restarted SGLang process holds: its start-up weights (weight version "default"),
@@ -443,6 +470,9 @@ class StandinServer:
             "quirks": sorted(self.quirks),
             "generate_during_sync": self.generate_during_sync,
             "restarts": self.restarts,
+            "pauses": dict(self.control.pauses),
+            "interrupted": self.control.interrupted,
+            "tokens_during_update": self.control.tokens_during_update,
         }
 
 
@@ -483,6 +513,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tp-size", type=int, default=1, help="TP ranks reported (each opens its own tensor payload)")
     ap.add_argument("--refuse-update", type=int, default=0, help="refuse the K-th weight update (fault injection)")
     ap.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive timeout (uvicorn: 5 s)")
+    ap.add_argument("--token-delay-s", type=float, default=0.0, help="seconds per emitted token of each request")
     args = ap.parse_args(argv)
     if args.threads > 0:
         import torch
@@ -500,6 +531,7 @@ def main(argv: list[str] | None = None) -> None:
         args.tp_size,
         args.refuse_update,
         args.keepalive_s,
+        args.token_delay_s,
     )
     server.exit_on_fatal = True
     # SIGTERM keeps its default action (exit at once): a test helper has nothing to flush.

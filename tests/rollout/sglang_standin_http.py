@@ -10,6 +10,7 @@ from typing import Any
 
 from sglang_standin_quirks import Fatal
 
+_UPDATE_PATHS = {"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed"}
 _SYNC_PATHS = {
     "/update_weights_from_disk",
     "/update_weights_from_tensor",
@@ -76,7 +77,7 @@ def make_handler(server: Any, keepalive_s: float):
                         "nnodes": 1,
                         "enable_memory_saver": True,  # release/resume are modelled (generate 503s)
                         "weight_version": server.weight_version,
-                        "version": "stand-in",
+                        "version": server.version,
                     },
                 )
             elif path == "/standin_stats":
@@ -107,6 +108,8 @@ def make_handler(server: Any, keepalive_s: float):
                 "/release_memory_occupation": lambda b: server.memory(b, True),
                 "/resume_memory_occupation": lambda b: server.memory(b, False),
                 "/standin_fault": server.set_fault,
+                "/pause_generation": server.pause,
+                "/continue_generation": lambda b: (HTTPStatus.OK, server.control.resume()),
             }
             if path not in routes:
                 self._reply(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
@@ -115,7 +118,11 @@ def make_handler(server: Any, keepalive_s: float):
                 with server.lock:
                     server.syncing += 1
             try:
-                self._reply(*routes[path](body))
+                if path in _UPDATE_PATHS:  # the update lock: after the requests in flight unless paused
+                    with server.control.writing():
+                        self._reply(*routes[path](body))
+                else:
+                    self._reply(*routes[path](body))
             except Fatal as exc:  # no answer: the connection closes and the server goes down
                 self.close_connection = True
                 server.die(str(exc))

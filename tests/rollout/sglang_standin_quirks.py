@@ -47,10 +47,13 @@ QUIRKS = {
     # 0.5.23 unpickles tensor payloads with SafeUnpickler, an allow-list of globals
     # (utils/common.py); anything else is refused.
     "safe_unpickle",
+    # 0.5.5 and older: /pause_generation takes no mode and aborts every request
+    # (managers/tokenizer_manager.py `pause_generation`); modes came in 0.5.6.
+    "pause_abort_only",
 }
 COMPAT = {
     "0.5.23": {"flush_400", "seed_ignored", "session_required", "safe_unpickle"},
-    "0.5.2": {"output_ids_prefix", "length_first", "flush_400", "seed_refused"},
+    "0.5.2": {"output_ids_prefix", "length_first", "flush_400", "seed_refused", "pause_abort_only"},
 }
 PROMPT_PREFIX = 5  # INIT_INCREMENTAL_DETOKENIZATION_OFFSET
 RETIRE_S = 0.05  # a finished request still counts as running this long (flush_400)

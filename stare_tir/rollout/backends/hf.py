@@ -25,14 +25,17 @@ another engine's loop), the batcher moves there and requests left on the old loo
 Weights: `update_weights(named_tensors)` copies learner tensors into the model in place (HF names;
 a DeepSpeed "module." prefix is stripped); `update_weights_from_disk(dir)` reads safetensors or
 .bin shards from an HF checkpoint directory. Both take the step lock, so they never interleave
-with a forward. Requests already in flight keep their KV cache from the old weights, as in SGLang;
-the trainer syncs between rollout phases.
+with a forward. An update that arrives while requests run (asynchronous training pushes while
+the next batch generates) first lets the running requests finish on the old weights and holds new
+ones back, as SGLang's un-paused update does (its model_update_lock waits for the requests in
+flight: managers/tokenizer_manager.py); so every Generation comes from one version, which it names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -179,6 +182,9 @@ class HFBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._runner: asyncio.Task | None = None
+        # An update in progress holds admission (`_hold`); the batcher says when nothing runs (`_drained`).
+        self._hold = threading.Event()
+        self._drained = threading.Event()
         self._closed = False
         self.weight_version = "0"  # what stamps every Generation (see `update_weights`)
         self._pushes = 0
@@ -215,7 +221,7 @@ class HFBackend:
         updates)."""
         import torch
 
-        with self._lock, torch.no_grad():
+        with self._requests_drained(), self._lock, torch.no_grad():
             state = self.model.state_dict()  # shares storage with the parameters
             unknown, loaded = [], 0
             for name, tensor in named_tensors:
@@ -240,6 +246,28 @@ class HFBackend:
     def update_weights_from_disk(self, path: str) -> None:
         """Load weights from an HF checkpoint directory (safetensors or .bin shards)."""
         self.update_weights(iter_checkpoint_tensors(path))
+
+    @contextlib.contextmanager
+    def _requests_drained(self):
+        """Hold new requests and wait until the running ones have finished (see the module
+        docstring). Nothing to wait for when the batcher's loop is not running (the trainer's
+        synchronous loop) or when called on that loop's own thread (it could never drain)."""
+        loop, runner = self._loop, self._runner
+        if loop is None or not loop.is_running() or runner is None or runner.done() or _runs_in(loop):
+            yield
+            return
+        self._drained.clear()
+        self._hold.set()
+        loop.call_soon_threadsafe(self._wakeup.set)
+        try:
+            while not self._drained.wait(timeout=1.0):
+                if runner.done():  # the batcher ended (closed): nothing will run any more
+                    break
+            yield
+        finally:
+            self._hold.clear()
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._wakeup.set)
 
     def close(self) -> None:
         self._closed = True
@@ -297,7 +325,9 @@ class HFBackend:
         while True:
             if asyncio.current_task() is not self._runner:
                 return  # superseded by a runner on a newer event loop; the state is theirs now
-            if self._batch is None and not self._pending:
+            if self._batch is None and (not self._pending or self._hold.is_set()):
+                if self._hold.is_set():  # an update waits for the running requests: none left
+                    self._drained.set()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 # Let every coroutine that is already runnable submit before the batch starts.
@@ -305,7 +335,11 @@ class HFBackend:
                     await asyncio.sleep(0)
                 continue  # re-check: the wake-up may mean this batcher was superseded
             admit: list[_Request] = []
-            if self._pending and (self._batch is None or steps_since_join >= self.cfg.join_every):
+            if (
+                self._pending
+                and not self._hold.is_set()
+                and (self._batch is None or steps_since_join >= self.cfg.join_every)
+            ):
                 free = self.cfg.max_batch_size - (len(self._batch.reqs) if self._batch else 0)
                 while self._pending and len(admit) < free:
                     req = self._pending.popleft()
@@ -471,6 +505,13 @@ _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
 _STEP = 0xD1B54A32D192ED03 - (1 << 64)
+
+
+def _runs_in(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _shr(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import resource
 import time
 from typing import TYPE_CHECKING, Any, Iterable
@@ -24,7 +26,9 @@ from stare_tir.rollout.backends.sglang.layout import (
 from stare_tir.rollout.backends.sglang.push import (
     Sessions,
     UpdateGroup,
+    check_pause_support,
     flush_cache,
+    generation_paused,
     load_from_disk,
     push_disk,
     push_tensor,
@@ -99,6 +103,10 @@ class SGLangBackend:
         # requests after it until the next push, which either reaches them or names them.
         self._lost: set[int] = set()
         self.stale_answers = 0  # answers discarded (and re-run elsewhere) for their weights
+        # Asynchronous training (`allow_in_flight_updates`): pushes pause generation, and answers
+        # from the few versions before the last push are the trainer's, not a restarted server's.
+        self._in_flight_updates = False
+        self._older_versions: collections.deque[str] = collections.deque(maxlen=0)
 
     # ------------------------------------------------------------------------------- data path
 
@@ -157,7 +165,11 @@ class SGLangBackend:
                 )
 
     def _stale_answer(self, gen: Generation) -> bool:
-        return self.weight_version is not None and gen.weight_version not in (None, self.weight_version)
+        return self.weight_version is not None and gen.weight_version not in (
+            None,
+            self.weight_version,
+            *self._older_versions,
+        )
 
     def take_route_stats(self) -> dict[str, float]:
         """The `route/*` metrics of this process since the last call (docs/metrics.md); behind a
@@ -234,12 +246,40 @@ class SGLangBackend:
 
     def expect_version(self, version: str) -> None:
         """Another process pushed `version` to the servers: answers must now carry it."""
+        if self.weight_version not in (None, version):
+            self._older_versions.append(self.weight_version)
         self.weight_version = version
         self._stale.clear()
         self._lost.clear()
 
     def flush_cache(self, tries: int = 40, wait_s: float = 0.25) -> None:
         flush_cache(self.control_urls, self.cfg.timeout_s, tries, wait_s)
+
+    # -- pushes while generation is in flight (asynchronous training; push.py `generation_paused`)
+
+    def allow_in_flight_updates(self, versions_kept: int) -> None:
+        """From now on every push pauses the servers (retract), pushes, flushes and continues, so it
+        may come while requests run; answers whose last token came from one of the
+        `versions_kept` versions before the last push are accepted (their requests ended just
+        before it). Refused for servers that cannot retract."""
+        check_pause_support(self.layouts())
+        self._in_flight_updates = True
+        self._older_versions = collections.deque(self._older_versions, maxlen=versions_kept)
+
+    def pause_generation(self, mode: str = "retract") -> None:
+        """POST /pause_generation to every control server (mode: abort, retract, in_place)."""
+        for url in self.control_urls:
+            request_sync("POST", url + "/pause_generation", {"mode": mode}, self.cfg.timeout_s)
+
+    def continue_generation(self) -> None:
+        """POST /continue_generation to every control server."""
+        for url in self.control_urls:
+            request_sync("POST", url + "/continue_generation", {}, self.cfg.timeout_s)
+
+    def _paused_for_push(self) -> contextlib.AbstractContextManager:
+        if not self._in_flight_updates:
+            return contextlib.nullcontext()
+        return generation_paused(self.control_urls, self.cfg.timeout_s)
 
     # -- colocated memory
 
@@ -287,17 +327,18 @@ class SGLangBackend:
         layouts = self.layouts()
         if self.cfg.colocate:
             self.resume_memory_occupation(["weights"])  # KV cache and graphs stay free until after the push
-        if mode == "disk":
-            push_disk(self.control_urls, self.cfg, named_tensors, version)
-        elif mode == "tensor":
-            with self._sessions.around(self.control_urls):
-                push_tensor(layouts, self.cfg, named_tensors, version)
-            self.flush_cache()
-        else:
-            group = self._update_group(layouts)
-            with self._sessions.around(self.control_urls):
-                group.push(named_tensors, version)
-            self.flush_cache()
+        with self._paused_for_push():
+            if mode == "disk":
+                push_disk(self.control_urls, self.cfg, named_tensors, version)
+            elif mode == "tensor":
+                with self._sessions.around(self.control_urls):
+                    push_tensor(layouts, self.cfg, named_tensors, version)
+                self.flush_cache()
+            else:
+                group = self._update_group(layouts)
+                with self._sessions.around(self.control_urls):
+                    group.push(named_tensors, version)
+                self.flush_cache()
         self._pushed(version)
         if self.cfg.colocate:
             self.resume_memory_occupation()
@@ -305,7 +346,8 @@ class SGLangBackend:
     def update_weights_from_disk(self, path: str, load_format: str | None = None, version: str | None = None) -> None:
         """Every server loads the HF checkpoint directory `path` (readable by each of them)."""
         version = version if version is not None else str(self._pushes + 1)
-        load_from_disk(self.control_urls, path, version, self.cfg.timeout_s, load_format)
+        with self._paused_for_push():
+            load_from_disk(self.control_urls, path, version, self.cfg.timeout_s, load_format)
         self._pushed(version)
 
     def _pushed(self, version: str) -> None:

@@ -6,12 +6,33 @@ that stops iterating its tensors must still let its peers finish theirs (see
 managers/scheduler_components/weight_updater.py (sessions, the loads, flush after an update),
 managers/tp_worker.py (one tensor payload per TP rank), model_executor/model_runner_components/
 weight_updater.py (the server's side of the group and the broadcast), entrypoints/http_server.py.
+
+Pushes while generation is in flight (asynchronous training, `generation_paused`): every server
+is paused with `/pause_generation {"mode": "retract"}`, the weights are pushed and the prefix cache
+flushed, then `/continue_generation`. Why retract (managers/scheduler.py `pause_generation`,
+managers/io_struct.py `PauseGenerationReqInput`): the running requests go back to the waiting
+queue with their output ids and log-probs kept and their KV cache freed, so the flush after the
+update succeeds (`flush_cache` ignores the waiting queue while paused: scheduler.py
+`is_fully_idle(ignore_waiting=...)`) and no cache entry of the old weights survives; on continue
+each request is prefilled again (prompt + its tokens so far) under the new weights and goes on
+decoding. Token-in/token-out holds on the server (it keeps the ids; nothing is re-tokenized), a
+stop string split across the pause is still caught (the stop check reads the output's tail,
+tokens from before the pause included), and the answer reports which tokens each version sampled
+(`meta_info.weight_versions`: the scheduler records a version change for every live request,
+scheduler.py `record_weight_version_change`). The alternatives: "abort" ends the requests (the
+client would resubmit the tokens so far and split stop strings itself); "in_place" keeps their KV
+cache from the old weights and refuses the flush; an update without a pause waits for every
+request in flight (tokenizer_manager.py: the update takes `model_update_lock` as a writer), which
+idles the learner for the longest turn. Requests sent during the pause wait in the tokenizer
+manager until continue. Modes exist from 0.5.6 on (0.5.5 and older abort whatever is asked:
+tokenizer_manager.py `pause_generation` takes no mode there), so older servers are refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 import uuid
@@ -70,6 +91,53 @@ def flush_cache(urls: list[str], timeout_s: float, tries: int = 40, wait_s: floa
                 if exc.status != 400 or attempt == tries - 1:
                     raise RuntimeError(f"{url}/flush_cache refused {attempt + 1} times: {exc}") from exc
                 time.sleep(wait_s)
+
+
+# ------------------------------------------------------------------------- pause while pushing
+
+PAUSE_MODES_SINCE = (0, 5, 6)  # /pause_generation honours "mode" (retract) from this version on
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """(0, 5, 23) from "0.5.23" or "0.5.15.post1"; None when it is not a release number."""
+    parts = []
+    for piece in text.strip().split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            return None
+        parts.append(int(digits))
+    return tuple(parts) if len(parts) == 3 else None
+
+
+def check_pause_support(layouts: list[ServerLayout]) -> None:
+    """Refuse servers whose /pause_generation cannot retract (it would abort every request)."""
+    for lay in layouts:
+        version = parse_version(lay.version)
+        if version is None or version < PAUSE_MODES_SINCE:
+            raise ValueError(
+                f"trainer.max_staleness > 0 pushes weights while {lay.url} generates, which needs "
+                f"/pause_generation with mode=retract (SGLang >= 0.5.6); that server reports version "
+                f"{lay.version!r}. Upgrade the server, or set trainer.max_staleness=0"
+            )
+
+
+@contextlib.contextmanager
+def generation_paused(urls: list[str], timeout_s: float) -> Iterator[None]:
+    """Pause every server (retract), run the block (the push), continue every paused server, also
+    after a failed push: a server left paused would hold every later request."""
+    paused: list[str] = []
+    try:
+        for url in urls:
+            request_sync("POST", url + "/pause_generation", {"mode": "retract"}, timeout_s)
+            paused.append(url)
+        yield
+    finally:
+        failed = [f for f in Posts(paused, "/continue_generation", [{}] * len(paused), timeout_s).failures()]
+        if failed:
+            message = f"continuing generation failed: {failed[0]}"
+            logger.error(message)
+            if sys.exc_info()[0] is None:  # never hide the push's own error behind this one
+                raise RuntimeError(message)
 
 
 # ------------------------------------------------------------------------------------- session
