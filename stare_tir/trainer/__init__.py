@@ -7,10 +7,10 @@ the parts once. The names below are the package's public surface.
 """
 
 from stare_tir.train_config import AlgoConfig, TrainConfig
-from stare_tir.trainer.batch import collect_batch, drop_for_update, informative_groups, rollout_seed
+from stare_tir.trainer.batch import collect_batch, drop_for_update, informative_groups
 from stare_tir.trainer.checkpoint import latest_checkpoint, resume_from, save_checkpoint
 from stare_tir.trainer.loop import evaluate_heldout, train_rl
-from stare_tir.trainer.run import Run, build_run, close_run
+from stare_tir.trainer.run import Run, build_run, close_run, rollout_seed
 from stare_tir.trainer.shaping import TokenView, UpdateInputs, prepare_update, token_view
 from stare_tir.trainer.step import (
     batch_entropy,

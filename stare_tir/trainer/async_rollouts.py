@@ -50,8 +50,7 @@ import torch
 from loguru import logger
 
 from stare_tir.rollout.trajectory import Trajectory
-from stare_tir.trainer.batch import rollout_seed
-from stare_tir.trainer.run import Run
+from stare_tir.trainer.run import Run, rollout_seed
 from stare_tir.trainer.staleness import ROUND_VERSION, lag_metrics, trajectory_lag
 
 

@@ -8,15 +8,10 @@ import torch
 
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
-from stare_tir.trainer.run import Run
+from stare_tir.trainer.run import Run, rollout_seed
 
 if TYPE_CHECKING:  # async_rollouts imports this module
     from stare_tir.trainer.async_rollouts import AsyncRollouts
-
-
-def rollout_seed(seed: int, step: int, rnd: int, rank: int) -> int:
-    """The engine's base seed for one sampling round of one rank (it derives per-turn seeds)."""
-    return ((seed * 100_003 + step) * 1_009 + rnd) * 65_537 + rank
 
 
 def drop_for_update(

@@ -25,7 +25,7 @@ from stare_tir.trainer.async_rollouts import AsyncRollouts
 from stare_tir.trainer.checkpoint import checkpoint_dir, latest_checkpoint, resume_from, save_checkpoint
 from stare_tir.trainer.run import Run, build_run, close_run
 from stare_tir.trainer.step import global_means, rl_step
-from stare_tir.trainer.weight_sync import sync_weights
+from stare_tir.trainer.weight_sync import restore_release_state, sync_weights
 
 
 class Interrupted(KeyboardInterrupt):
@@ -100,6 +100,7 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
     run = build_run(cfg, model_path, run_dir, resume=resume)
     saved_step: int | None = None  # the step of the checkpoint a --resume would restart from
     try:
+        restore_release_state(run)  # colocated servers a previous trainer left released
         ckpt = latest_checkpoint(run_dir) if resume else None
         if ckpt is not None:
             resume_from(run, ckpt)

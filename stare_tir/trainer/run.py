@@ -17,7 +17,6 @@ from stare_tir.learner import Learner
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.tracking import MetricsLog, wandb_run_id
 from stare_tir.train_config import TrainConfig
-from stare_tir.trainer.weight_sync import restore_release_state
 
 
 @dataclass
@@ -46,6 +45,11 @@ class Run:
     @property
     def backend(self) -> Any:
         return self.parts.backend
+
+
+def rollout_seed(seed: int, step: int, rnd: int, rank: int) -> int:
+    """The engine's base seed for one sampling round of one rank (it derives per-turn seeds)."""
+    return ((seed * 100_003 + step) * 1_009 + rnd) * 65_537 + rank
 
 
 def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> Run:
@@ -91,7 +95,6 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
         if learner.rank == 0
         else _NullLog(),
     )
-    restore_release_state(run)  # colocated servers a previous trainer left released
     return run
 
 

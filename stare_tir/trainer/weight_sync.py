@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from loguru import logger
 
-if TYPE_CHECKING:  # run.py builds a Run and then restores its release state from here
+if TYPE_CHECKING:
     from stare_tir.trainer.run import Run
 
 RELEASED_FILE = "rollout_released.json"
