@@ -282,6 +282,16 @@ def skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def seed_all(seed: int) -> None:
+    """Seed every generator `rng_state` saves (python, numpy, torch and CUDA)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict:
     import numpy as np
     import torch

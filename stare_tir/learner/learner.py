@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Sequence
@@ -59,6 +58,7 @@ from stare_tir.learner.distributed import (
     give_deepspeed_groups_timeout,
     init_process_group,
     rng_state,
+    seed_all,
     set_rng_state,
     skip_shm_comm_build,
 )
@@ -117,7 +117,7 @@ class Learner:
         import torch.distributed as dist
 
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self._seed_all(cfg.seed + self.rank)
+        seed_all(cfg.seed + self.rank)
 
         self.bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and on_cuda)
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
@@ -595,11 +595,3 @@ class Learner:
             self.model.save_pretrained(str(directory), state_dict=state)
             self.tokenizer.save_pretrained(str(directory))
         dist.barrier()
-
-    def _seed_all(self, seed: int) -> None:
-        import numpy as np
-        import torch
-
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
