@@ -90,9 +90,9 @@ def parse_structure(s: str):
     if len(items) > 1:  # "1, 2", "12 and 13", "x = 1 or x = 2"
         words = set(seps)
         return ("list", _items(items), words.pop() if words in ({"and"}, {"or"}) else ",")
-    ops = [m.group(0) for m in _iter_top_ops(s)]
+    ops: list[str] = []
+    pieces = [p.strip() for p in _split_top(s, _REL_SPLIT_RE, ops)]
     if ops:
-        pieces = [p.strip() for p in _split_top(s, _REL_SPLIT_RE)]
         if "\\approx" in ops:  # "x \approx 3.1" -> 3.1 ; "1/3 \approx 0.33" -> 1/3
             k = ops.index("\\approx")
             exact = "".join(p + o for p, o in zip(pieces[:k], ops[:k])) + pieces[k]
@@ -133,24 +133,6 @@ def _items(parts: list[str]) -> list:
         else:
             out.append(node)
     return out
-
-
-def _iter_top_ops(s: str):
-    depth = 0
-    i = 0
-    while i < len(s):
-        c = s[i]
-        if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-        elif depth == 0:
-            m = _REL_SPLIT_RE.match(s, i)
-            if m:
-                yield m
-                i = m.end()
-                continue
-        i += 1
 
 
 _CONSTS = ("e", "i", "\\pi", "\\infty")
