@@ -42,15 +42,17 @@ class WorkerClient:
             raise SandboxError(f"{self.name}: {hello.get('error', hello)}")
         return hello
 
-    def _on_readable(self) -> None:
+    def _on_readable(self) -> bool:
+        """Take what the worker sent; False once nothing more is there (or it is gone)."""
         try:
             data = self.sock.recv(1 << 16)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
-            return self._lost(f"{self.name} exited")
+            self._lost(f"{self.name} exited")
+            return False
         for msg, _ in self.frames.feed(data):
             op = msg.get("op")
             if op in ("ready", "fatal") and not self.hello.done():
@@ -61,6 +63,13 @@ class WorkerClient:
                 fut = self.parks.pop(msg["sid"])
                 if not fut.done():
                     fut.set_result(msg)
+        return True
+
+    def poll(self) -> None:
+        """Read what the worker already sent, its end included, now rather than when the loop
+        gets to it: a session found dead between cells then counts as lost with its worker."""
+        while not self.dead and self._on_readable():
+            pass
 
     def _lost(self, reason: str) -> None:
         if self.dead:

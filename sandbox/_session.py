@@ -86,6 +86,8 @@ class ProcSession:
                 return ExecResult.infra_failure("session is closed")
             try:
                 async with self.slots.slot():
+                    if self.proc is not None:
+                        self.proc.client.poll()  # a worker that died with the session is known first
                     state = "dead" if self.proc is None else self.proc.idle_state()
                     if state == "tampered":  # it wrote into its channel after its last reply
                         self.proc.client.stats["tampered"] += 1

@@ -86,6 +86,26 @@ def test_dead_worker_is_replaced(sb):
     assert sb.run("print(2)").stdout == "2\n"
 
 
+def test_worker_death_unread_by_the_loop_is_still_a_lost_worker(make_box):
+    """The race behind a flaky replacement: the worker and its frozen session are dead, but the
+    event loop has not yet read the worker's end when the next cell comes. That cell must run in
+    a fresh interpreter (with the note), never be blamed on the previous cell."""
+
+    async def scenario(sandbox):
+        async with sandbox.session() as s:
+            assert (await s.run("v = 1")).ok
+            os.kill(sandbox.popen.pid, signal.SIGKILL)
+            time.sleep(1.0)  # blocks the loop: the worker's EOF waits unread while the session dies
+            return await s.run("print('v' in dir())")
+
+    box = make_box("local")
+    try:
+        r = asyncio.run_coroutine_threadsafe(scenario(box.sandbox), box.loop).result()
+    finally:
+        box.close()
+    assert r.status == "ok" and r.stdout == "False\n" and "worker was lost" in r.error, r
+
+
 def test_worker_lost_mid_cell_is_sandbox_error_never_a_code_status(sb, make_box):
     with sb.session() as s:
         threading.Timer(0.5, os.kill, (sb.sandbox.popen.pid, signal.SIGKILL)).start()
