@@ -9,10 +9,14 @@ this machine, unless --token-delay-s is given). Runs, each from the tiny base mo
 
     calibrate  eta=0, 2 steps at 0.1 s/token (the delay dominates): the learner's and the rollout's
                seconds per step; the delay is scaled so that the rollout takes the learner's time
+               (the rollout's fixed part, its own CPU work, makes it come out 1.2-1.5x longer here)
     eta0       the synchronous loop (`rl_step`, as `train_rl` runs eta=0), timed
     eta1       `AsyncRollouts(run, 1)`: the next batch generates while the learner trains, timed
                (eta0 and eta1 alternate, --repeats pairs: a machine shared with other jobs does not
                favour either side)
+    layout     with --pin (and 2+ cores) the learner's thread runs on the first core and everything
+               else (stand-in, producer thread, sandboxes, grading) on the others, as in the
+               disaggregated layout, where the two sides do not share devices; both arms alike
     ref        the synchronous loop again, now with the stand-in deterministic (seeds honoured,
                log-probs batch-invariant, as --enable-deterministic-inference)
     lockstep   the asynchronous machinery with eta=0 (`AsyncRollouts(run, 0)`), deterministic: must
@@ -21,7 +25,7 @@ this machine, unless --token-delay-s is given). Runs, each from the tiny base mo
 The last line is
     RESULT speedup_eta1=<eta0 wall / eta1 wall> max_lag=<largest async/lag_max at eta=1>
            eta0_identical=<1|0> gen_s=<rollout s/step at eta0> learn_s=<learner s/step at eta0>
-           token_delay_s=<s> steps=<n>
+           token_delay_s=<s> steps=<n> learner_threads=<n> pinned=<1|0>
 Done when speedup_eta1 >= 1.4, max_lag <= 1 and eta0_identical=1.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -79,8 +84,17 @@ def config(url: str, run_dir: Path, steps: int, overrides: list[str]):
     )
 
 
-def train(cfg, eta: int | None) -> tuple[list[dict], float]:
-    """`cfg.trainer.steps` RL steps in this process: (metrics rows, wall seconds of the steps)."""
+def pin(cores: set[int] | None) -> None:
+    """Run the calling thread (and what it starts from now on) on `cores`; None leaves it as is."""
+    if cores:
+        os.sched_setaffinity(0, cores)  # Linux: pid 0 is the calling thread
+
+
+def train(cfg, eta: int | None, layout: tuple[set[int], set[int]] | None = None) -> tuple[list[dict], float]:
+    """`cfg.trainer.steps` RL steps in this process: (metrics rows, wall seconds of the steps).
+    `layout` (learner cores, rollout cores): everything is built on the rollout cores (the engine's
+    thread, sandboxes, grading), then this thread learns on the learner cores."""
+    learner_cores, rollout_cores = layout or (None, None)
     from stare_tir.components import resolve_model_path
     from stare_tir.trainer import build_run, close_run, rl_step, sync_weights
     from stare_tir.trainer.async_rollouts import AsyncRollouts
@@ -90,12 +104,14 @@ def train(cfg, eta: int | None) -> tuple[list[dict], float]:
         sync_weights(run)  # the server serves the learner's start weights (version 0)
         rollouts = AsyncRollouts(run, eta) if eta is not None else None
         rows = []
+        pin(learner_cores)
         t0 = time.perf_counter()
         for step in range(1, cfg.trainer.steps + 1):
             rows.append(rl_step(run, step, rollouts))
             run.step = step
         return rows, time.perf_counter() - t0
     finally:
+        pin(rollout_cores)
         close_run(run)
 
 
@@ -118,13 +134,30 @@ def same(a: list[dict], b: list[dict]) -> tuple[bool, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=6, help="timed RL steps per run (default: 6)")
+    p.add_argument("--steps", type=int, default=12, help="timed RL steps per run (default: 12)")
     p.add_argument("--repeats", type=int, default=2, help="eta0/eta1 run pairs, alternated (default: 2)")
     p.add_argument("--identity-steps", type=int, default=3, help="steps of the eta0/lockstep pair (default: 3)")
     p.add_argument("--token-delay-s", type=float, default=None, help="stand-in seconds per token (default: calibrated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the stand-in (default: 1)")
+    p.add_argument(
+        "--learner-threads",
+        type=int,
+        default=1,
+        help="torch threads of the learner, both arms (default: 1: one core learns, the other serves the "
+        "stand-in, sandboxes and grading, as a GPU learner leaves the CPUs to the rollout side)",
+    )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra dotted config overrides")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="split the cores (2+): the learner's thread gets the first, the rest (stand-in, producer "
+        "thread, sandboxes, grading) the others, as the disaggregated layout splits devices",
+    )
     args = p.parse_args()
+
+    cores = sorted(os.sched_getaffinity(0))
+    layout = None if not args.pin or len(cores) < 2 else ({cores[0]}, set(cores[1:]))
+    pin(layout and layout[1])  # before torch starts threads and the stand-in starts: all rollout side
 
     import torch
     from sglang_standin import launch_standin
@@ -132,6 +165,7 @@ def main() -> None:
     from stare_tir.rollout.backends._http import request_sync
     from stare_tir.tiny import pretrained_tiny_base
 
+    torch.set_num_threads(args.learner_threads)
     torch.manual_seed(0)
     proc, url = launch_standin(str(pretrained_tiny_base()), extra_args=["--threads", str(args.threads)])
     work = Path(tempfile.mkdtemp(prefix="bench_async_"))
@@ -144,7 +178,7 @@ def main() -> None:
         if delay is None:  # with the delay dominating, rollout seconds scale with it: match the learner's
             probe = 0.1
             stand_in(token_delay_s=probe, deterministic=False)
-            rows, _ = train(config(url, work / "calibrate", 2, args.overrides), None)
+            rows, _ = train(config(url, work / "calibrate", 2, args.overrides), None, layout)
             gen, learn = rows[-1]["time/rollout"], learner_s(rows[-1:])
             delay = probe * learn / gen
             print(f"calibration: rollout {gen:.2f} s/step at {probe} s/token, learner {learn:.2f} s/step")
@@ -152,9 +186,9 @@ def main() -> None:
         # Alternated, so that a change in what else the machine runs does not favour one side.
         sync_rows, async_rows, sync_wall, async_wall = [], [], 0.0, 0.0
         for rep in range(args.repeats):
-            rows, wall = train(config(url, work / f"eta0_{rep}", args.steps, args.overrides), None)
+            rows, wall = train(config(url, work / f"eta0_{rep}", args.steps, args.overrides), None, layout)
             sync_rows, sync_wall = sync_rows + rows, sync_wall + wall
-            rows, wall = train(config(url, work / f"eta1_{rep}", args.steps, args.overrides), 1)
+            rows, wall = train(config(url, work / f"eta1_{rep}", args.steps, args.overrides), 1, layout)
             async_rows, async_wall = async_rows + rows, async_wall + wall
         # The identity pair: seeds honoured and log-probs batch-invariant (the timed runs skip that cost).
         stand_in(deterministic=True)
@@ -180,7 +214,7 @@ def main() -> None:
     print(
         f"RESULT speedup_eta1={sync_wall / async_wall:.2f} max_lag={max_lag:.0f} eta0_identical={int(identical)} "
         f"gen_s={gen_s:.2f} learn_s={learner_s(sync_rows):.2f} token_delay_s={delay:.4f} "
-        f"steps={args.steps}x{args.repeats}"
+        f"steps={args.steps}x{args.repeats} learner_threads={args.learner_threads} pinned={int(layout is not None)}"
     )
 
 

@@ -14,7 +14,10 @@ processes, for no gain.
 Schedule. Round b is the first sampling round of step b: its k x `prompts_per_step` prompts
 (`algo.oversample` k), sharded over ranks, seeded from (seed, step, round 0, rank), exactly what
 `collect_batch` would take. Round b may start once step b-1-eta has finished, so at the start of
-step s the learner schedules rounds s .. s+eta and waits for round s. While step s trains, rounds
+step s the learner schedules rounds s .. s+eta and waits for round s. Scheduled rounds generate
+one at a time, in step order (as verl's one-step-off pipeline): the round the learner needs next
+never shares the servers with a later one (started together, rounds 1 and 2 made the first step
+wait for both). While step s trains, rounds
 s+1 .. s+eta generate with the weights of step s-1 (or later). The push after step s comes while
 they run: the backend updates in flight (SGLang servers retract their requests, take the weights and
 resume them: `rollout/backends/sglang/push.py`; the HF backend lets its running requests finish
@@ -40,6 +43,7 @@ are scheduled again, now with the resumed weights.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -109,6 +113,7 @@ class AsyncRollouts:
         self.round_prompts = (algo.oversample_k if algo.dynamic_sampling else 1) * run.cfg.trainer.prompts_per_step
         self.rounds: dict[int, Round] = {}
         self.clock = BusyClock()
+        self._tail: concurrent.futures.Future | None = None  # the round scheduled last
         self._last_take = time.perf_counter()
         self._waited = 0.0  # the learner's wait for this step's round
         self._depth = (0.0, 0.0)  # (rounds done and waiting, rounds generating) when it was taken
@@ -133,10 +138,17 @@ class AsyncRollouts:
         problems = run.learner.shard(run.sampler.take(self.round_prompts))
         seed = rollout_seed(run.cfg.trainer.seed, step, 0, run.learner.rank)
         version = run.learner.steps_applied
-        future = run.engine.submit(self._generate(problems, seed, version))
+        future = self._tail = run.engine.submit(self._generate(problems, seed, version, self._tail))
         return Round(step=step, version=version, prompts=self.round_prompts, future=future)
 
-    async def _generate(self, problems: list[dict], seed: int, version: int) -> tuple[list[Trajectory], dict]:
+    async def _generate(
+        self, problems: list[dict], seed: int, version: int, after: concurrent.futures.Future | None
+    ) -> tuple[list[Trajectory], dict]:
+        if after is not None:  # one round at a time; a failed one is reported by its own taker
+            previous = asyncio.wrap_future(after)
+            await asyncio.wait([previous])
+            if not previous.cancelled():
+                previous.exception()
         self.clock.start()
         try:
             trajs, stats = await self.run.engine.generate_with_stats(problems, self.run.cfg.rollout.n_per_prompt, seed)
