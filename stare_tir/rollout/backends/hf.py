@@ -307,6 +307,8 @@ class HFBackend:
         try:
             await self._batcher()
         except BaseException as exc:  # never leave callers waiting on a dead batcher
+            if isinstance(exc, GeneratorExit):
+                raise  # closed by the garbage collector after its loop ended: no caller is left
             if asyncio.current_task() is not self._runner:
                 raise  # superseded: the state belongs to the current runner, leave it alone
             held = list(self._pending) + (self._batch.reqs if self._batch else [])
