@@ -105,16 +105,19 @@ def test_leftover_processes_are_killed_after_their_cell(box):
 
 
 def test_nothing_of_the_session_runs_between_cells(box):
-    # The cell replaces the runner's own receive function with a 1 s busy loop: between cells the
-    # session is stopped, so that loop gets (almost) no CPU while the host waits. Unstopped, it
-    # would get >= 0.5 s even sharing 2 cores with a parallel test worker; the bound leaves room
-    # for the stop arriving late on a loaded machine.
+    # The cell replaces the runner's own receive function with a busy loop that runs until 1 s
+    # after the cell ended: between cells the session is stopped, so that loop gets (almost) no
+    # CPU while the host waits, and finds its second over when the next cell resumes it. Unstopped,
+    # it would get >= 0.5 s even sharing 2 cores with a parallel test worker; the bound leaves room
+    # for the stop arriving late on a loaded machine. The second counts from the cell's end, not
+    # from the loop's start: a stop that lands before the runner reaches its receive would
+    # otherwise leave the whole second to run in the next cell.
     patch = (
         "import sys, time\nc = sys.modules['_cells']\nreal, seen = c.recv, {}\n"
-        "def spin(*a, **k):\n    t, p = time.monotonic(), time.process_time()\n"
-        "    while time.monotonic() - t < 1.0: pass\n"
+        "def spin(*a, **k):\n    p = time.process_time()\n"
+        "    while time.monotonic() - seen['end'] < 1.0: pass\n"
         "    seen['cpu'] = time.process_time() - p\n    c.recv = real\n    return real(*a, **k)\n"
-        "c.recv = spin"
+        "c.recv = spin\nseen['end'] = time.monotonic()"
     )
     with box.session() as s:
         assert s.run(patch).ok
