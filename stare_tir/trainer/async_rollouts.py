@@ -17,12 +17,11 @@ Schedule. Round b is the first sampling round of step b: its k x `prompts_per_st
 step s the learner schedules rounds s .. s+eta and waits for round s. Scheduled rounds generate
 one at a time, in step order (as verl's one-step-off pipeline): the round the learner needs next
 never shares the servers with a later one (started together, rounds 1 and 2 made the first step
-wait for both). While step s trains, rounds
-s+1 .. s+eta generate with the weights of step s-1 (or later). The push after step s comes while
-they run: the backend updates in flight (SGLang servers retract their requests, take the weights and
-resume them: `rollout/backends/sglang/push.py`; the HF backend lets its running requests finish
-on the old weights first), so their later turns come from the new weights, and every token span
-records the version that sampled it. Pipelined this way, with eta=1 a step costs max(generation,
+wait for both). While step s trains, rounds s+1 .. s+eta generate with the weights of step s-1
+(or later). The push after step s comes while they run: the backend updates in flight (SGLang
+servers retract their requests, take the weights and resume them: `rollout/backends/sglang/push.py`;
+the HF backend lets its running requests finish on the old weights first), so their later turns
+come from the new weights, and every token span records the version that sampled it. Pipelined this way, with eta=1 a step costs max(generation,
 learning) instead of their sum. With eta=0 the schedule is the synchronous loop's, and the
 pipeline reproduces it bit for bit (tested); `train_rl` runs eta=0 without it.
 

@@ -10,6 +10,8 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -113,6 +115,51 @@ def test_rounds_are_scheduled_eta_ahead_with_the_prompts_and_seeds_of_the_synchr
     assert [c for c in run.engine.calls] == sync.engine.calls  # same prompts, same seeds, same order
     assert run.engine.calls[1][1] == rollout_seed(0, 2, 0, 0)
     assert m["dropped/stale"] == 0 and m["batch/groups"] == 2 and len(rolled) == 4
+
+
+class LoopEngine(ProducerEngine):
+    """Runs rounds on a background event loop, as the engine does, each taking 0.2 s; records when
+    each round generated. The first round fails when `fail_first` is set."""
+
+    def __init__(self, cfg, fail_first: bool = False):
+        super().__init__(cfg)
+        self.fail_first, self.spans = fail_first, []
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    def submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def generate_with_stats(self, problems, n, seed):
+        start = time.monotonic()
+        await asyncio.sleep(0.2)
+        self.spans.append((start, time.monotonic()))
+        if self.fail_first and len(self.spans) == 1:
+            raise RuntimeError("server gone")
+        return await super().generate_with_stats(problems, n, seed)
+
+
+@pytest.mark.parametrize("fail_first", [False, True])
+def test_scheduled_rounds_generate_one_at_a_time_in_step_order(fail_first):
+    """Rounds 1 and 2 are scheduled together at eta=1, but round 2 starts only once round 1 has
+    generated: the round the learner waits for never shares the servers with a later one. A failed
+    round does not hold up the next; its error reaches the step that takes it."""
+    run = fake_run(eta=1, steps=3)
+    run.engine = LoopEngine(run.cfg.rollout, fail_first)
+    try:
+        pipe = AsyncRollouts(run, 1)
+        pipe.schedule(1)
+        second = pipe.rounds[2].future.result(timeout=10)
+        (start1, end1), (start2, _) = run.engine.spans
+        assert start2 >= end1 > start1
+        if fail_first:
+            with pytest.raises(RuntimeError, match="server gone"):
+                pipe.first_round(1)
+        else:
+            assert len(pipe.first_round(1)) == 4
+        assert len(second[0]) == 4
+    finally:
+        run.engine.loop.call_soon_threadsafe(run.engine.loop.stop)
 
 
 def test_stale_trajectories_and_unknown_weights_are_dropped_and_counted():
