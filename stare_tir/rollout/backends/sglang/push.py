@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from loguru import logger
 
@@ -267,6 +267,22 @@ def push_tensor(
 # --------------------------------------------------------------------------------- distributed
 
 
+class Beside:
+    """`fn(*args)` in a daemon thread beside the HTTP posts: its result, or the exception it raised."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self.result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it with context
+            self.error = exc
+
+
 class UpdateGroup:
     """The weight-update process group: this process is rank 0, TP rank r of server i is rank
     1 + (tp sizes of the servers before i) + r.
@@ -312,27 +328,24 @@ class UpdateGroup:
             for off in offsets
         ]
         posts = Posts(self.urls, "/init_weights_update_group", payloads, cfg.timeout_s)
-        box: dict[str, Any] = {}
-
-        def rendezvous() -> None:
-            try:
-                box["pg"] = init_weight_update_group(
-                    cfg.dist_backend, f"tcp://{address}:{port}", self.world_size, 0, self.name, cfg.timeout_s
-                )
-            except BaseException as exc:
-                box["error"] = exc
-
-        thread = threading.Thread(target=rendezvous, daemon=True)
-        thread.start()
+        rendezvous = Beside(
+            init_weight_update_group,
+            cfg.dist_backend,
+            f"tcp://{address}:{port}",
+            self.world_size,
+            0,
+            self.name,
+            cfg.timeout_s,
+        )
         try:
-            posts.wait_for(thread, "joining the weight-update group", cfg.timeout_s)
-            if "error" in box:
-                raise RuntimeError(f"weight-update group rendezvous failed: {box['error']}")
+            posts.wait_for(rendezvous.thread, "joining the weight-update group", cfg.timeout_s)
+            if rendezvous.error is not None:
+                raise RuntimeError(f"weight-update group rendezvous failed: {rendezvous.error}")
             posts.join()
         except BaseException:
             self.broken = True
             raise
-        self.pg = box["pg"]
+        self.pg = rendezvous.result
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str) -> None:
         """Per bucket: `/update_weights_from_distributed` on every server while this process
@@ -351,30 +364,24 @@ class UpdateGroup:
                 "weight_version": version,
             }
             posts = Posts(self.urls, "/update_weights_from_distributed", [payload] * len(self.urls), cfg.timeout_s)
-            box: dict[str, Any] = {}
-
-            def broadcast(bucket=bucket, box=box) -> None:
-                try:
-                    for _, t in bucket:  # same order as `names`: the servers receive in that order
-                        broadcast_from_rank0(self.pg, t.detach().contiguous()).wait()
-                except BaseException as exc:
-                    box["error"] = exc
-
-            sender = threading.Thread(target=broadcast, daemon=True)
-            sender.start()
+            sender = Beside(self._broadcast, bucket)
             try:
-                posts.wait_for(sender, "broadcasting weights", cfg.timeout_s)
-                if "error" in box:
+                posts.wait_for(sender.thread, "broadcasting weights", cfg.timeout_s)
+                if sender.error is not None:
                     # a receiver that refused closes its side: the broadcast then fails first, and
                     # the server's answer (the cause) follows at once
                     for t in posts.threads:
                         t.join(timeout=CLEANUP_TIMEOUT_S / 6)
                     said = posts.failure()
-                    raise RuntimeError(f"broadcasting weights failed: {box['error']}" + (f"; {said}" if said else ""))
+                    raise RuntimeError(f"broadcasting weights failed: {sender.error}" + (f"; {said}" if said else ""))
                 posts.join()
             except BaseException:
                 self.broken = True  # a half-done collective: this group is never used again
                 raise
+
+    def _broadcast(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        for _, t in bucket:  # same order as `names`: the servers receive in that order
+            broadcast_from_rank0(self.pg, t.detach().contiguous()).wait()
 
     def destroy(self) -> None:
         """Best effort on both sides (servers may be gone); never raises."""
