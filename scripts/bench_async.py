@@ -95,7 +95,7 @@ def train(cfg, eta: int | None, layout: tuple[set[int], set[int]] | None = None)
     `layout` (learner cores, rollout cores): everything is built on the rollout cores (the engine's
     thread, sandboxes, grading), then this thread learns on the learner cores."""
     learner_cores, rollout_cores = layout or (None, None)
-    from stare_tir.components import resolve_model_path
+    from stare_tir.model import resolve_model_path
     from stare_tir.trainer import build_run, close_run, rl_step, sync_weights
     from stare_tir.trainer.async_rollouts import AsyncRollouts
 
@@ -162,8 +162,8 @@ def main() -> None:
     import torch
     from sglang_standin import launch_standin
 
+    from stare_tir.model import pretrained_tiny_base
     from stare_tir.rollout.backends._http import request_sync
-    from stare_tir.tiny import pretrained_tiny_base
 
     torch.set_num_threads(args.learner_threads)
     torch.manual_seed(0)

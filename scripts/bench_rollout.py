@@ -124,7 +124,7 @@ def main() -> None:
 
     import torch
 
-    from stare_tir.components import ModelConfig, resolve_model_path
+    from stare_tir.model import ModelConfig, resolve_model_path
     from stare_tir.rollout.backends.base import SamplingParams
     from stare_tir.rollout.backends.hf import HFBackend, HFBackendConfig
     from stare_tir.rollout.engine import RolloutConfig, RolloutEngine, _derive_seed

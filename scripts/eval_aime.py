@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from stare_tir.cli import eval_main  # noqa: E402
+from stare_tir.app.cli import eval_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(eval_main())

@@ -108,7 +108,7 @@ def main() -> None:
     import torch
     from tqdm import tqdm
 
-    from stare_tir.tiny import build_tiny_model, build_tiny_tokenizer
+    from stare_tir.model import build_tiny_model, build_tiny_tokenizer
 
     torch.set_num_threads(args.threads)
     tok = build_tiny_tokenizer()

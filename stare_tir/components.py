@@ -15,78 +15,12 @@ The sandbox is handed to the engine at construction: the engine starts it on its
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from envs.retool import RetoolConfig, make_retool_env_factory
 from sandbox import SandboxConfig, make_sandbox
+from stare_tir.model import ModelConfig, load_tokenizer, resolve_model_path
 from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
-
-# Names of the built-in models (no download, CPU-sized).
-TINY_MODELS = ("tiny", "tiny-random")
-
-
-@dataclass
-class ModelConfig:
-    # HF model directory or hub id. "tiny": the pretrained tiny base shipped with the package (a
-    # 0.14M-parameter Qwen2 with a real tokenizer and chat template); "tiny-random": a randomly
-    # initialised tiny Qwen2, built once and cached.
-    path: str = "tiny"
-    # Shape of the random tiny model (only when path == "tiny-random").
-    tiny_size: Literal["tiny", "small", "base"] = "tiny"
-    # Tokenizer directory or hub id; "" uses the model's own (the usual case).
-    tokenizer: str = ""
-    # A Jinja chat template (the text itself, or a path to a .jinja file) replacing the
-    # tokenizer's; "" keeps the tokenizer's. The engine and the SFT stage both use it.
-    chat_template: str = ""
-    # Let transformers run code shipped with a hub model (custom architectures). Off by default:
-    # it executes that repository's Python on this machine.
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.path:
-            raise ValueError("path='': name an HF model directory, a hub id, 'tiny' or 'tiny-random'")
-
-
-def resolve_model_path(model: ModelConfig) -> str:
-    """'tiny' / 'tiny-random' -> the built-in tiny models' directories; otherwise the path or hub id.
-
-    A local directory without a config.json is refused here, with the fix, instead of ending in
-    transformers' hub-id error after other components have loaded.
-    """
-    if model.path == "tiny":
-        from stare_tir.tiny import pretrained_tiny_base
-
-        return str(pretrained_tiny_base())
-    if model.path == "tiny-random":
-        from stare_tir.tiny import ensure_tiny_checkpoint
-
-        return str(ensure_tiny_checkpoint(size=model.tiny_size))
-    path = Path(model.path)
-    if path.exists() and not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path={model.path!r} exists but holds no config.json: point it at a Hugging Face "
-            "model directory (save_pretrained output) or a hub id"
-        )
-    return model.path
-
-
-def load_tokenizer(model: ModelConfig, model_path: str) -> Any:
-    """The policy's tokenizer (model.tokenizer or the model's own), with model.chat_template applied."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer or model_path, trust_remote_code=model.trust_remote_code)
-    if model.chat_template:
-        template = model.chat_template
-        if "{" not in template and Path(template).is_file():  # a path, not a template
-            template = Path(template).read_text()
-        tokenizer.chat_template = template
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"the tokenizer of {model.tokenizer or model_path!r} has no chat template: "
-            "set model.chat_template (a Jinja template or a .jinja file)"
-        )
-    return tokenizer
 
 
 def make_backend(
@@ -181,28 +115,3 @@ def build_components(
         back.close()
         raise
     return Components(model_path=path, tokenizer=tok, backend=back, engine=engine)
-
-
-def model_fingerprint(model_path: str) -> str:
-    """What identifies a model's weights: for a local directory, a hash of its files' names, sizes
-    and first and last MiB (a retrained model at the same path gets a new fingerprint; reading a
-    7B checkpoint this way takes milliseconds); for a hub id, the id."""
-    import hashlib
-
-    path = Path(model_path).expanduser()
-    if not path.is_dir():
-        return f"hub:{model_path}"
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file() and p.name not in FINGERPRINT_SKIP):
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(path)}\0{size}\0".encode())
-        with f.open("rb") as fh:
-            h.update(fh.read(1 << 20))
-            if size > 2 << 20:
-                fh.seek(-(1 << 20), 2)
-                h.update(fh.read())
-    return h.hexdigest()[:16]
-
-
-# Bookkeeping files written next to a model's weights; not part of what the model is.
-FINGERPRINT_SKIP = frozenset({"sft_key.json"})

@@ -24,11 +24,11 @@ from stare_tir.algos.token_config import (
     TopEntropyConfig,
     VerlPartitionConfig,
 )
-from stare_tir.components import ModelConfig
 from stare_tir.data import DataConfig
 from stare_tir.learner import LearnerConfig
+from stare_tir.model import ModelConfig
 from stare_tir.rollout.engine import RolloutConfig
-from stare_tir.sft import ColdStartConfig
+from stare_tir.sft.config import ColdStartConfig
 
 # algo.name presets: what each name turns on. All but grpo build on GRPO-ds (clip-higher,
 # token-mean, dynamic sampling), as the STARE paper's comparisons do. "token_methods" name registered

@@ -19,7 +19,7 @@ import torch
 from loguru import logger
 from tqdm import tqdm
 
-from stare_tir.evaluate import evaluate_problems
+from stare_tir.eval.evaluate import evaluate_problems
 from stare_tir.train_config import TrainConfig
 from stare_tir.trainer.async_rollouts import AsyncRollouts
 from stare_tir.trainer.checkpoint import checkpoint_dir, latest_checkpoint, resume_from, save_checkpoint

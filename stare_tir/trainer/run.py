@@ -10,10 +10,11 @@ from typing import Any
 from loguru import logger
 
 from stare_tir.algos.stare import StareController
-from stare_tir.components import Components, build_components, load_tokenizer
+from stare_tir.components import Components, build_components
 from stare_tir.config import to_dict
 from stare_tir.data import PromptSampler, load_split
 from stare_tir.learner import Learner
+from stare_tir.model import load_tokenizer
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.tracking import MetricsLog, wandb_run_id
 from stare_tir.train_config import TrainConfig

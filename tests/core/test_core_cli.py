@@ -55,7 +55,7 @@ def test_sft_and_train_read_the_same_config(tmp_path):
     ],
 )
 def test_train_start_up_errors_are_one_clean_line(tmp_path, monkeypatch, capsys, args, message):
-    from stare_tir.cli import train_main
+    from stare_tir.app.cli import train_main
 
     monkeypatch.chdir(tmp_path)
     assert train_main([f"trainer.run_dir={tmp_path / 'run'}", *args]) == 2
@@ -71,7 +71,7 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_sft_aliases_and_a_missing_traces_file(tmp_path, capsys):
-    from stare_tir.cli import sft_main
+    from stare_tir.app.cli import sft_main
 
     assert sft_main(["--model", "tiny", "--data", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -79,7 +79,7 @@ def test_sft_aliases_and_a_missing_traces_file(tmp_path, capsys):
 
 
 def test_eval_missing_dataset_is_reported_before_the_model_loads(tmp_path, capsys):
-    from stare_tir.cli import eval_main
+    from stare_tir.app.cli import eval_main
 
     assert eval_main(["model.path=tiny", "eval.datasets=[nope.jsonl]", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
@@ -127,7 +127,7 @@ def test_help_shows_the_values_a_plain_run_uses_with_one_comment_line_per_key():
 
 
 def _resolved_plain():
-    from stare_tir.cli import DEFAULT_TRAIN_CONFIG
+    from stare_tir.app.cli import DEFAULT_TRAIN_CONFIG
     from stare_tir.config import load_config
     from stare_tir.train_config import TrainConfig
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from stare_tir import cold_start
-from stare_tir.cold_start import KEY_FILE, digest, sft_inputs, sft_stage
-from stare_tir.components import ModelConfig, model_fingerprint, resolve_model_path
+from stare_tir.sft import stage as cold_start
+from stare_tir.app.preflight import StartupError
 from stare_tir.config import resolve_config
-from stare_tir.preflight import StartupError
+from stare_tir.model import ModelConfig, model_fingerprint, resolve_model_path
+from stare_tir.sft.stage import KEY_FILE, digest, sft_inputs, sft_stage
 from stare_tir.train_config import TrainConfig
 
 
@@ -39,7 +39,7 @@ def no_training(monkeypatch):
         raise AssertionError("SFT ran although a model made from the same inputs exists")
 
     monkeypatch.setattr(cold_start, "make_synthetic_traces", refuse)
-    monkeypatch.setattr("stare_tir.sft.run_sft", refuse)
+    monkeypatch.setattr("stare_tir.sft.train.run_sft", refuse)
 
 
 def test_a_sibling_runs_sft_model_from_the_same_inputs_is_reused_and_linked(tmp_path, no_training):
@@ -68,7 +68,7 @@ def test_other_inputs_are_never_reused(tmp_path, monkeypatch):
         Path(out).mkdir(parents=True)
         return {"steps": 1}
 
-    monkeypatch.setattr("stare_tir.sft.run_sft", fake_sft)
+    monkeypatch.setattr("stare_tir.sft.train.run_sft", fake_sft)
     second = tmp_path / "runs" / "second"
     _, summary = sft_stage(cfg_for(second, "sft.train.epochs=1"), base, second)
     assert made == [1] and not summary.get("reused")  # trained anew, with its own key
@@ -109,7 +109,7 @@ def test_parquet_traces_load_like_jsonl(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stare_tir.sft import load_records
+    from stare_tir.sft.train import load_records
 
     rows = [{"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}]}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
@@ -130,7 +130,7 @@ def test_sibling_reuse_can_be_turned_off(tmp_path, monkeypatch):
         Path(out).mkdir(parents=True)
         return {}
 
-    monkeypatch.setattr("stare_tir.sft.run_sft", fake_sft)
+    monkeypatch.setattr("stare_tir.sft.train.run_sft", fake_sft)
     second = tmp_path / "runs" / "second"
     sft_stage(cfg_for(second, "sft.reuse=false"), base, second)
     assert trained == [second / "sft" / "model"]

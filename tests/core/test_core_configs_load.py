@@ -16,7 +16,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 def schema_for(path: Path):
     if path.name.startswith("eval"):
-        from stare_tir.eval_run import EvalRunConfig
+        from stare_tir.eval.command import EvalRunConfig
 
         return EvalRunConfig
     from stare_tir.train_config import TrainConfig

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from stare_tir.preflight import (
+from stare_tir.app.preflight import (
     StartupError,
     check_backend,
     check_hub_dataset,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stare_tir.cli import train_main
+from stare_tir.app.cli import train_main
+from stare_tir.app.preflight import StartupError
+from stare_tir.app.run_dir import clear_run_dir, resume_config
 from stare_tir.config import resolve_config, to_dict
-from stare_tir.preflight import StartupError
-from stare_tir.run_dir import clear_run_dir, resume_config
 from stare_tir.train_config import TrainConfig
 
 SAVED = ["trainer.steps=3", "rollout.max_total_tokens=64", "sft.num_traces=96", "algo.stare.target_entropy=100"]
@@ -129,7 +129,7 @@ def test_requested_tracker_not_installed_fails_at_start(tmp_path, capsys, monkey
 def test_only_rank_0_checks_the_directory(tmp_path, monkeypatch):
     """Under torchrun rank 0 writes config.yaml a moment before another rank starts: that rank must
     not take rank 0's fresh files for an old run."""
-    from stare_tir import pipeline
+    from stare_tir.app import pipeline
 
     run = used_run_dir(tmp_path)
     calls = []

@@ -26,9 +26,8 @@ def traj(group: int, reward: float) -> Trajectory:
 
 
 def test_tiny_is_the_same_model_in_training_and_evaluation():
-    from stare_tir.components import ModelConfig, resolve_model_path
-    from stare_tir.eval_run import EvalRunConfig
-    from stare_tir.tiny import pretrained_tiny_base
+    from stare_tir.eval.command import EvalRunConfig
+    from stare_tir.model import ModelConfig, pretrained_tiny_base, resolve_model_path
 
     train, ev = TrainConfig().model, EvalRunConfig().model
     assert type(train) is type(ev) is ModelConfig
@@ -81,7 +80,8 @@ def test_build_components_runs_real_rollouts_and_closes_the_sandbox():
     from envs.arithmetic import make_problems
     from envs.retool import RetoolConfig
     from sandbox import SandboxConfig
-    from stare_tir.components import ModelConfig, build_components
+    from stare_tir.components import build_components
+    from stare_tir.model import ModelConfig
 
     rollout = RolloutConfig(n_per_prompt=2, max_total_tokens=48, max_new_tokens_per_turn=24, seed=0, progress=False)
     parts = build_components(
@@ -203,7 +203,7 @@ def test_algo_keys_select_the_registered_advantage_and_policy_loss(tmp_path):
 
 
 def test_unknown_registry_names_list_the_valid_ones():
-    from stare_tir.preflight import StartupError, check_registry_names
+    from stare_tir.app.preflight import StartupError, check_registry_names
 
     with pytest.raises(StartupError, match=r"algo.advantage='gae'.*'drgrpo', 'grpo'"):
         check_registry_names("gae", "clip")
@@ -237,9 +237,9 @@ def test_truncated_sampling_with_tis_is_refused():
 
 def test_preflight_names_the_problem_and_the_fix(tmp_path):
     from sandbox import SandboxConfig
-    from stare_tir.components import ModelConfig
+    from stare_tir.app.preflight import StartupError, check_data, check_model, check_sandbox
     from stare_tir.data import DataConfig
-    from stare_tir.preflight import StartupError, check_data, check_model, check_sandbox
+    from stare_tir.model import ModelConfig
 
     with pytest.raises(StartupError, match=r"model.path='\./no/such/model': no such directory"):
         check_model(ModelConfig(path="./no/such/model"))
@@ -334,8 +334,8 @@ def test_configs_load_without_torch():
     import sys
 
     code = (
-        "import sys; from stare_tir.cli import config_keys; from stare_tir.train_config import TrainConfig; "
-        "from stare_tir.eval_run import EvalRunConfig; assert config_keys(TrainConfig); "
+        "import sys; from stare_tir.app.cli import config_keys; from stare_tir.train_config import TrainConfig; "
+        "from stare_tir.eval.command import EvalRunConfig; assert config_keys(TrainConfig); "
         "print(sorted({'torch', 'transformers', 'deepspeed'} & set(sys.modules)))"
     )
     out = subprocess.run(
@@ -353,7 +353,7 @@ def _remote_code_model(tmp_path: Path) -> Path:
     import json
     import shutil
 
-    from stare_tir.tiny import pretrained_tiny_base
+    from stare_tir.model import pretrained_tiny_base
 
     repo = tmp_path / "custom-model"
     shutil.copytree(pretrained_tiny_base(), repo)
@@ -367,7 +367,8 @@ def _remote_code_model(tmp_path: Path) -> Path:
 
 
 def test_trust_remote_code_reaches_the_rollout_model(tmp_path):
-    from stare_tir.components import ModelConfig, load_tokenizer, make_backend
+    from stare_tir.components import make_backend
+    from stare_tir.model import ModelConfig, load_tokenizer
 
     repo = str(_remote_code_model(tmp_path))
     rollout = RolloutConfig(progress=False)
@@ -381,8 +382,7 @@ def test_trust_remote_code_reaches_the_rollout_model(tmp_path):
 
 
 def test_chat_template_override_is_what_the_engine_applies(tmp_path):
-    from stare_tir.components import ModelConfig, load_tokenizer
-    from stare_tir.tiny import pretrained_tiny_base
+    from stare_tir.model import ModelConfig, load_tokenizer, pretrained_tiny_base
 
     template = tmp_path / "t.jinja"
     template.write_text(

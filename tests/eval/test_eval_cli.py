@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from stare_tir.cli import EVAL_ALIASES, alias_overrides, eval_parser
+from stare_tir.app.cli import EVAL_ALIASES, alias_overrides, eval_parser
 from stare_tir.config import ConfigError, load_config
-from stare_tir.eval_run import EvalRunConfig
-from stare_tir.evaluate import read_rows
+from stare_tir.eval.command import EvalRunConfig
+from stare_tir.eval.evaluate import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "eval_aime.py"
@@ -181,8 +181,8 @@ def test_missing_model_is_an_error() -> None:
 @pytest.mark.slow
 def test_sglang_backend_run_against_the_standin_server(tmp_path: Path, standin) -> None:
     # The GPU path (backend=sglang) end to end on CPU: SGLang's HTTP API served by the stand-in.
-    from stare_tir.eval_run import run_eval
-    from stare_tir.tiny import ensure_tiny_checkpoint
+    from stare_tir.eval.command import run_eval
+    from stare_tir.model import ensure_tiny_checkpoint
 
     proc, url = standin.launch_standin(str(ensure_tiny_checkpoint()))
     try:

@@ -17,7 +17,7 @@ import pytest
 from envs.data import load_problems
 from envs.retool import RetoolConfig, make_retool_env_factory
 from sandbox import SandboxConfig, make_sandbox
-from stare_tir.evaluate import EvalConfig, evaluate, read_rows
+from stare_tir.eval.evaluate import EvalConfig, evaluate, read_rows
 from stare_tir.rollout.backends.base import Generation, SamplingParams
 from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
 
@@ -107,7 +107,7 @@ class ScriptedBackend:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from stare_tir.tiny import build_qwen_tokenizer
+    from stare_tir.model import build_qwen_tokenizer
 
     return build_qwen_tokenizer()  # the real Qwen2.5 BPE: real token boundaries
 
@@ -245,7 +245,7 @@ class FlakyBackend(ScriptedBackend):
 
 
 def test_a_chunk_whose_samples_all_failed_stops_the_evaluation_naming_the_cause(tokenizer, problems, tmp_path):
-    from stare_tir.evaluate import EvalInfraError
+    from stare_tir.eval.evaluate import EvalInfraError
 
     with pytest.raises(EvalInfraError, match=r"aime24: all 3 samples of a chunk failed .*Connection refused"):
         run_eval(tokenizer, DeadServerBackend(tokenizer), problems, tmp_path, n=2)
@@ -270,7 +270,7 @@ def test_backend_errors_count_neither_as_right_nor_wrong(tokenizer, problems, tm
 
 
 def test_console_table_shows_fractions_like_training(tokenizer, problems, tmp_path):
-    from stare_tir.evaluate import format_table
+    from stare_tir.eval.evaluate import format_table
 
     summary = run_eval(tokenizer, ScriptedBackend(tokenizer, offset=1), problems[:2], tmp_path, n=1)
     summary["datasets"]["aime24"]["avg@1"] = 0.5  # as if one of two were right
@@ -294,7 +294,7 @@ def test_console_table_shows_fractions_like_training(tokenizer, problems, tmp_pa
 def test_the_trainers_held_out_evaluation_records_an_outage_instead_of_stopping(tokenizer, problems, tmp_path):
     """A long training run must not die because one held-out evaluation met a server restart;
     its RL steps have their own guard (trainer.max_empty_steps). Nothing is graded, nothing scored."""
-    from stare_tir.evaluate import evaluate_problems
+    from stare_tir.eval.evaluate import evaluate_problems
 
     sandbox = make_sandbox(SandboxConfig(workers=1))
     rollout = RolloutConfig(max_turns=2, max_total_tokens=256, max_new_tokens_per_turn=128, progress=False)

@@ -1,4 +1,4 @@
-"""Pure metric functions of stare_tir.evaluate: hand-computed values and brute force."""
+"""Pure metric functions of stare_tir.eval.evaluate: hand-computed values and brute force."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from stare_tir.evaluate import (
+from stare_tir.eval.evaluate import (
     EvalConfig,
     avg_at_n,
     benchmark_average,
@@ -168,7 +168,7 @@ def test_default_n_and_config_checks() -> None:
 
 
 def test_majority_vote_with_the_training_grader() -> None:
-    from stare_tir.evaluate import answers_equivalent
+    from stare_tir.eval.evaluate import answers_equivalent
 
     # "\frac{1}{2}", "0.5" and "1/2" are one answer for the grader: 3 votes against 2 for "3".
     preds = ["\\frac{1}{2}", "3", "0.5", "3", "1/2", None]
@@ -180,7 +180,7 @@ def test_majority_vote_with_the_training_grader() -> None:
 
 
 def test_majority_vote_groups_answers_with_the_selected_grader() -> None:
-    from stare_tir.eval_metrics import grader_equivalence
+    from stare_tir.eval.metrics import grader_equivalence
 
     # math-verify rounds floats to 6 decimals, so under `env.grader: math_verify` the two decimals
     # are one answer (2 votes, seen first, beats "7" on the tie); the builtin grader keeps them

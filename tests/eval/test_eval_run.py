@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stare_tir.app.preflight import StartupError
 from stare_tir.config import load_config, resolve_config, to_dict
-from stare_tir.eval_run import EvalRunConfig, load_eval_datasets, resolve_eval_config, run_eval
-from stare_tir.preflight import StartupError
+from stare_tir.eval.command import EvalRunConfig, load_eval_datasets, resolve_eval_config, run_eval
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ def worker():
 
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
-    from stare_tir.tiny import ensure_tiny_checkpoint
+    from stare_tir.model import ensure_tiny_checkpoint
 
     return str(ensure_tiny_checkpoint())
 

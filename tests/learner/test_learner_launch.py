@@ -186,7 +186,7 @@ def test_entry_points_export_the_srun_rank_before_anything_names_a_per_rank_file
     there from the start, or every task would take itself for rank 0 and write train.log."""
     import argparse
 
-    from stare_tir.cli import run_cli
+    from stare_tir.app.cli import run_cli
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         # setenv first: delenv of an absent key records nothing, so what run_cli exports would stay

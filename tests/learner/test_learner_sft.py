@@ -39,13 +39,13 @@ def _trace(a: int, b: int, c: int) -> tuple[dict, list[str], list[str]]:
 
 @pytest.fixture(scope="module", params=["tiny", "qwen2.5"])
 def tokenizer(request):
-    from stare_tir.tiny import build_qwen_tokenizer, build_tiny_tokenizer
+    from stare_tir.model import build_qwen_tokenizer, build_tiny_tokenizer
 
     return build_tiny_tokenizer() if request.param == "tiny" else build_qwen_tokenizer()
 
 
 def test_sft_mask_excludes_interpreter_tokens_exactly(tokenizer):
-    from stare_tir.sft import encode_record
+    from stare_tir.sft.train import encode_record
 
     record, model, obs = _trace(347, 829, 1234)
     ex = encode_record(record, tokenizer)
@@ -79,7 +79,7 @@ def test_sft_mask_excludes_interpreter_tokens_exactly(tokenizer):
 
 def test_segmentwise_tokenization_differs_from_whole_text(tokenizer):
     """Why segments are tokenized separately: BPE merges across a turn boundary otherwise."""
-    from stare_tir.sft import encode_record
+    from stare_tir.sft.train import encode_record
 
     record, _, _ = _trace(12, 34, 5)
     ex = encode_record(record, tokenizer)
@@ -88,7 +88,7 @@ def test_segmentwise_tokenization_differs_from_whole_text(tokenizer):
 
 
 def test_text_records_match_messages_records(tokenizer):
-    from stare_tir.sft import encode_record
+    from stare_tir.sft.train import encode_record
 
     record, _, _ = _trace(21, 43, 65)
     as_text = {"text": tokenizer.apply_chat_template(record["messages"], tokenize=False)}
@@ -101,7 +101,7 @@ def test_run_sft_trains_on_model_tokens_and_writes_a_loadable_checkpoint(tiny_pa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stare_tir.learner import LearnerConfig
-    from stare_tir.sft import SFTConfig, encode_record, run_sft
+    from stare_tir.sft.train import SFTConfig, encode_record, run_sft
 
     g = random.Random(0)
     rows = [_trace(g.randint(10, 99), g.randint(10, 99), g.randint(100, 999))[0] for _ in range(24)]
@@ -148,7 +148,7 @@ def test_sft_cli_help_lists_keys_without_importing_torch():
 def test_observations_are_plain_text_as_in_rl(tokenizer):
     """Code that prints a control-token string must not turn into that control token."""
     from stare_tir.rollout.engine import encode_plain
-    from stare_tir.sft import encode_record
+    from stare_tir.sft.train import encode_record
 
     model = "Check the output.\n<code>\n```python\nprint('<|im_end|>')\n```\n</code>"
     obs = _observation("<|im_end|>")

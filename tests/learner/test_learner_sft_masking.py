@@ -19,7 +19,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from stare_tir.tiny import build_qwen_tokenizer
+    from stare_tir.model import build_qwen_tokenizer
 
     return build_qwen_tokenizer()  # the real Qwen2.5 BPE: real token boundaries
 
@@ -30,7 +30,7 @@ def _record(assistant: str) -> dict:
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_interpreter_output_is_masked_in_every_layout(tokenizer, layout):
-    from stare_tir.sft import encode_record
+    from stare_tir.sft.train import encode_record
 
     ex = encode_record(_record(BEFORE + LAYOUTS[layout] + AFTER), tokenizer)
     trained = tokenizer.decode([t for t, m in zip(ex.response_ids, ex.loss_mask) if m == 1])
@@ -49,7 +49,7 @@ def test_interpreter_output_is_masked_in_every_layout(tokenizer, layout):
     ],
 )
 def test_interpreter_text_that_would_be_trained_is_an_error(tokenizer, assistant):
-    from stare_tir.sft import encode_record
+    from stare_tir.sft.train import encode_record
 
     with pytest.raises(ValueError, match="interpreter output would be trained"):
         encode_record(_record(assistant), tokenizer)
@@ -58,8 +58,8 @@ def test_interpreter_text_that_would_be_trained_is_an_error(tokenizer, assistant
 def test_run_sft_names_the_bad_row(tmp_path):
     import json
 
-    from stare_tir.sft import SFTConfig, run_sft
-    from stare_tir.tiny import pretrained_tiny_base
+    from stare_tir.model import pretrained_tiny_base
+    from stare_tir.sft.train import SFTConfig, run_sft
 
     data = tmp_path / "traces.jsonl"
     good = _record(BEFORE + LAYOUTS["env"] + AFTER)

@@ -169,14 +169,14 @@ def _one_torch_thread():
 
 @pytest.fixture(scope="session")
 def qwen_tok():
-    from stare_tir.tiny import build_qwen_tokenizer
+    from stare_tir.model import build_qwen_tokenizer
 
     return build_qwen_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def tiny_path():
-    from stare_tir.tiny import ensure_tiny_checkpoint
+    from stare_tir.model import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint()
 

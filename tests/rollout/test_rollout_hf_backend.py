@@ -188,7 +188,7 @@ def test_update_weights_in_process(backend, tiny_path):
 def test_update_weights_from_disk(backend, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from stare_tir.tiny import ensure_tiny_checkpoint
+    from stare_tir.model import ensure_tiny_checkpoint
 
     other = ensure_tiny_checkpoint(tmp_path / "seed1", seed=1)
     backend.update_weights_from_disk(str(other))

@@ -295,7 +295,7 @@ def test_engine_over_http(server, local, fake_env_cls):
 
 
 def _seed1(tmp_path_factory):
-    from stare_tir.tiny import ensure_tiny_checkpoint
+    from stare_tir.model import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "seed1", seed=1)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from envs.base import StepResult
-from stare_tir.preflight import StartupError, check_router
+from stare_tir.app.preflight import StartupError, check_router
 from stare_tir.rollout.backends._http import HTTPError, request_sync
 from stare_tir.rollout.backends.base import Generation
 from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig

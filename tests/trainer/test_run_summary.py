@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stare_tir.pipeline import format_summary, run_milestones
+from stare_tir.app.pipeline import format_summary, run_milestones
 from stare_tir.tracking import first_gate_step, plot_runs
 
 

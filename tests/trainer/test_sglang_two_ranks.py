@@ -53,7 +53,7 @@ FAST = [
 
 @pytest.fixture
 def two_servers(request, standin):
-    from stare_tir.tiny import pretrained_tiny_base
+    from stare_tir.model import pretrained_tiny_base
 
     compat = request.param
     procs, urls = [], []

@@ -280,8 +280,8 @@ SKIP = ("time/", "throughput/", "engine/", "grade/seconds", "async/", "offpolicy
 def test_eta0_through_the_pipeline_is_the_synchronous_loop_bit_for_bit(tmp_path):
     """The asynchronous machinery with no lookahead takes the same prompts, seeds and groups as the
     synchronous loop: the metrics are identical, key for key (timing aside)."""
-    from stare_tir.components import resolve_model_path
     from stare_tir.config import resolve_config
+    from stare_tir.model import resolve_model_path
     from stare_tir.trainer import build_run, close_run, rl_step
 
     def three_steps(name: str, pipelined: bool) -> list[dict]:

@@ -22,7 +22,7 @@ STEPS = 3
 
 @pytest.mark.slow
 def test_two_ranks_train_one_version_behind_while_the_server_generates(standin, tmp_path):
-    from stare_tir.tiny import pretrained_tiny_base
+    from stare_tir.model import pretrained_tiny_base
 
     proc, url = standin.launch_standin(
         str(pretrained_tiny_base()), extra_args=["--threads", "1", "--token-delay-s", "0.02"]

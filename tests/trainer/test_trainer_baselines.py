@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare_tir.components import resolve_model_path
+from stare_tir.app.pipeline import sft_stage
 from stare_tir.config import load_config
-from stare_tir.pipeline import sft_stage
+from stare_tir.model import resolve_model_path
 from stare_tir.train_config import TrainConfig
 from stare_tir.trainer import build_run, close_run, rl_step
 

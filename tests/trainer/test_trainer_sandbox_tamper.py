@@ -84,7 +84,7 @@ def engine(qwen_tok):
 
 @pytest.fixture(scope="module")
 def qwen_tok():
-    from stare_tir.tiny import build_qwen_tokenizer
+    from stare_tir.model import build_qwen_tokenizer
 
     return build_qwen_tokenizer()
 

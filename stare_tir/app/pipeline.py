@@ -1,13 +1,13 @@
 """The whole job behind `scripts/train_tir.py`: cold-start SFT -> RL -> evaluation -> summary.
 
-The run directory belongs to this run (`stare_tir.run_dir`): a new run refuses one that holds
+The run directory belongs to this run (`stare_tir.app.run_dir`): a new run refuses one that holds
 another run unless told to `--overwrite` it, and `--resume` continues the run that is there.
 Start-up checks run before anything is written; then:
   <run_dir>/config.yaml          the resolved config (written once the start-up checks passed)
   <run_dir>/sft/traces.jsonl     cold-start traces (the synthetic task's are made by the sandbox)
   <run_dir>/sft/model/           SFT checkpoint (HF format), the RL stage's starting point; reused
                                  from this or a sibling run directory when made from the same
-                                 inputs (`stare_tir.cold_start`)
+                                 inputs (`stare_tir.sft.stage`)
   <run_dir>/checkpoints/         RL checkpoints (DeepSpeed: model, optimizer, scheduler, state)
   <run_dir>/hf/step_NNNNNN/      intermediate HF exports (trainer.save_hf_every)
   <run_dir>/train.log            log of rank 0 (other ranks: train.rank<N>.log), lines rank-tagged
@@ -27,10 +27,7 @@ from typing import Any
 
 from loguru import logger
 
-from stare_tir.cold_start import check_sft_traces, sft_stage
-from stare_tir.components import resolve_model_path
-from stare_tir.config import save_config
-from stare_tir.preflight import (
+from stare_tir.app.preflight import (
     check_backend,
     check_data,
     check_model,
@@ -40,13 +37,16 @@ from stare_tir.preflight import (
     check_sync_dir,
     check_trackers,
 )
-from stare_tir.run_dir import check_run_dir, clear_run_dir
+from stare_tir.app.run_dir import check_run_dir, clear_run_dir
+from stare_tir.config import save_config
+from stare_tir.model import resolve_model_path
+from stare_tir.sft.stage import check_sft_traces, sft_stage
 from stare_tir.tracking import first_gate_step, plot_runs, read_metrics, setup_run_logging
 from stare_tir.train_config import TrainConfig
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """Every check that can fail cheaply, before any model is loaded (see stare_tir.preflight)."""
+    """Every check that can fail cheaply, before any model is loaded (see stare_tir.app.preflight)."""
     check_model(cfg.model)
     check_trackers(cfg.trainer.tensorboard, cfg.trainer.wandb_project)
     check_backend(cfg.trainer.backend, cfg.rollout.sglang)

@@ -24,9 +24,9 @@ from typing import Any
 
 from loguru import logger
 
-from stare_tir.components import load_tokenizer, model_fingerprint
+from stare_tir.app.preflight import StartupError
 from stare_tir.config import to_dict
-from stare_tir.preflight import StartupError
+from stare_tir.model import load_tokenizer, model_fingerprint
 from stare_tir.train_config import TrainConfig
 
 KEY_FILE = "sft_key.json"
@@ -209,7 +209,7 @@ def sft_stage(
 ) -> tuple[str, dict]:
     """Cold-start SFT, or the reuse of an SFT model made from the same inputs; returns
     (model path, summary). overwrite: replace a user-named sft.output made from other inputs."""
-    from stare_tir.sft import run_sft
+    from stare_tir.sft.train import run_sft
 
     inputs = sft_inputs(cfg, base_model)
     key = digest(inputs)

@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 import yaml
 
+from stare_tir.app.preflight import StartupError
 from stare_tir.config import config_changes, resolve_config
-from stare_tir.preflight import StartupError
 
 # What marks a directory as holding a run (a failed start leaves none of these behind).
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final", "hf")
 # What `--overwrite` deletes: every output a run writes. sft/ stays: its model is reused only when
-# it was made from the same inputs (stare_tir.cold_start), so keeping it never mixes two runs.
+# it was made from the same inputs (stare_tir.sft.stage), so keeping it never mixes two runs.
 RUN_OUTPUTS = (*RUN_MARKERS, "train.log", "plots", "tb", "wandb", "wandb_run_id")
 
 

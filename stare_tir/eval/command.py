@@ -24,12 +24,13 @@ from loguru import logger
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
-from stare_tir.components import ModelConfig, build_components, model_fingerprint, resolve_model_path
+from stare_tir.app.preflight import StartupError
+from stare_tir.components import build_components
 from stare_tir.config import flatten, resolve_config, save_config
 from stare_tir.data import DataConfig, load_split
-from stare_tir.eval_metrics import grader_equivalence
-from stare_tir.evaluate import EvalConfig, eval_rollout_config, evaluate
-from stare_tir.preflight import StartupError
+from stare_tir.eval.evaluate import EvalConfig, eval_rollout_config, evaluate
+from stare_tir.eval.metrics import grader_equivalence
+from stare_tir.model import ModelConfig, model_fingerprint, resolve_model_path
 from stare_tir.rollout.engine import RolloutConfig
 
 KEY_FILE = "eval_key.json"

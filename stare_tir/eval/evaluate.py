@@ -21,7 +21,7 @@ right nor as wrong, and a rerun retries it, just as training excludes such sampl
 samples all failed so stops the evaluation (`EvalInfraError`, naming the first error): a dead
 server or sandbox must not produce a table of zeros. The console table and docs/metrics.md use
 the same fractions as summary.json and training's eval/* metrics.
-`stare_tir.eval_run` is the command around this: config, output directory, model resolution.
+`stare_tir.eval.command` is the command around this: config, output directory, model resolution.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from loguru import logger
 
-from stare_tir.eval_metrics import (  # noqa: F401 (re-exported: the metrics are part of this API)
+from stare_tir.eval.metrics import (  # noqa: F401 (re-exported: the metrics are part of this API)
     DEFAULT_PASS_KS,
     SIX_BENCHMARKS,
     answers_equivalent,

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu.yaml"
+DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 
 
 def config_keys(schema: Any, defaults: Any = None) -> list[str]:
@@ -159,10 +159,10 @@ def alias_overrides(args: argparse.Namespace, aliases: Sequence[Alias]) -> list[
 def _user_errors() -> tuple[type[BaseException], ...]:
     from envs.data import DataError
     from sandbox import SandboxError
+    from stare_tir.app.preflight import StartupError
     from stare_tir.config import ConfigError
-    from stare_tir.evaluate import EvalInfraError
+    from stare_tir.eval.evaluate import EvalInfraError
     from stare_tir.learner.distributed import LaunchError
-    from stare_tir.preflight import StartupError
 
     return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError, EvalInfraError, LaunchError)
 
@@ -231,7 +231,7 @@ def train_main(argv: list[str] | None = None) -> int:
     def main(args: argparse.Namespace) -> int:
         cfg = _load(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
         if args.resume:
-            from stare_tir.run_dir import ask_on_terminal, resume_config
+            from stare_tir.app.run_dir import ask_on_terminal, resume_config
 
             cfg = resume_config(
                 TrainConfig,
@@ -247,7 +247,7 @@ def train_main(argv: list[str] | None = None) -> int:
             _print_config(cfg)
             return 0
         run_dir.append(cfg.trainer.run_dir)
-        from stare_tir.pipeline import run_pipeline
+        from stare_tir.app.pipeline import run_pipeline
 
         run_pipeline(cfg, resume=args.resume, overwrite=args.overwrite)
         return 0
@@ -313,9 +313,9 @@ def sft_main(argv: list[str] | None = None) -> int:
         if args.print_config:
             _print_config(cfg)
             return 0
-        from stare_tir.cold_start import check_sft_traces, sft_output, sft_stage
-        from stare_tir.components import resolve_model_path
-        from stare_tir.preflight import check_model, check_sandbox
+        from stare_tir.app.preflight import check_model, check_sandbox
+        from stare_tir.model import resolve_model_path
+        from stare_tir.sft.stage import check_sft_traces, sft_output, sft_stage
         from stare_tir.tracking import setup_run_logging
 
         check_model(cfg.model)
@@ -380,7 +380,7 @@ EVAL_ALIASES = (
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    from stare_tir.eval_run import EvalRunConfig
+    from stare_tir.eval.command import EvalRunConfig
 
     return build_parser(
         "stare-eval",
@@ -408,7 +408,7 @@ def eval_main(argv: list[str] | None = None) -> int:
 
     def main(args: argparse.Namespace) -> int:
         from stare_tir.config import read_config_layers
-        from stare_tir.eval_run import is_run_dir, resolve_eval_config
+        from stare_tir.eval.command import is_run_dir, resolve_eval_config
 
         tree = read_config_layers(args.config) if args.config else {}
         cfg = resolve_eval_config(tree, given)
@@ -416,8 +416,8 @@ def eval_main(argv: list[str] | None = None) -> int:
             _print_config(cfg)
             return 0
         from envs.data import load_problems
-        from stare_tir.eval_run import TRAINING_TASK, run_eval
-        from stare_tir.preflight import StartupError, check_backend, check_hub_dataset, check_model, check_sandbox
+        from stare_tir.app.preflight import StartupError, check_backend, check_hub_dataset, check_model, check_sandbox
+        from stare_tir.eval.command import TRAINING_TASK, run_eval
 
         model_arg = next((o.split("=", 1)[1] for o in reversed(given) if o.startswith("model.path=")), "")
         check_model(cfg.model)

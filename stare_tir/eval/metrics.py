@@ -1,6 +1,6 @@
 """Pure metric functions of the evaluation: pass@k, avg@N, maj@N and per-dataset tool statistics.
 
-No I/O, no models: `stare_tir.evaluate` feeds them the JSONL rows of finished samples.
+No I/O, no models: `stare_tir.eval.evaluate` feeds them the JSONL rows of finished samples.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ exist or a hub that cannot be reached, a data file that is missing or has a bad 
 server that does not answer, a `sync_dir` that cannot be written, a sandbox backend that cannot
 run one cell (no Docker engine, no e2b key), a registry name that does not exist, a requested
 tracker that is not installed. Every remote piece is asked once, with a short timeout.
-`check_*` functions raise `StartupError`; the console entry points (`stare_tir.cli`) print its
+`check_*` functions raise `StartupError`; the console entry points (`stare_tir.app.cli`) print its
 message alone unless `--debug` is given.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from envs.data import SHIPPED, DataError
 from sandbox import SandboxConfig, SandboxError, make_sandbox
-from stare_tir.components import TINY_MODELS, ModelConfig
 from stare_tir.data import DataConfig, load_split
+from stare_tir.model import TINY_MODELS, ModelConfig
 
 # Seconds a start-up check waits for a remote piece (hub, SGLang server) before reporting it.
 REMOTE_TIMEOUT_S = 10.0

@@ -1,0 +1,2 @@
+"""Evaluation: sampling and grading a benchmark (`evaluate`), pure metrics (`metrics`) and the `stare-eval`
+command (`command`: output directories, run directories as models)."""
