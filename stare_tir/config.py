@@ -101,10 +101,32 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}={value!r}: expected {_type_name(tp)}")
 
 
+def _sections(schema: Any) -> tuple[str, Any] | None:
+    """A config dataclass may hold one settings section per entry of a registry, read and written as
+    its own keys: `SECTIONS = ("methods", TOKEN_METHODS)` makes `algo.kl_cov.ratio` the `ratio` of the
+    registered config of `kl_cov`, kept in the mapping field `methods`."""
+    return getattr(schema, "SECTIONS", None) if isinstance(schema, type) or dataclasses.is_dataclass(schema) else None
+
+
 def from_dict(schema: type[T], data: dict, prefix: str = "") -> T:
     """Build a dataclass from a (nested) dict, rejecting unknown keys and wrong types."""
     hints = typing.get_type_hints(schema)
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    sections = _sections(schema)
+    if sections is not None:
+        attr, registry = sections
+        data = dict(data)
+        given = dict(data.pop(attr, None) or {})
+        for key in [k for k in data if k not in fields and k in registry.names()]:
+            given[key] = data.pop(key)
+        built = {}
+        for name, value in given.items():
+            key = f"{prefix}.{name}" if prefix else name
+            if name not in registry.names() or registry.config_of(name) is None:
+                raise ConfigError(f"unknown key {key}: {registry.unknown(name)}")
+            cls = registry.config_of(name)
+            built[name] = value if isinstance(value, cls) else from_dict(cls, value or {}, prefix=key)
+        data[attr] = built
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = prefix or schema.__name__
@@ -128,7 +150,11 @@ def from_dict(schema: type[T], data: dict, prefix: str = "") -> T:
 def to_dict(cfg: Any) -> Any:
     """Dataclass tree -> plain dict (YAML/JSON-safe)."""
     if dataclasses.is_dataclass(cfg):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+        sections = _sections(cfg)
+        out = {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+        if sections is not None:
+            out.update(out.pop(sections[0]))  # each section under its own name
+        return out
     if isinstance(cfg, (list, tuple)):
         return [to_dict(v) for v in cfg]
     if isinstance(cfg, dict):
@@ -226,13 +252,29 @@ def load_config(
 
 def resolve_config(schema: type[T], values: dict, overrides: Sequence[str] = ()) -> T:
     """Defaults of `schema`, then the (nested) `values`, then each `key=value` override, validated."""
-    tree: dict = to_dict(schema())
+    tree: dict = defaults_tree(schema)
     _merge(tree, values)
     for text in overrides:
         keys, value = parse_override(text)
         _check_path(schema, keys)
         _set_path(tree, keys, value)
     return from_dict(schema, tree)
+
+
+def defaults_tree(schema: Any) -> dict:
+    """The defaults as the dataclasses declare them, before any `__post_init__` fills in a value that
+    depends on others (an algo.name preset's): layers and overrides decide those first."""
+    out: dict = {}
+    for f in dataclasses.fields(schema):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            factory = f.default_factory
+            is_type = isinstance(factory, type) and dataclasses.is_dataclass(factory)
+            out[f.name] = defaults_tree(factory) if is_type else to_dict(factory())
+    return out
 
 
 def _merge(base: dict, update: dict) -> None:
@@ -259,8 +301,13 @@ def _check_path(schema: Any, keys: list[str]) -> None:
         if not dataclasses.is_dataclass(tp):
             raise ConfigError(f"override {dotted!r}: {'.'.join(keys[:i])} is not a section")
         hints = typing.get_type_hints(tp)
-        if key not in hints:
-            raise ConfigError(f"unknown key {dotted!r}; valid keys here: {', '.join(sorted(hints))}")
+        sections = _sections(tp)
+        if key not in hints and sections is not None and key in sections[1].names() and sections[1].config_of(key):
+            tp = sections[1].config_of(key)
+            continue
+        names = {f.name for f in dataclasses.fields(tp)}
+        if key not in names:
+            raise ConfigError(f"unknown key {dotted!r}; valid keys here: {', '.join(sorted(names))}")
         tp = hints[key]
 
 
@@ -278,7 +325,11 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """A config (dataclass tree or nested dict) as {dotted key: leaf value}; free-form mappings
     (e.g. learner.deepspeed) stay one leaf."""
     if dataclasses.is_dataclass(tree):
-        tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+        sections = _sections(tree)
+        items = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+        if sections is not None:
+            items.update(items.pop(sections[0]))
+        tree = items
         out: dict[str, Any] = {}
         for key, value in tree.items():
             if dataclasses.is_dataclass(value):
@@ -304,7 +355,14 @@ def field_comments(schema: type) -> dict[str, str]:
     out: dict[str, str] = {}
     hints = typing.get_type_hints(schema)
     own = _own_comments(schema)
+    sections = _sections(schema)
     for f in dataclasses.fields(schema):
+        if sections is not None and f.name == sections[0]:
+            for entry in sections[1].entries():
+                if entry.config is not None:
+                    for key, text in field_comments(entry.config).items():
+                        out[f"{entry.name}.{key}"] = text
+            continue
         tp = hints[f.name]
         while _is_union(tp):
             tp = next(a for a in get_args(tp) if a is not type(None))

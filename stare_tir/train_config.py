@@ -6,70 +6,76 @@ directory's config.yaml holds; its sections are the components' own config datac
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
+from sandbox.registry import Registry
+from stare_tir.algos.advantage import ADVANTAGE_ESTIMATORS, OverlongPenaltyConfig
 from stare_tir.algos.off_policy_config import OffPolicyConfig
+from stare_tir.algos.policy_loss import POLICY_LOSSES
 from stare_tir.algos.stare_config import StareConfig
-from stare_tir.algos.token_config import (
-    TOKEN_METHOD_NAMES,
-    ClipCovConfig,
-    EntropyAdvConfig,
-    KLCovConfig,
-    OverlongPenaltyConfig,
-    StapoConfig,
-    TopEntropyConfig,
-    VerlPartitionConfig,
-)
+from stare_tir.algos.token_methods import TOKEN_METHODS
+from stare_tir.algos.verl_partition import VerlPartitionConfig
 from stare_tir.data import DataConfig
 from stare_tir.learner import LearnerConfig
 from stare_tir.model import ModelConfig
 from stare_tir.rollout.engine import RolloutConfig
 from stare_tir.sft.config import ColdStartConfig
 
-# algo.name presets: what each name turns on. All but grpo build on GRPO-ds (clip-higher,
-# token-mean, dynamic sampling), as the STARE paper's comparisons do. "token_methods" name registered
-# functions of stare_tir.algos.token_methods; "policy_loss" one of stare_tir.algos.policy_loss.
-ALGO_PRESETS: dict[str, dict] = {
-    "grpo": {"dynamic_sampling": False},
+# algo.name presets: the values each name gives the settings left unset (None). All but grpo build
+# on GRPO-ds (clip-higher, token-mean, dynamic sampling), as the STARE paper's comparisons do. Every
+# registered token method is a preset of its own name too: GRPO-ds plus that method (`algo_presets`).
+BASE_PRESETS: dict[str, dict] = {
+    "grpo": {"dynamic_sampling": False, "clip_high": "clip_low"},  # symmetric clip
     "grpo_ds": {},
     "stare": {},
     "dapo": {"overlong_penalty": True, "oversample": 3},
-    "kl_cov": {"token_methods": ["kl_cov"], "policy_loss": "kl_cov"},
-    "clip_cov": {"token_methods": ["clip_cov"]},
-    "entropy_80_20": {"token_methods": ["entropy_80_20"]},
-    "entropy_adv": {"token_methods": ["entropy_adv"]},
-    "stapo": {"token_methods": ["stapo"]},
 }
-AlgoName = Literal["grpo", "grpo_ds", "stare", "dapo", "kl_cov", "clip_cov", "entropy_80_20", "entropy_adv", "stapo"]
+# What a setting left unset takes when the preset says nothing of it.
+PRESET_DEFAULTS: dict[str, object] = {
+    "policy_loss": "clip",
+    "token_methods": [],
+    "clip_high": 0.28,  # DAPO's clip-higher
+    "dynamic_sampling": True,
+    "oversample": 1,
+    "overlong_penalty": False,
+}
+
+
+def algo_presets() -> dict[str, dict]:
+    """Every algo.name and what it sets: the base presets, then one per registered token method (its
+    settings class may add more in its `preset`, e.g. kl_cov's own loss)."""
+    presets = dict(BASE_PRESETS)
+    for entry in TOKEN_METHODS.entries():
+        presets[entry.name] = {"token_methods": [entry.name], **getattr(entry.config, "preset", {})}
+    return presets
 
 
 @dataclass
 class AlgoConfig:
-    # grpo: symmetric clip, no dynamic sampling. grpo_ds: clip-higher, token-mean, dynamic sampling
-    # (DAPO-style). stare: grpo_ds + STARE token reweighting (variant and gate in `stare`). The
-    # STARE paper's baselines, each grpo_ds plus one method (ALGO_PRESETS): dapo (soft overlong
-    # penalty and 3x over-sampling), kl_cov, clip_cov, entropy_80_20, entropy_adv, stapo.
-    name: AlgoName = "stare"
-    # Advantage estimator, by its name in `stare_tir.algos.advantage` (register_advantage_estimator):
-    # "grpo" normalises rewards inside each group by the group std, "drgrpo" only centres them.
+    # A preset: grpo (symmetric clip, no dynamic sampling), grpo_ds (clip-higher, token-mean, dynamic
+    # sampling, DAPO-style), stare (grpo_ds + STARE's token reweighting, settings in `stare`), dapo
+    # (soft overlong penalty and 3x over-sampling), or the name of any registered token method
+    # (grpo_ds plus that method). It fills the settings below that are left unset (null); an
+    # explicit value always wins. `--print-config` shows the values it resolved to.
+    name: str = "stare"
+    # Advantage estimator, by its registered name (stare_tir/algos/advantage.py): "grpo" normalises
+    # rewards inside each group by the group std, "drgrpo" only centres them.
     advantage: str = "grpo"
-    # Policy loss, by its name in `stare_tir.algos.policy_loss` (register_policy_loss): "clip" is
-    # the clipped surrogate with clip-higher, dual clip, TIS and token weights; "kl_cov" KL-Cov's
-    # unclipped one. None: the preset's (kl_cov for algo.name=kl_cov, clip otherwise).
+    # Policy loss, by its registered name (stare_tir/algos/policy_loss.py): "clip" is the clipped
+    # surrogate with clip-higher, dual clip, TIS and token weights; "kl_cov" KL-Cov's unclipped one.
+    # Unset: the preset's (kl_cov for algo.name=kl_cov, clip otherwise).
     policy_loss: str | None = None
-    # Token-level methods applied in order, by their names in `stare_tir.algos.token_methods`
-    # (kl_cov, clip_cov, entropy_80_20, entropy_adv, stapo); their settings are the sections of the
-    # same names below. None: the preset's ([] for grpo/grpo_ds/stare/dapo). STARE's own weights
-    # come on top when algo.name=stare.
+    # Token-level methods applied in order, by their registered names (stare_tir/algos/
+    # token_methods.py); each method's settings are the section of its own name in algo
+    # (algo.kl_cov.ratio, ...). Unset: the preset's. STARE's own weights come on top for algo.name=stare.
     token_methods: list[str] | None = None
     # Lower clip; 1 removes it (Clip-Cov's script).
     clip_low: float = 0.2
-    # Upper clip; ignored (set to clip_low) for plain grpo.
-    clip_high: float = 0.28
+    # Upper clip. Unset: clip_low for grpo (symmetric), 0.28 (clip-higher) for every other preset.
+    clip_high: float | None = None
     # Dual-clip bound for negative advantages (None disables). verl's default 3; the official STARE
     # scripts use 10.
     dual_clip_c: float | None = 3.0
@@ -98,9 +104,12 @@ class AlgoConfig:
     # Sampling rounds when too few groups have non-equal rewards (dynamic sampling only); each round
     # is a barrier on its slowest trajectory. The official STARE scripts allow 10.
     dynamic_sampling_rounds: int = 3
+    # Dynamic sampling: drop groups whose rewards are all equal and refill the batch (up to
+    # dynamic_sampling_rounds rounds). Unset: the preset's (off for grpo, on otherwise).
+    dynamic_sampling: bool | None = None
     # Over-sampling k: a round rolls out k x the missing prompts and keeps the first informative
     # groups, so one barrier fills the batch in most steps (DAPO and the official STARE scripts:
-    # 192 prompts for 64 groups, k = 3). None: the preset's (3 for dapo, 1 otherwise).
+    # 192 prompts for 64 groups, k = 3). Unset: the preset's (3 for dapo, 1 otherwise).
     oversample: int | None = None
     # Trajectories with a void turn (a model turn with neither code nor answer, SimpleTIR): "keep";
     # "drop" them before the group statistics; or "mask" them: loss mask zeroed, the trajectory kept
@@ -108,20 +117,29 @@ class AlgoConfig:
     void_turns: Literal["keep", "drop", "mask"] = "keep"
     # Drop trajectories cut by the token budget from the loss (DAPO overlong filtering).
     filter_overlong: bool = False
-    # DAPO's soft overlong penalty on the reward.
+    # DAPO's soft overlong penalty on the reward (its `enabled`: the preset's, on for dapo).
     overlong_penalty: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)
     # Policy-gradient passes over each batch (1 = on-policy; old logprobs still recomputed).
     ppo_epochs: int = 1
     stare: StareConfig = field(default_factory=StareConfig)
-    kl_cov: KLCovConfig = field(default_factory=KLCovConfig)
-    clip_cov: ClipCovConfig = field(default_factory=ClipCovConfig)
-    entropy_80_20: TopEntropyConfig = field(default_factory=TopEntropyConfig)
-    entropy_adv: EntropyAdvConfig = field(default_factory=EntropyAdvConfig)
-    stapo: StapoConfig = field(default_factory=StapoConfig)
+    # One settings section per registered token method, read and written as algo.<method name>
+    # (stare_tir.config: `SECTIONS`); every registered method has one, at its defaults unless set.
+    methods: dict[str, Any] = field(default_factory=dict)
+
+    SECTIONS: ClassVar[tuple[str, Registry]] = ("methods", TOKEN_METHODS)
 
     def __post_init__(self) -> None:
-        if self.name not in ALGO_PRESETS:
-            raise ValueError(f"name={self.name!r}: one of {sorted(ALGO_PRESETS)}")
+        presets = algo_presets()
+        if self.name not in presets:
+            raise ValueError(f"name={self.name!r}: one of {', '.join(presets)}")
+        ADVANTAGE_ESTIMATORS.check(self.advantage, "advantage")
+        self._resolve_preset(presets[self.name])
+        POLICY_LOSSES.check(self.policy_loss, "policy_loss")
+        for method in self.token_methods:
+            TOKEN_METHODS.check(method, "token_methods")
+        for entry in TOKEN_METHODS.entries():  # a section for every method, its defaults unless given
+            if entry.config is not None and entry.name not in self.methods:
+                self.methods[entry.name] = entry.config()
         if not 0.0 < self.clip_low <= 1.0:
             raise ValueError(f"clip_low={self.clip_low!r}: must be in (0, 1]")
         if not self.clip_high > 0.0:
@@ -140,52 +158,32 @@ class AlgoConfig:
                 f"tis_cap={self.tis_cap!r} with off_policy.mode={self.off_policy.mode!r}: both weight the loss "
                 "by pi_recompute / pi_rollout; keep one (algo.off_policy.mode=tis is tis_cap with options)"
             )
-        if self.oversample is not None and self.oversample < 1:
+        if self.oversample < 1:
             raise ValueError(f"oversample={self.oversample!r}: must be >= 1")
-        unknown = [m for m in self.methods if m not in TOKEN_METHOD_NAMES]
-        if unknown:
-            raise ValueError(
-                f"token_methods={self.token_methods!r}: unknown {unknown}; choose from {TOKEN_METHOD_NAMES}"
-            )
 
-    # Settings left unset (None) take the preset's value (ALGO_PRESETS); an explicit value wins. The
-    # fields keep None, so a saved config.yaml still follows its algo.name.
-    @property
-    def loss_name(self) -> str:
-        """The policy loss this run uses."""
-        return self.policy_loss or ALGO_PRESETS[self.name].get("policy_loss", "clip")
+    def _resolve_preset(self, preset: dict) -> None:
+        """Fill every unset (None) setting from the preset, then from PRESET_DEFAULTS."""
 
-    @property
-    def methods(self) -> list[str]:
-        """The token methods this run applies, in order."""
-        if self.token_methods is not None:
-            return list(self.token_methods)
-        return list(ALGO_PRESETS[self.name].get("token_methods", []))
+        def value(key: str) -> object:
+            v = preset.get(key, PRESET_DEFAULTS[key])
+            return self.clip_low if v == "clip_low" else v
 
-    @property
-    def oversample_k(self) -> int:
-        return self.oversample if self.oversample is not None else ALGO_PRESETS[self.name].get("oversample", 1)
-
-    @property
-    def overlong_penalty_on(self) -> bool:
-        on = self.overlong_penalty.enabled
-        return on if on is not None else ALGO_PRESETS[self.name].get("overlong_penalty", False)
+        if self.policy_loss is None:
+            self.policy_loss = str(value("policy_loss"))
+        if self.token_methods is None:
+            self.token_methods = list(value("token_methods"))  # type: ignore[arg-type]
+        if self.clip_high is None:
+            self.clip_high = float(value("clip_high"))  # type: ignore[arg-type]
+        if self.dynamic_sampling is None:
+            self.dynamic_sampling = bool(value("dynamic_sampling"))
+        if self.oversample is None:
+            self.oversample = int(value("oversample"))  # type: ignore[call-overload]
+        if self.overlong_penalty.enabled is None:
+            self.overlong_penalty.enabled = bool(value("overlong_penalty"))
 
     @property
     def use_stare(self) -> bool:
         return self.name == "stare" and self.stare.enabled
-
-    @property
-    def dynamic_sampling(self) -> bool:
-        return ALGO_PRESETS[self.name].get("dynamic_sampling", True)
-
-    @property
-    def effective_clip_high(self) -> float:
-        return self.clip_low if self.name == "grpo" else self.clip_high
-
-    def method_settings(self, name: str) -> dict:
-        """The keyword settings of token method `name` (its config section)."""
-        return dataclasses.asdict(getattr(self, name))
 
 
 @dataclass

@@ -15,11 +15,10 @@ from typing import Any
 _WHERE = {
     "advantage": (
         "ADVANTAGE_ESTIMATORS",
+        "OverlongPenaltyConfig",
         "broadcast_to_tokens",
         "compute_group_advantages",
-        "get_advantage_estimator",
         "overlong_penalty",
-        "register_advantage_estimator",
     ),
     "logprobs": ("logprobs_and_entropy", "logprobs_and_entropy_from_logits"),
     "off_policy": (
@@ -29,34 +28,30 @@ _WHERE = {
         "mismatch_sums_by_lag",
     ),
     "off_policy_config": ("OffPolicyConfig",),
-    # (The function `policy_loss` shares its module's name: import it from stare_tir.algos.policy_loss.)
     "policy_loss": (
         "AGG_MODES",
         "POLICY_LOSSES",
+        "Clip",
+        "LossInputs",
         "aggregate",
-        "get_policy_loss",
-        "register_policy_loss",
+        "clip_loss",
+        "kl_cov_loss",
         "truncated_is_weights",
     ),
     "stare": ("StareController", "num_selected", "stare_token_weights", "stare_token_weights_scoped"),
     "stare_config": ("StareConfig",),
-    "token_config": (
+    "token_methods": (
+        "TOKEN_METHODS",
         "ClipCovConfig",
         "EntropyAdvConfig",
         "KLCovConfig",
-        "OverlongPenaltyConfig",
         "StapoConfig",
-        "TopEntropyConfig",
-        "VerlPartitionConfig",
-    ),
-    "token_methods": (
-        "TOKEN_METHODS",
         "TokenEffect",
+        "TokenInputs",
+        "TopEntropyConfig",
         "combine_effects",
-        "get_token_method",
-        "register_token_method",
     ),
-    "verl_partition": ("balanced_partition", "rank_shares", "verl_micro_batches", "workload"),
+    "verl_partition": ("VerlPartitionConfig", "balanced_partition", "rank_shares", "verl_micro_batches", "workload"),
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 

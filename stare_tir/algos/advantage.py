@@ -9,36 +9,18 @@ report (or filter) it.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
-import torch
-from torch import Tensor
+from sandbox.registry import Registry
 
-AdvantageFn = Callable[..., tuple[Tensor, dict]]
+if TYPE_CHECKING:  # torch is imported inside the functions: the config reads this registry torch-free
+    from torch import Tensor
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+AdvantageFn = Callable[["Tensor", "Tensor"], tuple["Tensor", dict]]
 
-
-def register_advantage_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: make an estimator selectable by name from the config."""
-
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} registered twice")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return wrap
-
-
-def get_advantage_estimator(name: str) -> AdvantageFn:
-    """Look an estimator up by name; an unknown name lists the valid ones."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"advantage estimator {name!r} unknown; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+# algo.advantage: estimators by name, each `fn(rewards [N], group_ids [N]) -> (advantages [N], metrics)`.
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
 def compute_group_advantages(
@@ -55,6 +37,8 @@ def compute_group_advantages(
     Returns advantages [N] (float32, no grad) and metrics. Groups with zero variance, including
     groups of a single trajectory, get advantage exactly 0.
     """
+    import torch
+
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
             f"rewards and group_ids must be 1-D of equal length, got {tuple(rewards.shape)} "
@@ -96,16 +80,16 @@ def compute_group_advantages(
     return adv, metrics
 
 
-@register_advantage_estimator("grpo")
-def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> tuple[Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("grpo")
+def grpo_advantages(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, dict]:
     """GRPO: (r - mean_group) / (std_group + eps)."""
-    return compute_group_advantages(rewards, group_ids, norm_by_std=True, eps=eps)
+    return compute_group_advantages(rewards, group_ids, norm_by_std=True)
 
 
-@register_advantage_estimator("drgrpo")
-def drgrpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> tuple[Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("drgrpo")
+def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, dict]:
     """Dr. GRPO: r - mean_group (no std division)."""
-    return compute_group_advantages(rewards, group_ids, norm_by_std=False, eps=eps)
+    return compute_group_advantages(rewards, group_ids, norm_by_std=False)
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:
@@ -117,6 +101,8 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float =
     0 up to L_max - L_cache tokens, then falling linearly to -factor at L_max. lengths: [N] response
     tokens per trajectory (|y|); max_len: L_max; buffer: L_cache. Returns [N] float32 (<= 0).
     """
+    import torch
+
     if not 0 < buffer <= max_len:
         raise ValueError(f"buffer={buffer!r}: the overlong buffer must be in [1, max_len={max_len}]")
     exceed = lengths.to(torch.float64) - (max_len - buffer)  # [N]
@@ -125,4 +111,26 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float =
 
 def broadcast_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
     """Spread per-sequence advantages [B] over tokens: returns [B, T], zero where mask == 0."""
+    import torch
+
     return advantages.to(torch.float32)[:, None] * mask.to(torch.float32)  # [B, T]
+
+
+@dataclass
+class OverlongPenaltyConfig:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476; verl DAPORewardManager):
+    r += min(-(|y| - (L_max - L_cache)) / L_cache * factor, 0), |y| every response token (model and
+    tool output), L_max = rollout.max_total_tokens."""
+
+    # On or off; None: on for algo.name=dapo, off otherwise.
+    enabled: bool | None = None
+    # L_cache; None: 20% of L_max (DAPO's 4096 of 20480).
+    buffer_tokens: int | None = None
+    # Penalty at L_max (DAPO: 1.0, the size of the reward gap).
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.buffer_tokens is not None and self.buffer_tokens < 1:
+            raise ValueError(f"buffer_tokens={self.buffer_tokens!r}: must be >= 1 or null")
+        if self.factor < 0.0:
+            raise ValueError(f"factor={self.factor!r}: must be >= 0")

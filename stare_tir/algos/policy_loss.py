@@ -2,9 +2,10 @@
 `kl_cov` (KL-Cov's unclipped surrogate), with truncated importance sampling, per-token weights
 (STARE's omega, the baselines' silencing, verl's aggregation) and three aggregation modes.
 
-Loss per token (sign: we minimise the negative surrogate):
+Every loss is `fn(x: LossInputs) -> (loss, metrics)`: one micro-batch's tensors and settings in one
+dataclass. Loss per token (sign: we minimise the negative surrogate):
     rho = exp(logp - old_logp)
-    l   = max(-A * rho, -A * clip(rho, 1 - clip_low, 1 + clip_high))      (`clip`; `kl_cov`: -A * rho)
+    l   = max(-A * rho, -A * clip(rho, 1 - clip.low, 1 + clip.high))      (`clip`; `kl_cov`: -A * rho)
     l   = min(l, -A * c)                      for A < 0 when dual-clip c is set (`clip` only)
     l   = l + omega * kl_coef * |logp - old_logp|     when per-token KL coefficients are given
     l   = l * tis                             constant (no gradient)
@@ -12,42 +13,69 @@ with A replaced by omega * A when token weights omega (constants, >= 0) are give
 this equals multiplying the per-token loss by omega (max/min commute with a non-negative factor),
 and it costs one element-wise pass instead of an extra autograd node. omega = 0 gives a token
 exactly zero gradient while it stays in the normaliser.
+
+torch is imported inside the functions: the config validates `algo.policy_loss` against this
+registry without loading torch.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal
 
-import torch
-from torch import Tensor
+from sandbox.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 Agg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
-PolicyLossFn = Callable[..., tuple[Tensor, dict]]
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+@dataclass(frozen=True)
+class Clip:
+    """The trust region of the clipped surrogate (algo.clip_low, algo.clip_high, algo.dual_clip_c).
+
+    high > low is "clip-higher" (DAPO): low-probability tokens with A > 0 may grow more. low = 1
+    removes the lower clip (Clip-Cov's script runs with clip ratios 1/1). dual_c (> 1) bounds the
+    loss of A < 0 tokens whose ratio exploded (None disables)."""
+
+    low: float = 0.2
+    high: float = 0.2
+    dual_c: float | None = 3.0
+
+    def __post_init__(self) -> None:
+        if self.dual_c is not None and self.dual_c <= 1.0:
+            raise ValueError(f"dual_c={self.dual_c!r}: must be > 1 or None")
+        if self.low < 0 or self.low > 1 or self.high < 0:
+            raise ValueError(f"low={self.low!r}, high={self.high!r}: need 0 <= low <= 1, high >= 0")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: make a policy loss selectable by name from the config."""
+@dataclass
+class LossInputs:
+    """What a policy loss sees of one micro-batch: per-token tensors [B, T] (advantages already
+    broadcast over tokens) and how to aggregate them. token_weights, tis_weights and kl_coef are
+    constants (no gradient); weights of exactly 1 give bit-identical loss and gradients to None
+    (x * 1.0 == x in IEEE arithmetic)."""
 
-    def wrap(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
+    logprobs: Tensor  # [B, T] log pi of the sampled tokens, with gradient
+    old_logprobs: Tensor  # [B, T] log pi_old (the ratio's denominator)
+    advantages: Tensor  # [B, T]
+    mask: Tensor  # [B, T] loss tokens
+    clip: Clip = Clip()
+    token_weights: Tensor | None = None  # [B, T] omega >= 0 (STARE, the token methods, verl's aggregation)
+    tis_weights: Tensor | None = None  # [B, T] truncated importance weights
+    kl_coef: Tensor | None = None  # [B, T] KL-Cov's per-token coefficient of |log pi - log pi_old|
+    agg: Agg = "token-mean"
+    global_tokens: float | None = None  # loss tokens of the global batch (token-mean's normaliser)
+    global_seqs: float | None = None  # sequences of the global batch (seq-mean modes)
 
-    return wrap
 
+PolicyLossFn = Callable[[LossInputs], tuple["Tensor", dict]]
 
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """Look a policy loss up by name; an unknown name lists the valid ones."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"policy loss {name!r} unknown; choose one of {sorted(POLICY_LOSSES)}") from None
+# algo.policy_loss: losses by name.
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def aggregate(
@@ -87,6 +115,8 @@ def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: T
     recomputed one (different kernels / precision). Masked positions get weight 1 (neutral).
     The ratio is capped in log space so a large mismatch never overflows.
     """
+    import torch
+
     if cap <= 0:
         raise ValueError(f"cap={cap!r}: must be > 0")
     with torch.no_grad():
@@ -95,115 +125,32 @@ def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: T
         return torch.where(mask.bool(), w, torch.ones_like(w))
 
 
-@register_policy_loss("clip")
-def policy_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip_c: float | None = 3.0,
-    token_weights: Tensor | None = None,
-    tis_weights: Tensor | None = None,
-    kl_coef: Tensor | None = None,
-    agg: Agg = "token-mean",
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-) -> tuple[Tensor, dict]:
-    """Clipped surrogate loss; all tensors [B, T], advantages already broadcast over tokens.
-
-    clip_high > clip_low is "clip-higher" (DAPO): low-probability tokens with A > 0 may grow more.
-    clip_low = 1 removes the lower clip (Clip-Cov's script runs with clip ratios 1/1).
-    dual_clip_c (> 1) bounds the loss of A < 0 tokens whose ratio exploded (None disables).
-    token_weights (>= 0) scale the advantages; tis_weights scale the per-token loss; kl_coef adds
-    KL-Cov's penalty; all are constants. Weights of exactly 1 give bit-identical loss and
-    gradients to passing None (x * 1.0 == x in IEEE arithmetic).
-    Metrics are means over this call's loss tokens.
-    """
-    return _surrogate(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clipped=True,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dual_clip_c=dual_clip_c,
-        token_weights=token_weights,
-        tis_weights=tis_weights,
-        kl_coef=kl_coef,
-        agg=agg,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-    )
+@POLICY_LOSSES.register("clip")
+def clip_loss(x: LossInputs) -> tuple[Tensor, dict]:
+    """The clipped surrogate with clip-higher and dual clip (`Clip`), token weights, truncated IS and
+    KL-Cov's penalty where given. Metrics are means over this call's loss tokens."""
+    return _surrogate(x, clipped=True)
 
 
-@register_policy_loss("kl_cov")
-def kl_cov_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip_c: float | None = None,
-    token_weights: Tensor | None = None,
-    tis_weights: Tensor | None = None,
-    kl_coef: Tensor | None = None,
-    agg: Agg = "token-mean",
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-) -> tuple[Tensor, dict]:
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov_loss(x: LossInputs) -> tuple[Tensor, dict]:
     """KL-Cov's loss (Cui et al. 2025; verl `compute_policy_loss_kl_cov`): the unclipped surrogate
     -A * rho plus kl_coef * |logp - old_logp| on the tokens the `kl_cov` token method selected.
-    Neither the clip nor the dual clip applies (clip_low, clip_high and dual_clip_c are accepted
-    and ignored, as verl's does). At rho = 1 its value and gradient equal the clipped loss's bit
-    for bit (clip and dual clip are inactive there), so with no token selected the first update is
-    GRPO-ds's."""
-    return _surrogate(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clipped=False,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dual_clip_c=None,
-        token_weights=token_weights,
-        tis_weights=tis_weights,
-        kl_coef=kl_coef,
-        agg=agg,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-    )
+    Neither the clip nor the dual clip applies (verl's does not read them either). At rho = 1 its
+    value and gradient equal the clipped loss's bit for bit (clip and dual clip are inactive there),
+    so with no token selected the first update is GRPO-ds's."""
+    return _surrogate(x, clipped=False)
 
 
-def _surrogate(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clipped: bool,
-    clip_low: float,
-    clip_high: float,
-    dual_clip_c: float | None,
-    token_weights: Tensor | None,
-    tis_weights: Tensor | None,
-    kl_coef: Tensor | None,
-    agg: Agg,
-    global_tokens: float | None,
-    global_seqs: float | None,
-) -> tuple[Tensor, dict]:
-    if dual_clip_c is not None and dual_clip_c <= 1.0:
-        raise ValueError(f"dual_clip_c={dual_clip_c!r}: must be > 1 or None")
-    if clip_low < 0 or clip_low > 1 or clip_high < 0:
-        raise ValueError(f"clip_low={clip_low!r}, clip_high={clip_high!r}: need 0 <= clip_low <= 1, clip_high >= 0")
+def _surrogate(x: LossInputs, *, clipped: bool) -> tuple[Tensor, dict]:
+    import torch
+
+    logprobs, old_logprobs, mask = x.logprobs, x.old_logprobs, x.mask
+    token_weights, tis_weights, kl_coef = x.token_weights, x.tis_weights, x.kl_coef
+    clip_low, clip_high = x.clip.low, x.clip.high
+    dual_clip_c = x.clip.dual_c if clipped else None
     # -A, built once; token weights scale it in place (omega == 1 leaves every bit unchanged).
-    neg_adv = -advantages.detach()  # [B, T]
+    neg_adv = -x.advantages.detach()  # [B, T]
     if token_weights is not None:
         neg_adv.mul_(token_weights.detach())
     # Clamp the log-ratio so exp never overflows on a wild token; +-20 is far outside any clip.
@@ -226,7 +173,7 @@ def _surrogate(
         loss_tok = loss_tok + coef * (logprobs - old_logprobs.detach()).abs()
     if tis_weights is not None:
         loss_tok = loss_tok * tis_weights.detach()
-    loss = aggregate(loss_tok, mask, agg, global_tokens, global_seqs)
+    loss = aggregate(loss_tok, mask, x.agg, x.global_tokens, x.global_seqs)
 
     with torch.no_grad():
         # All sums are stacked and read back with one .tolist(): a single device sync on GPU.

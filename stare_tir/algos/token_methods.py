@@ -1,9 +1,16 @@
 """The STARE paper's token-level baselines, each a small pure function found by name.
 
-Every method sees the loss tokens (model-written tokens) of one selection group as flat tensors, in
-a fixed order: the log-probability of the sampled token and the entropy at its position under the
+A method is one function and its settings dataclass, registered together under one name:
+
+    @TOKEN_METHODS.register("kl_cov", config=KLCovConfig)
+    def kl_cov(t: TokenInputs, cfg: KLCovConfig) -> TokenEffect: ...
+
+and is then selectable by `algo.token_methods=[kl_cov]`, its settings under `algo.kl_cov.*`, with a
+preset `algo.name=kl_cov` (GRPO-ds plus the method, and the settings' `preset`). Every method sees
+the loss tokens (model-written tokens) of one selection group as flat tensors in a fixed order
+(`TokenInputs`): the log-probability of the sampled token and the entropy at its position under the
 policy of this step (from the recompute pass; equal to the update pass's own at the first update),
-and its advantage. It returns a `TokenEffect`:
+its advantage, and a seeded generator. It returns a `TokenEffect`:
 
     advantages  shaped advantages (None: unchanged)
     weights     constant factors >= 0 on the per-token loss (None: all 1); 0 silences a token while
@@ -18,7 +25,10 @@ GRPO-ds's bit for bit (tests/algos/test_algos_token_methods.py). Selections are 
 the stated formulas, ties at a threshold go to the lower position. Where a paper and its code differ,
 the code is followed and the docstring says so. Selection runs once per step on the recompute pass;
 verl selects inside the loss on every mini-batch with the current log-probs, which is the same
-thing for the first (on-policy) update.
+thing for the first (on-policy) update. Methods applied together compose by `combine_effects`.
+
+torch is imported inside the functions: the config and `--help` read this registry (names and
+settings) without loading torch.
 """
 
 from __future__ import annotations
@@ -26,10 +36,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-import torch
-from torch import Tensor
+from sandbox.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 @dataclass
@@ -44,29 +57,20 @@ class TokenEffect:
     metrics: dict = field(default_factory=dict)
 
 
-TokenMethodFn = Callable[..., TokenEffect]
+@dataclass
+class TokenInputs:
+    """The loss tokens of one selection group, flat and in a fixed order."""
 
-TOKEN_METHODS: dict[str, TokenMethodFn] = {}
-
-
-def register_token_method(name: str) -> Callable[[TokenMethodFn], TokenMethodFn]:
-    """Decorator: make a token method selectable by name from the config (algo.token_methods)."""
-
-    def wrap(fn: TokenMethodFn) -> TokenMethodFn:
-        if name in TOKEN_METHODS:
-            raise ValueError(f"token method {name!r} registered twice")
-        TOKEN_METHODS[name] = fn
-        return fn
-
-    return wrap
+    logprobs: Tensor  # [N] log pi of the sampled token (recompute pass)
+    entropy: Tensor  # [N] entropy at the token's position
+    advantages: Tensor  # [N] the trajectory's advantage (as shaped by the methods before this one)
+    generator: torch.Generator | None = None  # seeded per step and group (random selections)
 
 
-def get_token_method(name: str) -> TokenMethodFn:
-    """Look a token method up by name; an unknown name lists the valid ones."""
-    try:
-        return TOKEN_METHODS[name]
-    except KeyError:
-        raise ValueError(f"token method {name!r} unknown; choose one of {sorted(TOKEN_METHODS)}") from None
+TokenMethodFn = Callable[[TokenInputs, Any], TokenEffect]
+
+# algo.token_methods: methods by name, each registered with its settings dataclass.
+TOKEN_METHODS: Registry[TokenMethodFn] = Registry("token method")
 
 
 def ceil_frac(frac: float, n: int) -> int:
@@ -84,6 +88,8 @@ def floor_frac(frac: float, n: int) -> int:
 def top_k_positions(values: Tensor, k: int) -> Tensor:
     """Positions of exactly k largest entries (ties at the threshold go to the lower position).
     O(N): the threshold is the k-th largest value (one selection, no sort)."""
+    import torch
+
     n = values.numel()
     if k <= 0:
         return torch.zeros(0, dtype=torch.long, device=values.device)
@@ -97,6 +103,8 @@ def top_k_positions(values: Tensor, k: int) -> Tensor:
 
 def quantile(values: Tensor, q: float) -> float:
     """torch.quantile's linear-interpolation quantile by two selections instead of a sort."""
+    import torch
+
     n = values.numel()
     pos = q * (n - 1)
     lo, frac = int(pos), pos - int(pos)
@@ -108,6 +116,8 @@ def quantile(values: Tensor, q: float) -> float:
 
 
 def _mask_at(n: int, positions: Tensor, device: torch.device) -> Tensor:
+    import torch
+
     out = torch.zeros(n, dtype=torch.bool, device=device)
     out[positions] = True
     return out
@@ -121,10 +131,28 @@ def _covariance(advantages: Tensor, logprobs: Tensor) -> Tensor:
     return (a - a.mean()) * (lp - lp.mean())
 
 
-@register_token_method("kl_cov")
-def kl_cov(
-    logprobs: Tensor, entropy: Tensor, advantages: Tensor, *, ratio: float = 0.002, coef: float = 1.0, **_: object
-) -> TokenEffect:
+@dataclass
+class KLCovConfig:
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617): a KL penalty on the top-k covariance tokens."""
+
+    # What algo.name=kl_cov sets besides the method: its own unclipped loss.
+    preset: ClassVar[dict] = {"policy_loss": "kl_cov"}
+
+    # Share k of loss tokens penalised, by highest Cov(A, log pi). 0.002 is the authors' 7B script
+    # (verl recipe/entropy/7b_kl_cov.sh); verl's own default (0.0002) is their 32B setting.
+    ratio: float = 0.002
+    # beta, the coefficient of |log pi - log pi_old| on those tokens (ppo_kl_coef=1 in the 7B script).
+    coef: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"ratio={self.ratio!r}: must be in (0, 1]")
+        if self.coef < 0.0:
+            raise ValueError(f"coef={self.coef!r}: must be >= 0")
+
+
+@TOKEN_METHODS.register("kl_cov", config=KLCovConfig)
+def kl_cov(t: TokenInputs, cfg: KLCovConfig) -> TokenEffect:
     """KL-Cov (Cui et al. 2025, arXiv 2505.22617; verl `compute_policy_loss_kl_cov`).
 
     The k = max(1, floor(ratio * N)) tokens with the largest Cov_t = (A_t - mean A)(log pi_t - mean log pi)
@@ -135,6 +163,11 @@ def kl_cov(
     gradient is 0 (d|x|/dx = 0 at 0): it acts only once the policy has moved from pi_old, i.e. from
     the second update on a batch (the authors run 8 mini-batches per step).
     """
+    import torch
+
+    logprobs, advantages = t.logprobs, t.advantages
+    ratio, coef = cfg.ratio, cfg.coef
+
     n = logprobs.numel()
     if n == 0 or coef == 0.0:
         return TokenEffect(selected=torch.zeros(n, dtype=torch.bool, device=logprobs.device))
@@ -143,18 +176,25 @@ def kl_cov(
     return TokenEffect(selected=sel, kl_coef=sel.to(torch.float32) * coef)
 
 
-@register_token_method("clip_cov")
-def clip_cov(
-    logprobs: Tensor,
-    entropy: Tensor,
-    advantages: Tensor,
-    *,
-    ratio: float = 0.0002,
-    lb: float = 1.0,
-    ub: float = 5.0,
-    generator: torch.Generator | None = None,
-    **_: object,
-) -> TokenEffect:
+@dataclass
+class ClipCovConfig:
+    """Clip-Cov (Cui et al. 2025): detach the gradient of random tokens with lb < Cov < ub."""
+
+    # Share r of loss tokens silenced (verl clip_cov_ratio, 7B script: 0.0002).
+    ratio: float = 0.0002
+    # Covariance window of the candidates (verl clip_cov_lb / clip_cov_ub: 1 and 5).
+    lb: float = 1.0
+    ub: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"ratio={self.ratio!r}: must be in (0, 1]")
+        if not self.lb < self.ub:
+            raise ValueError(f"lb={self.lb!r}, ub={self.ub!r}: need lb < ub")
+
+
+@TOKEN_METHODS.register("clip_cov", config=ClipCovConfig)
+def clip_cov(t: TokenInputs, cfg: ClipCovConfig) -> TokenEffect:
     """Clip-Cov (Cui et al. 2025; verl `compute_policy_loss_clip_cov`).
 
     Candidates: tokens with lb < Cov_t < ub (Cov_t as in KL-Cov). min(max(1, floor(ratio * N)),
@@ -165,6 +205,12 @@ def clip_cov(
     authors' script runs it with clip ratios 1/1, i.e. without the standard clip
     (configs/retool_qwen2.5_7b_clip_cov.yaml).
     """
+    import torch
+
+    logprobs, advantages = t.logprobs, t.advantages
+    generator = t.generator
+    ratio, lb, ub = cfg.ratio, cfg.lb, cfg.ub
+
     n = logprobs.numel()
     device = logprobs.device
     if n == 0:
@@ -179,10 +225,20 @@ def clip_cov(
     return TokenEffect(selected=sel, weights=(~sel).to(torch.float32))
 
 
-@register_token_method("entropy_80_20")
-def entropy_80_20(
-    logprobs: Tensor, entropy: Tensor, advantages: Tensor, *, top_frac: float = 0.2, **_: object
-) -> TokenEffect:
+@dataclass
+class TopEntropyConfig:
+    """The 80/20 rule (Wang et al. 2025, arXiv 2506.01939): gradient only through high-entropy tokens."""
+
+    # Share of loss tokens kept, by highest entropy (the paper's 20%; `entropy_top_ratio=0.2`).
+    top_frac: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.top_frac <= 1.0:
+            raise ValueError(f"top_frac={self.top_frac!r}: must be in (0, 1]")
+
+
+@TOKEN_METHODS.register("entropy_80_20", config=TopEntropyConfig)
+def entropy_80_20(t: TokenInputs, cfg: TopEntropyConfig) -> TokenEffect:
     """The 80/20 rule (Wang et al. 2025, arXiv 2506.01939, "Beyond the 80/20 Rule").
 
     Only the ceil(top_frac * N) tokens of highest entropy stay in the loss, which becomes the
@@ -192,6 +248,11 @@ def entropy_80_20(
     count for top_frac = 0.2. Their selection runs per micro-batch (algo.scope=micro_batch or verl
     for that). top_frac = 1 keeps every token (GRPO-ds). selected = the tokens kept.
     """
+    import torch
+
+    entropy = t.entropy
+    top_frac = cfg.top_frac
+
     n = entropy.numel()
     device = entropy.device
     if n == 0:
@@ -203,10 +264,24 @@ def entropy_80_20(
     return TokenEffect(selected=keep, keep=keep)
 
 
-@register_token_method("entropy_adv")
-def entropy_adv(
-    logprobs: Tensor, entropy: Tensor, advantages: Tensor, *, alpha: float = 0.4, kappa: float = 2.0, **_: object
-) -> TokenEffect:
+@dataclass
+class EntropyAdvConfig:
+    """Entropy-based advantage (Cheng et al. 2025, arXiv 2506.14758): A + min(alpha H, |A| / kappa)."""
+
+    # alpha = 0.4 and kappa = 2 are the GRPO values of the paper (the authors' verl scripts pass
+    # entropy_advantage_alpha=0.4, entropy_advantage_kappa=2.0); kappa > 1 keeps every sign.
+    alpha: float = 0.4
+    kappa: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0.0:
+            raise ValueError(f"alpha={self.alpha!r}: must be >= 0")
+        if self.kappa <= 1.0:
+            raise ValueError(f"kappa={self.kappa!r}: must be > 1 (the bonus then never flips a sign)")
+
+
+@TOKEN_METHODS.register("entropy_adv", config=EntropyAdvConfig)
+def entropy_adv(t: TokenInputs, cfg: EntropyAdvConfig) -> TokenEffect:
     """Entropy-based advantage (Cheng et al. 2025, arXiv 2506.14758).
 
     A' = A + min(alpha * H, |A| / kappa), H the (detached) entropy at the token's position. With
@@ -214,23 +289,45 @@ def entropy_adv(
     alpha 0.4, kappa 2 (the paper's GRPO setting). alpha = 0 leaves A bit for bit. selected = the
     tokens whose advantage changed.
     """
+    import torch
+
+    entropy, advantages = t.entropy, t.advantages
+    alpha, kappa = cfg.alpha, cfg.kappa
+
     a = advantages.to(torch.float32)
     bonus = torch.minimum(alpha * entropy.to(torch.float32), a.abs() / kappa)  # [N], >= 0
     shaped = a + bonus
     return TokenEffect(selected=bonus > 0, advantages=shaped)
 
 
-@register_token_method("stapo")
-def stapo(
-    logprobs: Tensor,
-    entropy: Tensor,
-    advantages: Tensor,
-    *,
-    prob_max: float = 0.01,
-    entropy_quantile: float = 0.05,
-    entropy_max: float | None = None,
-    **_: object,
-) -> TokenEffect:
+@dataclass
+class StapoConfig:
+    """STAPO (Liu et al. 2026, arXiv 2602.15620): silence positive-advantage tokens with low probability
+    and low entropy ("spurious tokens"), renormalising the loss over the remaining tokens.
+
+    The thresholds are those the authors' own summary of the paper gives (pi < 0.01; entropy below
+    the 5th percentile of the batch's token entropies); the paper's text was not available to
+    confirm them, so both are settings.
+    """
+
+    # tau_p: a token is a candidate when pi(token) < prob_max.
+    prob_max: float = 0.01
+    # tau_h as a quantile of the loss tokens' entropies (of the selection group) ...
+    entropy_quantile: float = 0.05
+    # ... or as an absolute value in nats (set it to use it instead of the quantile).
+    entropy_max: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.prob_max <= 1.0:
+            raise ValueError(f"prob_max={self.prob_max!r}: must be in [0, 1]")
+        if not 0.0 <= self.entropy_quantile <= 1.0:
+            raise ValueError(f"entropy_quantile={self.entropy_quantile!r}: must be in [0, 1]")
+        if self.entropy_max is not None and self.entropy_max < 0.0:
+            raise ValueError(f"entropy_max={self.entropy_max!r}: must be >= 0 or null")
+
+
+@TOKEN_METHODS.register("stapo", config=StapoConfig)
+def stapo(t: TokenInputs, cfg: StapoConfig) -> TokenEffect:
     """STAPO's silencing of spurious tokens (Liu et al. 2026, arXiv 2602.15620).
 
     A token is spurious when A > 0, pi(token) < prob_max and H < tau_h, tau_h = entropy_max or else
@@ -238,6 +335,11 @@ def stapo(
     torch.quantile). Spurious tokens leave the loss and its normaliser ("mask and renormalise over
     valid tokens"). See `StapoConfig` for where the thresholds come from. prob_max = 0 silences none.
     """
+    import torch
+
+    logprobs, entropy, advantages = t.logprobs, t.entropy, t.advantages
+    prob_max, entropy_quantile, entropy_max = cfg.prob_max, cfg.entropy_quantile, cfg.entropy_max
+
     n = entropy.numel()
     device = entropy.device
     if n == 0 or prob_max <= 0.0:
@@ -253,7 +355,10 @@ def stapo(
 
 def combine_effects(effects: list[TokenEffect], advantages: Tensor) -> TokenEffect:
     """Compose methods applied in order to the same tokens: the last shaped advantages, the product of
-    weights, the intersection of kept tokens, the sum of KL coefficients, the union of selections."""
+    weights, the intersection of kept tokens, the sum of KL coefficients, the union of selections.
+    The trainer composes the methods of a run with this function (trainer/shaping.py)."""
+    import torch
+
     out = TokenEffect(selected=torch.zeros(advantages.numel(), dtype=torch.bool, device=advantages.device))
     for e in effects:
         out.selected = out.selected | e.selected

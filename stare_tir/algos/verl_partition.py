@@ -20,6 +20,7 @@ which decides ties. The differencing method below is written to make the same ch
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Sequence
 
 
@@ -135,3 +136,21 @@ def verl_micro_batches(seq_lens: Sequence[int], ranks: int, token_budget: int) -
         local = balanced_partition(loads, min(n_micro, len(share)), equal_size=False)
         out.append([[share[j] for j in mb] for mb in local])
     return out
+
+
+@dataclass
+class VerlPartitionConfig:
+    """The official runs' layout, for selection groups and aggregation that equal theirs (scope=verl,
+    loss_agg=verl): verl's balance_batch over `ranks` data-parallel GPUs, then dynamic batching of
+    each rank's share into micro-batches of about `token_budget` tokens (prompt + response)."""
+
+    # GPUs of the official run (recipe/STARE scripts: 2 nodes x 8 GPUs).
+    ranks: int = 16
+    # actor.ppo_max_token_len_per_gpu of the official scripts: (1024 + 3072) * 2.
+    token_budget: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise ValueError(f"ranks={self.ranks!r}: must be >= 1")
+        if self.token_budget < 1:
+            raise ValueError(f"token_budget={self.token_budget!r}: must be >= 1")

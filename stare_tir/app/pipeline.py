@@ -31,7 +31,6 @@ from stare_tir.app.preflight import (
     check_backend,
     check_data,
     check_model,
-    check_registry_names,
     check_router,
     check_sandbox,
     check_sync_dir,
@@ -56,7 +55,6 @@ def preflight(cfg: TrainConfig) -> None:
     info = check_sandbox(cfg.sandbox)
     check_sft_traces(cfg)
     check_data(cfg.data)
-    check_registry_names(cfg.algo.advantage, cfg.algo.loss_name)  # imports torch: last
     logger.info(
         f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
     )

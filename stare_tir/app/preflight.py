@@ -203,21 +203,6 @@ def check_sandbox(cfg: SandboxConfig, timeout_s: float = 120.0) -> dict:
     return info
 
 
-def check_registry_names(advantage: str, policy_loss: str) -> None:
-    """algo.advantage / algo.policy_loss name registered functions (unknown names list valid ones)."""
-    from stare_tir.algos.advantage import get_advantage_estimator
-    from stare_tir.algos.policy_loss import get_policy_loss
-
-    for key, lookup, name in (
-        ("algo.advantage", get_advantage_estimator, advantage),
-        ("algo.policy_loss", get_policy_loss, policy_loss),
-    ):
-        try:
-            lookup(name)
-        except ValueError as e:
-            raise StartupError(f"{key}={name!r}: {e}") from None
-
-
 def check_backend(kind: Literal["hf", "sglang"], sglang: Any, key: str = "trainer.backend") -> None:
     """With the SGLang backend: servers are named and every one answers GET /health."""
     if kind != "sglang":

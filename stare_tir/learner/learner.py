@@ -76,6 +76,8 @@ if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: 
     from torch import Tensor, nn  # stays importable by light paths (CLI --help, config loading)
     from transformers import PreTrainedTokenizerBase
 
+    from stare_tir.algos.policy_loss import Clip, LossInputs
+
 
 class Learner:
     """A DeepSpeed engine around an HF causal LM; see the module docstring.
@@ -309,35 +311,38 @@ class Learner:
         token_weights: Sequence[Tensor] | None = None,
         old_logprobs: Sequence[Tensor] | None = None,
         *,
-        clip_low: float = 0.2,
-        clip_high: float = 0.2,
-        dual_clip_c: float | None = 3.0,
+        clip: Clip | None = None,
         loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean",
         tis_cap: float | None = None,
-        loss_fn: Callable[..., tuple[Tensor, dict]] | None = None,
-        token_terms: dict[str, Sequence[Tensor]] | None = None,
+        loss_fn: Callable[[LossInputs], tuple[Tensor, dict]] | None = None,
+        kl_coef: Sequence[Tensor] | None = None,
     ) -> dict[str, float]:
-        """One optimizer step of the clipped policy loss over this rank's `trajs`.
+        """One optimizer step of a policy loss over this rank's `trajs`.
 
         advantages: per trajectory a float (broadcast over its tokens) or a response-length tensor.
         token_weights: per trajectory a response-length tensor (STARE omega) or None (all ones).
         old_logprobs: from compute_logprobs_entropy (None: the current policy's, i.e. ratio 1).
+        clip: the clipped surrogate's trust region (None: `Clip()`'s defaults).
         tis_cap: truncated importance sampling against each trajectory's rollout_logprobs.
-        loss_fn: a registered policy loss (`algos.policy_loss.get_policy_loss(name)`, the config's
-            algo.policy_loss) with `policy_loss`'s signature; None: the clipped surrogate.
-        token_terms: further per-token inputs of loss_fn by keyword (e.g. KL-Cov's `kl_coef`), per
-            trajectory a response-length tensor; loss_fn receives each as a [B, R] tensor.
+        loss_fn: a registered policy loss (`algos.policy_loss.POLICY_LOSSES`, the config's
+            algo.policy_loss); None: the clipped surrogate.
+        kl_coef: KL-Cov's per-token coefficients, per trajectory a response-length tensor.
         The loss is aggregated over the global batch (all micro-batches, all ranks).
         """
         import torch
 
-        from stare_tir.algos.policy_loss import policy_loss, truncated_is_weights
+        from stare_tir.algos.policy_loss import Clip, LossInputs, clip_loss, truncated_is_weights
 
-        pg_loss = loss_fn if loss_fn is not None else policy_loss
+        pg_loss = loss_fn if loss_fn is not None else clip_loss
+        clip = clip if clip is not None else Clip()
         n = len(trajs)
-        terms = dict(token_terms or {})
-        named = (("advantages", advantages), ("token_weights", token_weights), ("old_logprobs", old_logprobs))
-        for name, v in (*named, *terms.items()):
+        named = (
+            ("advantages", advantages),
+            ("token_weights", token_weights),
+            ("old_logprobs", old_logprobs),
+            ("kl_coef", kl_coef),
+        )
+        for name, v in named:
             if v is not None and len(v) != n:
                 raise ValueError(f"{name}: {len(v)} entries for {n} trajectories")
         if tis_cap is not None and old_logprobs is None:
@@ -349,25 +354,25 @@ class Learner:
             lp = lp.index_put((mb.sel_rows, mb.sel_resp), logp.float())
             mask = mb.mask
             old = mb.per_token(old_logprobs).to(self.device) if old_logprobs is not None else lp.detach()
-            adv = mb.per_token(advantages).to(self.device) * mask
-            tw = mb.per_token(token_weights, 1.0).to(self.device) if token_weights is not None else None
             tis = None
             if rollout_lp is not None:
                 tis = truncated_is_weights(old, mb.per_token(rollout_lp).to(self.device), mask, tis_cap)
             return pg_loss(
-                lp,
-                old,
-                adv,
-                mask,
-                clip_low=clip_low,
-                clip_high=clip_high,
-                dual_clip_c=dual_clip_c,
-                token_weights=tw,
-                tis_weights=tis,
-                agg=loss_agg,
-                global_tokens=denom_tok,
-                global_seqs=denom_seq,
-                **{k: mb.per_token(v).to(self.device) for k, v in terms.items()},
+                LossInputs(
+                    logprobs=lp,
+                    old_logprobs=old,
+                    advantages=mb.per_token(advantages).to(self.device) * mask,
+                    mask=mask,
+                    clip=clip,
+                    token_weights=mb.per_token(token_weights, 1.0).to(self.device)
+                    if token_weights is not None
+                    else None,
+                    tis_weights=tis,
+                    kl_coef=mb.per_token(kl_coef).to(self.device) if kl_coef is not None else None,
+                    agg=loss_agg,
+                    global_tokens=denom_tok,
+                    global_seqs=denom_seq,
+                )
             )
 
         return self._optimizer_step(trajs, mb_loss)

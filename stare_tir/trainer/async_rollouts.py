@@ -109,7 +109,7 @@ class AsyncRollouts:
             raise ValueError(f"max_staleness={max_staleness!r}: must be >= 0")
         self.run, self.eta = run, max_staleness
         algo = run.cfg.algo
-        self.round_prompts = (algo.oversample_k if algo.dynamic_sampling else 1) * run.cfg.trainer.prompts_per_step
+        self.round_prompts = (algo.oversample if algo.dynamic_sampling else 1) * run.cfg.trainer.prompts_per_step
         self.rounds: dict[int, Round] = {}
         self.clock = BusyClock()
         self._tail: concurrent.futures.Future | None = None  # the round scheduled last

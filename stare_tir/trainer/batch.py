@@ -72,7 +72,7 @@ def collect_batch(
     cfg, algo = run.cfg, run.cfg.algo
     want = cfg.trainer.prompts_per_step
     share = -(-want // run.learner.world_size)  # ceil: at most this many groups per rank
-    k = algo.oversample_k if algo.dynamic_sampling else 1
+    k = algo.oversample if algo.dynamic_sampling else 1
     groups: list[list[Trajectory]] = []
     rolled: list[Trajectory] = []
     drops = {"sandbox_error": 0, "rollout_error": 0, "void_turn": 0, "overlong": 0, "equal_reward_groups": 0}

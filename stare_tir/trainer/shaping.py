@@ -19,7 +19,7 @@ from torch import Tensor
 
 from stare_tir.algos.policy_loss import truncated_is_weights
 from stare_tir.algos.stare import StareController, stare_token_weights_scoped
-from stare_tir.algos.token_methods import TokenEffect, get_token_method
+from stare_tir.algos.token_methods import TOKEN_METHODS, TokenInputs, combine_effects
 from stare_tir.algos.verl_partition import verl_micro_batches
 from stare_tir.learner import Learner
 from stare_tir.rollout.trajectory import Trajectory
@@ -157,38 +157,42 @@ def stare_omega(view: TokenView, controller: StareController, top_p: float, vari
 
 
 def token_methods(view: TokenView, algo: AlgoConfig, seed: int) -> tuple[dict[str, Tensor], dict]:
-    """Apply algo.token_methods in order inside each selection group. Returns global [T] tensors
-    (advantages, weights, keep, kl_coef, selected; only those some method produced) and metrics."""
+    """Apply algo.token_methods in order inside each selection group (each method sees the advantages
+    the ones before it shaped) and compose their effects with `combine_effects`. Returns global [T]
+    tensors (advantages, weights, keep, kl_coef, selected; only those some method produced) and metrics."""
     out: dict[str, Tensor] = {}
-    adv = view.advantages.clone()
-    metrics: dict[str, float] = {}
-    groups = view.groups()
-    n_loss = max(int(view.mask.sum()), 1)
-    for k, name in enumerate(algo.methods):
-        fn = get_token_method(name)
-        settings = algo.method_settings(name)
-        selected = torch.zeros(view.mask.shape, dtype=torch.bool)
-        for g, pos in enumerate(groups):
+    methods = [(name, TOKEN_METHODS.get(name), algo.methods.get(name)) for name in algo.token_methods]
+    selected_by = {name: torch.zeros(view.mask.shape, dtype=torch.bool) for name in algo.token_methods}
+    for g, pos in enumerate(view.groups()):
+        adv = view.advantages[pos]
+        effects = []
+        for k, (name, fn, settings) in enumerate(methods):
             gen = torch.Generator().manual_seed((seed * 1_000_003 + k) * 10_007 + g)
-            e: TokenEffect = fn(view.logprobs[pos], view.entropy[pos], adv[pos], generator=gen, **settings)
-            selected[pos] = e.selected
-            if e.advantages is not None:
-                adv[pos] = e.advantages.to(adv.dtype)
-                out["advantages"] = adv
-            for key, val, neutral, dtype in (
-                ("weights", e.weights, 1.0, torch.float32),
-                ("keep", e.keep, True, torch.bool),
-                ("kl_coef", e.kl_coef, 0.0, torch.float32),
-            ):
-                if val is None:
-                    continue
-                cur = out.setdefault(key, torch.full(view.mask.shape, neutral, dtype=dtype))
-                if key == "weights":
-                    cur[pos] = cur[pos] * val.to(dtype)
-                elif key == "keep":
-                    cur[pos] = cur[pos] & val
-                else:
-                    cur[pos] = cur[pos] + val.to(dtype)
+            effect = fn(TokenInputs(view.logprobs[pos], view.entropy[pos], adv, gen), settings)
+            selected_by[name][pos] = effect.selected
+            if effect.advantages is not None:
+                adv = effect.advantages.to(adv.dtype)
+            effects.append(effect)
+        combined = combine_effects(effects, view.advantages[pos])
+        for key, neutral, dtype in (
+            ("advantages", None, torch.float32),
+            ("weights", 1.0, torch.float32),
+            ("keep", True, torch.bool),
+            ("kl_coef", 0.0, torch.float32),
+        ):
+            value = getattr(combined, key)
+            if value is None:
+                continue
+            if key not in out:
+                out[key] = (
+                    view.advantages.clone()
+                    if key == "advantages"
+                    else torch.full(view.mask.shape, neutral, dtype=dtype)
+                )
+            out[key][pos] = value.to(dtype)
+    metrics: dict[str, float] = {}
+    n_loss = max(int(view.mask.sum()), 1)
+    for name, selected in selected_by.items():
         out["selected"] = out.get("selected", torch.zeros_like(selected)) | selected
         metrics[f"algo/{name}/selected_frac"] = float(selected.sum()) / n_loss
     return out, metrics
@@ -221,7 +225,7 @@ class UpdateInputs:
     token_weights: list[Tensor] | None
     old_logprobs: list[Tensor] | None  # None: the update's own, detached (ratio exactly 1)
     tis_cap: float | None  # None when truncated IS is folded into token_weights
-    token_terms: dict[str, list[Tensor]] = field(default_factory=dict)
+    kl_coef: list[Tensor] | None = None  # KL-Cov's per-token coefficients, per trajectory
     metrics: dict = field(default_factory=dict)
 
 
@@ -249,7 +253,7 @@ def prepare_update(
     local_sel = torch.zeros(local_mask.shape, dtype=torch.bool)  # selected or changed by the algorithm
     weights = adv_shaped = kl_coef = omega = None
     final_mask = local_mask
-    if (controller is not None and controller.gate_on) or algo.methods or algo.loss_agg == "verl":
+    if (controller is not None and controller.gate_on) or algo.token_methods or algo.loss_agg == "verl":
         view = token_view(learner, trajs, advantages, old_logprobs, entropies, masks, algo)
         selected = torch.zeros(view.mask.shape, dtype=torch.bool)
         if controller is not None and controller.gate_on:
@@ -294,7 +298,7 @@ def prepare_update(
                 new_trajs[i] = dataclasses.replace(t, loss_mask=m.to(torch.long).tolist())
     adv_out: list = list(advantages) if adv_shaped is None else per_traj(adv_shaped.to(torch.float32))
     token_weights = None if weights is None else per_traj(weights.to(torch.float32))
-    terms = {} if kl_coef is None else {"kl_coef": per_traj(kl_coef)}
+    kl_per_traj = None if kl_coef is None else per_traj(kl_coef)
     old: list[Tensor] | None = old_logprobs
     tis_cap = algo.tis_cap
     if algo.ratio_one_on_policy:
@@ -307,5 +311,5 @@ def prepare_update(
             token_weights = tis if token_weights is None else [a * b for a, b in zip(token_weights, tis)]
             tis_cap = None
     omegas = None if omega is None else per_traj(omega)
-    inputs = UpdateInputs(new_trajs, adv_out, token_weights, old, tis_cap, terms, metrics)
+    inputs = UpdateInputs(new_trajs, adv_out, token_weights, old, tis_cap, kl_per_traj, metrics)
     return inputs, omegas

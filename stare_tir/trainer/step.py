@@ -1,22 +1,24 @@
-"""One RL step (`rl_step`) and the small functions it calls, in the order it calls them."""
+"""One RL step (`rl_step`): collect, score, recompute, shape, update, sync. The functions it calls
+follow it in the order it calls them; the per-token diagnostics they use come first."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from loguru import logger
 
-from stare_tir.algos.advantage import get_advantage_estimator, overlong_penalty
-from stare_tir.algos.policy_loss import get_policy_loss
+from stare_tir.algos.advantage import ADVANTAGE_ESTIMATORS, overlong_penalty
+from stare_tir.algos.policy_loss import POLICY_LOSSES, Clip
 from stare_tir.learner import Learner
 from stare_tir.rollout.engine import rollout_stats
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.batch import collect_batch
 from stare_tir.trainer.run import Run
-from stare_tir.trainer.shaping import prepare_update
+from stare_tir.trainer.shaping import UpdateInputs, prepare_update
 from stare_tir.trainer.staleness import off_policy_update
 from stare_tir.trainer.weight_sync import (
     release_rollout_memory,
@@ -33,7 +35,7 @@ def reward_penalties(trajs: list[Trajectory], algo: AlgoConfig, max_len: int) ->
     """DAPO's soft overlong penalty per trajectory (algo.overlong_penalty; all 0 when it is off).
     |y| counts every response token, model and tool output, as verl's reward manager does."""
     cfg = algo.overlong_penalty
-    if not algo.overlong_penalty_on or not trajs:
+    if not cfg.enabled or not trajs:
         return [0.0] * len(trajs)
     buffer = cfg.buffer_tokens if cfg.buffer_tokens is not None else max(1, round(0.2 * max_len))
     lengths = torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.float64)
@@ -51,7 +53,7 @@ def group_advantages(
     if penalties is not None:
         rewards = rewards + torch.tensor(penalties, dtype=torch.float32)
     group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)  # [N]
-    adv, metrics = get_advantage_estimator(estimator)(rewards, group_ids)
+    adv, metrics = ADVANTAGE_ESTIMATORS.get(estimator)(rewards, group_ids)
     return adv.tolist(), metrics
 
 
@@ -119,57 +121,119 @@ def logprob_mismatch(trajs: list[Trajectory], old_logprobs: list[torch.Tensor]) 
     }
 
 
+class PhaseTimer:
+    """Wall seconds per phase of a step, as `time/<phase>` metrics (and `time/step` for the whole)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.seconds.items()} | {"time/step": time.perf_counter() - self.start}
+
+
 def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
     """One RL step; returns its metrics row. rollouts (trainer.max_staleness >= 1): this step's
     first round was rolled out while earlier steps trained (`trainer/async_rollouts.py`)."""
-    cfg, algo, learner = run.cfg, run.cfg.algo, run.learner
-    t0 = time.perf_counter()
+    timer = PhaseTimer()
+    with timer("rollout"):
+        batch, rolled, metrics = collect(run, step, rollouts)
+    # Decided over all ranks: a rank with an empty share still joins every collective below.
+    if run.learner.all_reduce_sum(torch.tensor([float(len(batch))])).item() == 0:
+        return skip_empty_step(run, step, rolled, metrics | {"time/rollout": timer.seconds["rollout"]})
+    run.empty_in_row = 0
+    release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
+    advantages, penalties = score(run, batch, metrics)
+    with timer("recompute"):
+        old_logprobs, entropies = recompute(run, batch, metrics)
+    inputs = shape(run, step, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics)
+    with timer("update"):
+        applied, skipped = update(run, inputs, metrics)
+    count_nonfinite(run, step, skipped, metrics)
+    with timer("sync"):
+        if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
+            sync_weights(run)
+        resume_rollout_memory(run)
+        metrics["update/synced"] = float(applied > 0)
+    metrics.update(timer.metrics())
+    n_tokens = sum(len(t.response_ids) for t in rolled)
+    # asynchronous: over the time its rounds generated (the learner waited for part of it only)
+    rollout_s = metrics["time/rollout"] + metrics.get("async/round_s", 0.0)
+    metrics["throughput/rollout_tokens_per_s"] = n_tokens / max(rollout_s, 1e-9)
+    return metrics
+
+
+def collect(run: Run, step: int, rollouts: AsyncRollouts | None) -> tuple[list[Trajectory], list[Trajectory], dict]:
+    """This step's batch (after every filter), everything rolled out for it, and their metrics."""
     resynced = resync_stale_servers(run)  # a restarted server gets the current weights before use
     batch, rolled, metrics = collect_batch(run, step, rollouts)
     metrics.update(resynced)
     metrics.update(getattr(run.backend, "take_route_stats", dict)())  # SGLang: where its requests went
-    metrics.update(global_means(learner, rollout_stats(rolled), len(rolled)))
+    metrics.update(global_means(run.learner, rollout_stats(rolled), len(rolled)))
     if rollouts is not None:
         metrics.update(rollouts.step_metrics(batch))  # lag, idle seconds of both sides, queue
-    t_rollout = time.perf_counter() - t0
+    return batch, rolled, metrics
 
-    # Decided over all ranks: a rank with an empty share still joins every collective below.
-    if learner.all_reduce_sum(torch.tensor([float(len(batch))])).item() == 0:
-        logger.warning(f"step {step}: no usable group in {len(rolled)} trajectories; no update")
-        metrics.update({"time/rollout": t_rollout, "update/skipped_empty": 1.0})
-        check_empty_steps(run, step, rolled, metrics)
-        return metrics
-    run.empty_in_row = 0
-    release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
 
-    penalties = reward_penalties(batch, algo, cfg.rollout.max_total_tokens)
+def skip_empty_step(run: Run, step: int, rolled: list[Trajectory], metrics: dict) -> dict:
+    """No rank has a usable group: no update, and the run stops after too many such steps."""
+    logger.warning(f"step {step}: no usable group in {len(rolled)} trajectories; no update")
+    metrics["update/skipped_empty"] = 1.0
+    check_empty_steps(run, step, rolled, metrics)
+    return metrics
+
+
+def score(run: Run, batch: list[Trajectory], metrics: dict) -> tuple[list[float], list[float]]:
+    """Group advantages (after DAPO's overlong penalty, when on) and the per-trajectory penalties."""
+    algo, learner = run.cfg.algo, run.learner
+    penalties = reward_penalties(batch, algo, run.cfg.rollout.max_total_tokens)
     advantages, adv_metrics = group_advantages(batch, algo.advantage, penalties)
     metrics.update(adv_metrics)
-    if algo.overlong_penalty_on:
+    if algo.overlong_penalty.enabled:
         mean_penalty = {"reward/overlong_penalty": sum(penalties) / max(len(penalties), 1)}
         metrics.update(global_means(learner, mean_penalty, len(penalties)))
+    return advantages, penalties
 
-    t1 = time.perf_counter()
-    old_logprobs, entropies = learner.compute_logprobs_entropy(batch)
-    entropy = batch_entropy(learner, batch, entropies)
-    metrics.update({"entropy/batch": entropy, "entropy/target": algo.stare.target_entropy})
+
+def recompute(run: Run, batch: list[Trajectory], metrics: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The learner's log-probs and entropies of the batch's tokens; the batch entropy and the
+    rollout/learner log-prob mismatch go to the metrics."""
+    old_logprobs, entropies = run.learner.compute_logprobs_entropy(batch)
+    entropy = batch_entropy(run.learner, batch, entropies)
+    metrics.update({"entropy/batch": entropy, "entropy/target": run.cfg.algo.stare.target_entropy})
     metrics.update(logprob_mismatch(batch, old_logprobs))
-    t_recompute = time.perf_counter() - t1
+    return old_logprobs, entropies
 
-    # STARE's gate, then every token-level change (STARE's weights, the baselines, void-turn masking,
-    # verl's aggregation) as the learner's inputs.
-    if algo.use_stare:
-        run.controller.update(entropy)
+
+def shape(
+    run: Run,
+    step: int,
+    batch: list[Trajectory],
+    advantages: list[float],
+    penalties: list[float],
+    old_logprobs: list[torch.Tensor],
+    entropies: list[torch.Tensor],
+    rollouts: AsyncRollouts | None,
+    metrics: dict,
+) -> UpdateInputs:
+    """STARE's gate, then every token-level change (STARE's weights, the token methods, void-turn
+    masking, verl's aggregation, the off-policy correction) as the learner's inputs."""
+    algo, learner = run.cfg.algo, run.learner
+    controller = run.controller if algo.use_stare else None
+    if controller is not None:
+        controller.update(metrics["entropy/batch"])
+    seed = run.cfg.trainer.seed * 1_000_003 + step
+    penalized = [p < 0 for p in penalties]
     inputs, omega = prepare_update(
-        learner,
-        batch,
-        advantages,
-        old_logprobs,
-        entropies,
-        algo,
-        run.controller if algo.use_stare else None,
-        seed=cfg.trainer.seed * 1_000_003 + step,
-        penalized=[p < 0 for p in penalties],
+        learner, batch, advantages, old_logprobs, entropies, algo, controller, seed, penalized
     )
     metrics.update(inputs.metrics)
     if algo.off_policy.enabled or rollouts is not None:  # decoupled PPO's behaviour weight; mismatch per lag
@@ -178,72 +242,58 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
             learner, batch, old_logprobs, inputs, algo.off_policy, served, rollouts is not None
         )
         metrics.update(off_metrics)
-    if algo.use_stare:
-        metrics.update(run.controller.metrics())
-        metrics["stare/gate_on"] = float(run.controller.gate_on)
+    if controller is not None:
+        metrics.update(controller.metrics())
+        metrics["stare/gate_on"] = float(controller.gate_on)
         if omega is not None:
             metrics["stare/lplus_s_gt_h_frac"] = lplus_entropy_raising_frac(
-                learner, batch, advantages, omega, old_logprobs, entropies, run.controller.w
+                learner, batch, advantages, omega, old_logprobs, entropies, controller.w
             )
+    return inputs
 
-    t2 = time.perf_counter()
-    applied = 0  # optimizer steps that changed the weights (a skipped one leaves them bit-identical)
+
+def update(run: Run, inputs: UpdateInputs, metrics: dict) -> tuple[int, bool]:
+    """algo.ppo_epochs optimizer steps on the batch (stopping at a skipped one). Returns the number
+    of steps that changed the weights and whether the last was skipped (non-finite)."""
+    algo = run.cfg.algo
+    applied, skipped = 0, False
     for _ in range(algo.ppo_epochs):
-        update = learner.train_step(
+        result = run.learner.train_step(
             inputs.trajs,
             inputs.advantages,
             inputs.token_weights,
             inputs.old_logprobs,
-            clip_low=algo.clip_low,
-            clip_high=algo.effective_clip_high,
-            dual_clip_c=algo.dual_clip_c,
+            clip=Clip(algo.clip_low, algo.clip_high, algo.dual_clip_c),
             loss_agg="token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
             tis_cap=inputs.tis_cap,
-            loss_fn=get_policy_loss(algo.loss_name),
-            token_terms=inputs.token_terms or None,
+            loss_fn=POLICY_LOSSES.get(algo.policy_loss),
+            kl_coef=inputs.kl_coef,
         )
-        metrics.update({f"update/{k}": v for k, v in update.items()})
-        if update["step_skipped"]:
+        metrics.update({f"update/{k}": v for k, v in result.items()})
+        skipped = bool(result["step_skipped"])
+        if skipped:
             break
         applied += 1
-    t_update = time.perf_counter() - t2
+    return applied, skipped
 
-    if update["step_skipped"]:
-        run.nonfinite_in_row += 1
-        metrics["update/nonfinite_in_row"] = float(run.nonfinite_in_row)
-        logger.warning(
-            f"step {step}: non-finite loss or gradient, update skipped "
-            f"({run.nonfinite_in_row} in a row, limit {cfg.trainer.max_nonfinite_steps})"
-        )
-        if run.nonfinite_in_row >= cfg.trainer.max_nonfinite_steps:
-            raise FloatingPointError(
-                f"{run.nonfinite_in_row} consecutive steps had a non-finite loss or gradient; stopping. "
-                "Lower learner.lr, raise learner.grad_clip, or check the data; the last good checkpoint "
-                f"is under {run.run_dir / 'checkpoints'}"
-            )
-    else:
+
+def count_nonfinite(run: Run, step: int, skipped: bool, metrics: dict) -> None:
+    """Consecutive skipped (non-finite) steps; the run stops at trainer.max_nonfinite_steps."""
+    if not skipped:
         run.nonfinite_in_row = 0
-
-    t3 = time.perf_counter()
-    if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
-        sync_weights(run)
-    resume_rollout_memory(run)
-    metrics["update/synced"] = float(applied > 0)
-    t_sync = time.perf_counter() - t3
-
-    n_tokens = sum(len(t.response_ids) for t in rolled)
-    metrics.update(
-        {
-            "time/rollout": t_rollout,
-            "time/recompute": t_recompute,
-            "time/update": t_update,
-            "time/sync": t_sync,
-            "time/step": time.perf_counter() - t0,
-            # asynchronous: over the time its rounds generated (the learner waited for part of it only)
-            "throughput/rollout_tokens_per_s": n_tokens / max(t_rollout + metrics.get("async/round_s", 0.0), 1e-9),
-        }
+        return
+    run.nonfinite_in_row += 1
+    limit = run.cfg.trainer.max_nonfinite_steps
+    metrics["update/nonfinite_in_row"] = float(run.nonfinite_in_row)
+    logger.warning(
+        f"step {step}: non-finite loss or gradient, update skipped ({run.nonfinite_in_row} in a row, limit {limit})"
     )
-    return metrics
+    if run.nonfinite_in_row >= limit:
+        raise FloatingPointError(
+            f"{run.nonfinite_in_row} consecutive steps had a non-finite loss or gradient; stopping. "
+            "Lower learner.lr, raise learner.grad_clip, or check the data; the last good checkpoint "
+            f"is under {run.run_dir / 'checkpoints'}"
+        )
 
 
 def check_empty_steps(run: Run, step: int, rolled: list[Trajectory], metrics: dict) -> None:
