@@ -374,6 +374,22 @@ def field_comments(schema: type) -> dict[str, str]:
     return out
 
 
+def field_choices(schema: type) -> dict[str, tuple[str, ...]]:
+    """{dotted key: its allowed names} for every field whose metadata names them (`choices`, a callable
+    such as a registry's `names`), so `--help` lists what a registry holds at the time it runs."""
+    out: dict[str, tuple[str, ...]] = {}
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        tp = hints[f.name]
+        while _is_union(tp):
+            tp = next(a for a in get_args(tp) if a is not type(None))
+        if dataclasses.is_dataclass(tp):
+            out.update({f"{f.name}.{k}": v for k, v in field_choices(tp).items()})
+        elif "choices" in f.metadata:
+            out[f.name] = tuple(f.metadata["choices"]())
+    return out
+
+
 def _own_comments(schema: type) -> dict[str, str]:
     import ast
     import inspect

@@ -60,18 +60,18 @@ class AlgoConfig:
     # (soft overlong penalty and 3x over-sampling), or the name of any registered token method
     # (grpo_ds plus that method). It fills the settings below that are left unset (null); an
     # explicit value always wins. `--print-config` shows the values it resolved to.
-    name: str = "stare"
+    name: str = field(default="stare", metadata={"choices": lambda: tuple(algo_presets())})
     # Advantage estimator, by its registered name (stare_tir/algos/advantage.py): "grpo" normalises
     # rewards inside each group by the group std, "drgrpo" only centres them.
-    advantage: str = "grpo"
+    advantage: str = field(default="grpo", metadata={"choices": ADVANTAGE_ESTIMATORS.names})
     # Policy loss, by its registered name (stare_tir/algos/policy_loss.py): "clip" is the clipped
     # surrogate with clip-higher, dual clip, TIS and token weights; "kl_cov" KL-Cov's unclipped one.
     # Unset: the preset's (kl_cov for algo.name=kl_cov, clip otherwise).
-    policy_loss: str | None = None
+    policy_loss: str | None = field(default=None, metadata={"choices": POLICY_LOSSES.names})
     # Token-level methods applied in order, by their registered names (stare_tir/algos/
     # token_methods.py); each method's settings are the section of its own name in algo
     # (algo.kl_cov.ratio, ...). Unset: the preset's. STARE's own weights come on top for algo.name=stare.
-    token_methods: list[str] | None = None
+    token_methods: list[str] | None = field(default=None, metadata={"choices": TOKEN_METHODS.names})
     # Lower clip; 1 removes it (Clip-Cov's script).
     clip_low: float = 0.2
     # Upper clip. Unset: clip_low for grpo (symmetric), 0.28 (clip-higher) for every other preset.

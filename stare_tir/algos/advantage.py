@@ -122,7 +122,7 @@ class OverlongPenaltyConfig:
     r += min(-(|y| - (L_max - L_cache)) / L_cache * factor, 0), |y| every response token (model and
     tool output), L_max = rollout.max_total_tokens."""
 
-    # On or off; None: on for algo.name=dapo, off otherwise.
+    # On or off. Unset (null): the preset's (on for algo.name=dapo, off otherwise).
     enabled: bool | None = None
     # L_cache; None: 20% of L_max (DAPO's 4096 of 20480).
     buffer_tokens: int | None = None

@@ -37,13 +37,16 @@ def config_keys(schema: Any, defaults: Any = None) -> list[str]:
     """`  key=value  # comment` for every leaf of a config dataclass: the value is the one a plain
     run uses (`defaults`, e.g. the resolved default config; else the schema's), the comment the
     first sentence of the field's comment in its dataclass."""
-    from stare_tir.config import field_comments, first_sentence, flatten
+    from stare_tir.config import field_choices, field_comments, first_sentence, flatten
 
     comments = field_comments(schema if isinstance(schema, type) else type(schema))
+    choices = field_choices(schema if isinstance(schema, type) else type(schema))  # from the registries
     lines = []
     for key, value in flatten(defaults if defaults is not None else schema()).items():
         shown = repr(value) if isinstance(value, str) else json.dumps(value)
         note = first_sentence(comments.get(key, ""))
+        if key in choices:
+            note = f"[{' | '.join(choices[key])}] {note}"
         lines.append(f"  {key}={shown}" + (f"  # {note}" if note else ""))
     return lines
 
