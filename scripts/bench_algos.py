@@ -31,9 +31,9 @@ from typing import Callable
 import torch
 
 from stare_tir.algos.logprobs import logprobs_and_entropy
-from stare_tir.algos.policy_loss import policy_loss
+from stare_tir.algos.policy_loss import LossInputs, clip_loss
 from stare_tir.algos.stare import StareController, stare_token_weights
-from stare_tir.algos.token_methods import TOKEN_METHODS, get_token_method
+from stare_tir.algos.token_methods import TOKEN_METHODS, TokenInputs
 
 QWEN25_VOCAB = 151_665
 
@@ -72,14 +72,14 @@ def bench_loss(n_tokens: int, repeats: int) -> dict[str, float]:
 
     def plain() -> None:
         logprobs.grad = None
-        loss, _ = policy_loss(logprobs, old, adv, mask)
+        loss, _ = clip_loss(LossInputs(logprobs, old, adv, mask))
         loss.backward()
 
     def stare(variant: str) -> Callable[[], None]:
         def run() -> None:
             logprobs.grad = None
             omega, _ = stare_token_weights(-old, adv, top_p=0.1, w=1.1, m=0.9, variant=variant)
-            loss, _ = policy_loss(logprobs, old, adv, mask, token_weights=omega)
+            loss, _ = clip_loss(LossInputs(logprobs, old, adv, mask, token_weights=omega))
             loss.backward()
 
         return run
@@ -118,16 +118,17 @@ def bench_methods(n_tokens: int, repeats: int) -> dict[str, float]:
 
     def plain() -> None:
         logprobs.grad = None
-        loss, _ = policy_loss(logprobs, old, adv, mask)
+        loss, _ = clip_loss(LossInputs(logprobs, old, adv, mask))
         loss.backward()
 
     def method(name: str) -> Callable[[], None]:
-        fn = get_token_method(name)
-        loss_fn = POLICY_LOSSES["kl_cov" if name == "kl_cov" else "clip"]
+        fn = TOKEN_METHODS.get(name)
+        settings = TOKEN_METHODS.config_of(name)()  # the method's defaults
+        loss_fn = POLICY_LOSSES.get("kl_cov" if name == "kl_cov" else "clip")
 
         def run() -> None:
             logprobs.grad = None
-            e = fn(old[m], entropy[m], adv[m], generator=torch.Generator().manual_seed(1))
+            e = fn(TokenInputs(old[m], entropy[m], adv[m], torch.Generator().manual_seed(1)), settings)
             a, msk, w, kl = adv, mask, None, None
             if e.advantages is not None:
                 a = adv.clone()
@@ -141,14 +142,14 @@ def bench_methods(n_tokens: int, repeats: int) -> dict[str, float]:
             if e.kl_coef is not None:
                 kl = torch.zeros_like(adv)
                 kl[m] = e.kl_coef
-            loss, _ = loss_fn(logprobs, old, a, msk, token_weights=w, kl_coef=kl)
+            loss, _ = loss_fn(LossInputs(logprobs, old, a, msk, token_weights=w, kl_coef=kl))
             loss.backward()
 
         return run
 
-    fns = {"grpo": plain, **{name: method(name) for name in sorted(TOKEN_METHODS)}}
+    fns = {"grpo": plain, **{name: method(name) for name in sorted(TOKEN_METHODS.names())}}
     med, ratio = interleaved_medians(fns, repeats)
-    out = {f"{name}_loss_ratio": ratio[name] for name in TOKEN_METHODS}
+    out = {f"{name}_loss_ratio": ratio[name] for name in TOKEN_METHODS.names()}
     out.update({f"methods_{name}_ms": med[name] * 1e3 for name in fns})
     return out
 
@@ -188,7 +189,7 @@ def bench_step(repeats: int) -> dict[str, float]:
                 omega, _ = stare_token_weights(-old, adv, mask=mask, w=ctrl.w, m=ctrl.m)
             hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]  # [B, T-1, H]
             logp, _ = logprobs_and_entropy(hidden, model.lm_head.weight, ids[:, 1:], with_entropy=False)
-            loss, _ = policy_loss(logp, old, adv, mask, token_weights=omega, global_tokens=n_tok)
+            loss, _ = clip_loss(LossInputs(logp, old, adv, mask, token_weights=omega, global_tokens=n_tok))
             loss.backward()
 
         return run
@@ -370,7 +371,7 @@ def main() -> None:
     print(
         f"[4] token methods on {int(results['loss_tokens'])} tokens, one thread, vs GRPO "
         f"{results['methods_grpo_ms']:.1f} ms: "
-        + ", ".join(f"{n} {results[n + '_loss_ratio']:.3f}" for n in sorted(TOKEN_METHODS)),
+        + ", ".join(f"{n} {results[n + '_loss_ratio']:.3f}" for n in sorted(TOKEN_METHODS.names())),
         flush=True,
     )
     results["bench_seconds"] = time.perf_counter() - t0
@@ -381,7 +382,7 @@ def main() -> None:
         "stare_loss_ratio",
         "stare_step_ratio",
         "logprob_mem_ratio",
-        *(f"{n}_loss_ratio" for n in sorted(TOKEN_METHODS)),
+        *(f"{n}_loss_ratio" for n in sorted(TOKEN_METHODS.names())),
     ]
     rest = [k for k in results if k not in head]
     print("RESULT " + " ".join(f"{k}={results[k]:.4g}" for k in head + rest))

@@ -304,6 +304,8 @@ def learner_steps(learner, trajs, advantages, steps: int, sync) -> float:
     """1 warm-up + `steps` timed RL learner steps; returns seconds per step."""
     import torch
 
+    from stare_tir.algos.policy_loss import Clip
+
     masks = [torch.tensor(t.loss_mask) for t in trajs]
     times = []
     for k in range(steps + 1):
@@ -311,7 +313,7 @@ def learner_steps(learner, trajs, advantages, steps: int, sync) -> float:
         t0 = time.perf_counter()
         old, _ = learner.compute_logprobs_entropy(trajs)
         omega = stare_omega([-lp for lp in old], advantages, masks)
-        m = learner.train_step(trajs, advantages, omega, old, clip_low=0.2, clip_high=0.28)
+        m = learner.train_step(trajs, advantages, omega, old, clip=Clip(low=0.2, high=0.28))
         sync()
         if k > 0:
             times.append(time.perf_counter() - t0)
@@ -361,7 +363,7 @@ class PlainTorchLearner:
     def train_step(self, trajs, advantages, omega, old, **kw):
         import torch
 
-        from stare_tir.algos.policy_loss import policy_loss
+        from stare_tir.algos.policy_loss import Clip, LossInputs, clip_loss
 
         mbs = self._mbs(trajs)
         n_tok = float(sum(mb.num_tokens for mb in mbs))
@@ -371,15 +373,16 @@ class PlainTorchLearner:
                 (mb.sel_rows.to(self.device), mb.sel_resp.to(self.device)), logp.float()
             )
             mask = mb.mask.to(self.device)
-            loss, _ = policy_loss(
-                lp,
-                mb.per_token(old).to(self.device),
-                mb.per_token(advantages).to(self.device) * mask,
-                mask,
-                token_weights=mb.per_token(omega, 1.0).to(self.device),
-                global_tokens=n_tok,
-                clip_low=kw.get("clip_low", 0.2),
-                clip_high=kw.get("clip_high", 0.2),
+            loss, _ = clip_loss(
+                LossInputs(
+                    lp,
+                    mb.per_token(old).to(self.device),
+                    mb.per_token(advantages).to(self.device) * mask,
+                    mask,
+                    clip=kw.get("clip") or Clip(),
+                    token_weights=mb.per_token(omega, 1.0).to(self.device),
+                    global_tokens=n_tok,
+                )
             )
             loss.backward()
         self.opt.step()

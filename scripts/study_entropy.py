@@ -79,7 +79,7 @@ def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
         "optional": True,
     }
     # The STARE paper's baselines, each GRPO-ds plus one method at its paper/code defaults
-    # (stare_tir.train_config.ALGO_PRESETS); their study is `--study baselines`.
+    # (stare_tir.train_config.algo_presets()); their study is `--study baselines`.
     baselines = {
         "dapo": (["algo.name=dapo"], "DAPO (overlong penalty, 3x over-sampling)"),
         "kl_cov": (["algo.name=kl_cov"], "KL-Cov (k=0.002)"),

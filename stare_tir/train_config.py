@@ -137,6 +137,8 @@ class AlgoConfig:
         POLICY_LOSSES.check(self.policy_loss, "policy_loss")
         for method in self.token_methods:
             TOKEN_METHODS.check(method, "token_methods")
+        if len(set(self.token_methods)) != len(self.token_methods):
+            raise ValueError(f"token_methods={self.token_methods!r}: a method is listed twice; list each once")
         for entry in TOKEN_METHODS.entries():  # a section for every method, its defaults unless given
             if entry.config is not None and entry.name not in self.methods:
                 self.methods[entry.name] = entry.config()

@@ -195,7 +195,7 @@ def _surrogate(x: LossInputs, *, clipped: bool) -> tuple[Tensor, dict]:
             loss.detach(),
         ]
         (n_tok, c_high, c_low, c_dual, s_lr, s_k3, s_r, r_max, s_tis, loss_v) = torch.stack(
-            [x.float() for x in sums]
+            [s.float() for s in sums]
         ).tolist()
         d = max(n_tok, 1.0)
         metrics = {

@@ -8,8 +8,9 @@ import torch
 
 from stare_tir.algos.policy_loss import (
     POLICY_LOSSES,
-    get_policy_loss,
-    policy_loss,
+    Clip,
+    LossInputs,
+    clip_loss,
     truncated_is_weights,
 )
 
@@ -25,7 +26,7 @@ def _hand():
 
 def test_hand_computed_clip_and_dual_clip():
     lp, old, adv, mask = _hand()
-    loss, met = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip_c=3.0)
+    loss, met = clip_loss(LossInputs(lp, old, adv, mask, clip=Clip(low=0.2, high=0.2, dual_c=3.0)))
     # per token: -1 (unclipped), -1.2 (high clip), 0.8 (low clip), 3 (dual clip: min(5, 3))
     assert loss.item() == pytest.approx((-1.0 - 1.2 + 0.8 + 3.0) / 4)
     assert met["pg/clipfrac_high"] == pytest.approx(0.25)
@@ -44,7 +45,7 @@ def test_hand_computed_clip_and_dual_clip():
 
 def test_clip_higher_and_no_dual_clip():
     lp, old, adv, mask = _hand()
-    loss, met = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.6, dual_clip_c=None)
+    loss, met = clip_loss(LossInputs(lp, old, adv, mask, clip=Clip(low=0.2, high=0.6, dual_c=None)))
     assert loss.item() == pytest.approx((-1.0 - 1.5 + 0.8 + 5.0) / 4)
     assert met["pg/clipfrac_high"] == 0.0
     assert met["pg/clipfrac_dual"] == 0.0
@@ -67,20 +68,20 @@ def test_aggregation_modes_hand_computed():
     old = torch.zeros(2, 3)
     adv = torch.tensor([[1.0, 1.0, 1.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    tm, _ = policy_loss(lp, old, adv, mask, agg="token-mean")
-    sts, _ = policy_loss(lp, old, adv, mask, agg="seq-mean-token-sum")
-    stm, _ = policy_loss(lp, old, adv, mask, agg="seq-mean-token-mean")
+    tm, _ = clip_loss(LossInputs(lp, old, adv, mask, agg="token-mean"))
+    sts, _ = clip_loss(LossInputs(lp, old, adv, mask, agg="seq-mean-token-sum"))
+    stm, _ = clip_loss(LossInputs(lp, old, adv, mask, agg="seq-mean-token-mean"))
     assert tm.item() == pytest.approx(-(3 + 4) / 4)
     assert sts.item() == pytest.approx(-(3 + 4) / 2)
     assert stm.item() == pytest.approx(-(1 + 4) / 2)
     with pytest.raises(ValueError, match="agg"):
-        policy_loss(lp, old, adv, mask, agg="sum")
+        clip_loss(LossInputs(lp, old, adv, mask, agg="sum"))
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_micro_batches_sum_to_global_loss_and_grad(agg):
     lp, old, adv, mask = _rand_batch()
-    full, _ = policy_loss(lp, old, adv, mask, agg=agg)
+    full, _ = clip_loss(LossInputs(lp, old, adv, mask, agg=agg))
     (g_full,) = torch.autograd.grad(full, lp)
     n_tok = float(mask.sum())
     n_seq = float((mask.sum(-1) > 0).sum())
@@ -88,30 +89,36 @@ def test_micro_batches_sum_to_global_loss_and_grad(agg):
     grads = []
     for rows in ([0], [1, 2]):  # uneven micro-batches: a per-micro-batch mean would differ
         sub = lp.detach()[rows].requires_grad_()
-        part, _ = policy_loss(sub, old[rows], adv[rows], mask[rows], agg=agg, global_tokens=n_tok, global_seqs=n_seq)
+        part, _ = clip_loss(
+            LossInputs(sub, old[rows], adv[rows], mask[rows], agg=agg, global_tokens=n_tok, global_seqs=n_seq)
+        )
         total = total + part.item()
         grads.append(torch.autograd.grad(part, sub)[0])
     assert total == pytest.approx(full.item(), rel=1e-6)
     torch.testing.assert_close(torch.cat(grads), g_full)
     # and the global denominator matters: per-micro-batch token means would not add up
     if agg == "token-mean":
-        local = sum(policy_loss(lp.detach()[r], old[r], adv[r], mask[r])[0].item() for r in ([0], [1, 2]))
+        local = sum(clip_loss(LossInputs(lp.detach()[r], old[r], adv[r], mask[r]))[0].item() for r in ([0], [1, 2]))
         assert local != pytest.approx(full.item(), rel=1e-3)
 
 
 def test_token_weights_of_one_reproduce_grpo_bitwise():
     lp, old, adv, mask = _rand_batch(seed=3)
     for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
-        base, m0 = policy_loss(lp, old, adv, mask, agg=agg, global_tokens=11.0 if agg == "token-mean" else None)
+        base, m0 = clip_loss(
+            LossInputs(lp, old, adv, mask, agg=agg, global_tokens=11.0 if agg == "token-mean" else None)
+        )
         (g0,) = torch.autograd.grad(base, lp)
-        ones, m1 = policy_loss(
-            lp,
-            old,
-            adv,
-            mask,
-            agg=agg,
-            token_weights=torch.ones_like(adv),
-            global_tokens=11.0 if agg == "token-mean" else None,
+        ones, m1 = clip_loss(
+            LossInputs(
+                lp,
+                old,
+                adv,
+                mask,
+                agg=agg,
+                token_weights=torch.ones_like(adv),
+                global_tokens=11.0 if agg == "token-mean" else None,
+            )
         )
         (g1,) = torch.autograd.grad(ones, lp)
         assert torch.equal(base, ones)
@@ -123,9 +130,9 @@ def test_positive_token_weights_scale_gradients_and_keep_sign():
     lp, old, adv, mask = _rand_batch(seed=4)
     g = torch.Generator().manual_seed(1)
     omega = torch.rand(adv.shape, generator=g) * 2 + 0.05  # any positive weights
-    base, _ = policy_loss(lp, old, adv, mask)
+    base, _ = clip_loss(LossInputs(lp, old, adv, mask))
     (g0,) = torch.autograd.grad(base, lp)
-    weighted, _ = policy_loss(lp, old, adv, mask, token_weights=omega)
+    weighted, _ = clip_loss(LossInputs(lp, old, adv, mask, token_weights=omega))
     (g1,) = torch.autograd.grad(weighted, lp)
     assert (g0 != 0).sum() > 5  # the check below is not vacuous
     assert torch.equal(torch.sign(g1), torch.sign(g0))
@@ -149,16 +156,16 @@ def test_tis_weights_scale_per_token_loss():
     adv = torch.tensor([[1.0, -2.0]])
     mask = torch.ones(1, 2)
     tis = torch.tensor([[0.5, 2.0]])
-    loss, met = policy_loss(lp, old, adv, mask, tis_weights=tis)
+    loss, met = clip_loss(LossInputs(lp, old, adv, mask, tis_weights=tis))
     assert loss.item() == pytest.approx((-1.0 * 0.5 + 2.0 * 2.0) / 2)
     assert met["pg/tis_mean"] == pytest.approx(1.25)
 
 
 def test_registry_and_argument_checks():
-    assert get_policy_loss("clip") is policy_loss
+    assert POLICY_LOSSES.get("clip") is clip_loss
     assert "clip" in POLICY_LOSSES
     with pytest.raises(ValueError, match="clip"):
-        get_policy_loss("nope")
-    lp, old, adv, mask = _hand()
-    with pytest.raises(ValueError, match="dual_clip_c"):
-        policy_loss(lp, old, adv, mask, dual_clip_c=0.5)
+        POLICY_LOSSES.get("nope")
+    # the clip values are checked where they are built: Clip's constructor
+    with pytest.raises(ValueError, match="dual_c"):
+        Clip(dual_c=0.5)

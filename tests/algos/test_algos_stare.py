@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stare_tir.algos import stare as S
-from stare_tir.algos.policy_loss import policy_loss
+from stare_tir.algos.policy_loss import LossInputs, clip_loss
 from stare_tir.algos.stare import (
     StareConfig,
     StareController,
@@ -178,7 +178,7 @@ def test_batch_scope_random_micro_batches():
 
 
 def _loss_and_grad(lp, old, adv, mask, weights):
-    loss, _ = policy_loss(lp, old, adv, mask, token_weights=weights)
+    loss, _ = clip_loss(LossInputs(lp, old, adv, mask, token_weights=weights))
     return loss, torch.autograd.grad(loss, lp)[0]
 
 

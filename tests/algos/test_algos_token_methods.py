@@ -11,15 +11,20 @@ import pytest
 import torch
 
 from stare_tir.algos.advantage import overlong_penalty
-from stare_tir.algos.policy_loss import POLICY_LOSSES, policy_loss
+from stare_tir.algos.policy_loss import POLICY_LOSSES, Clip, LossInputs, clip_loss
 from stare_tir.algos.token_methods import (
     TOKEN_METHODS,
+    ClipCovConfig,
+    EntropyAdvConfig,
+    KLCovConfig,
+    StapoConfig,
     TokenEffect,
+    TokenInputs,
+    TopEntropyConfig,
     clip_cov,
     combine_effects,
     entropy_80_20,
     entropy_adv,
-    get_token_method,
     kl_cov,
     stapo,
 )
@@ -63,8 +68,8 @@ def run_effect(effect: TokenEffect, logp, old, adv, mask, loss="clip", **kw):
         kl = torch.zeros_like(adv)
         kl[m] = effect.kl_coef
     logp.grad = None
-    out, _ = POLICY_LOSSES[loss](
-        logp, old, a, new_mask, clip_low=0.2, clip_high=0.28, token_weights=weights, kl_coef=kl, **kw
+    out, _ = POLICY_LOSSES.get(loss)(
+        LossInputs(logp, old, a, new_mask, clip=Clip(low=0.2, high=0.28), token_weights=weights, kl_coef=kl, **kw)
     )
     out.backward()
     return out.detach(), logp.grad.clone()
@@ -72,7 +77,7 @@ def run_effect(effect: TokenEffect, logp, old, adv, mask, loss="clip", **kw):
 
 def grpo_ds(logp, old, adv, mask):
     logp.grad = None
-    out, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    out, _ = clip_loss(LossInputs(logp, old, adv, mask, clip=Clip(low=0.2, high=0.28)))
     out.backward()
     return out.detach(), logp.grad.clone()
 
@@ -86,10 +91,11 @@ NEUTRAL = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TOKEN_METHODS))
+@pytest.mark.parametrize("name", sorted(TOKEN_METHODS.names()))
 def test_each_method_is_grpo_ds_bit_for_bit_when_its_selection_is_empty_or_coefficient_zero(name):
     logp, old, ent, adv, mask = batch(1)
-    effect = get_token_method(name)(flat(old, mask), flat(ent, mask), flat(adv, mask), **NEUTRAL[name])
+    settings = TOKEN_METHODS.config_of(name)(**NEUTRAL[name])
+    effect = TOKEN_METHODS.get(name)(TokenInputs(flat(old, mask), flat(ent, mask), flat(adv, mask)), settings)
     assert not effect.selected.any() or name == "entropy_80_20"  # 80/20 at 100% keeps (selects) all
     assert effect.weights is None and effect.keep is None and effect.kl_coef is None
     if effect.advantages is not None:  # entropy_adv with alpha 0: the same bits
@@ -109,7 +115,7 @@ def test_kl_cov_loss_equals_grpo_ds_at_ratio_one_and_is_unclipped_elsewhere():
     assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
     # Off-policy: the unclipped surrogate -A rho, token-mean.
     logp, old, ent, adv, mask = batch(3)
-    loss, _ = POLICY_LOSSES["kl_cov"](logp, old, adv, mask, dual_clip_c=3.0)
+    loss, _ = POLICY_LOSSES.get("kl_cov")(LossInputs(logp, old, adv, mask, clip=Clip(dual_c=3.0)))
     expected = (-adv * torch.exp(logp - old) * mask).sum() / mask.sum()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
@@ -118,7 +124,7 @@ def test_kl_cov_selects_exactly_the_top_k_covariance_tokens_and_penalises_them()
     logp, old, ent, adv, mask = batch(4)
     lp, a = flat(old, mask), flat(adv, mask)
     n = lp.numel()
-    e = kl_cov(lp, flat(ent, mask), a, ratio=0.05, coef=0.7)
+    e = kl_cov(TokenInputs(lp, flat(ent, mask), a), KLCovConfig(ratio=0.05, coef=0.7))
     k = max(1, int(n * 0.05))  # verl truncates
     assert int(e.selected.sum()) == k
     cov = (a.double() - a.double().mean()) * (lp.double() - lp.double().mean())
@@ -141,12 +147,12 @@ def test_clip_cov_draws_exactly_its_count_inside_the_window_and_silences_them():
     cand = (cov > 1.0) & (cov < 5.0)
     assert cand.sum() > 3
     g = torch.Generator().manual_seed(0)
-    e = clip_cov(lp, flat(ent, mask), a, ratio=0.02, generator=g)
+    e = clip_cov(TokenInputs(lp, flat(ent, mask), a, g), ClipCovConfig(ratio=0.02))
     assert int(e.selected.sum()) == min(max(1, int(lp.numel() * 0.02)), int(cand.sum()))
     assert not (e.selected & ~cand).any()
-    again = clip_cov(lp, flat(ent, mask), a, ratio=0.02, generator=torch.Generator().manual_seed(0))
+    again = clip_cov(TokenInputs(lp, flat(ent, mask), a, torch.Generator().manual_seed(0)), ClipCovConfig(ratio=0.02))
     assert torch.equal(again.selected, e.selected)  # seeded per step: a resumed run draws the same
-    many = clip_cov(lp, flat(ent, mask), a, ratio=1.0, generator=g)
+    many = clip_cov(TokenInputs(lp, flat(ent, mask), a, g), ClipCovConfig(ratio=1.0))
     assert torch.equal(many.selected, cand)  # the count is capped by the candidates
     # Silenced: exactly zero gradient, while the token-mean keeps its normaliser (verl's corr = 0).
     loss, grad = run_effect(e, logp, old, adv, mask)
@@ -155,17 +161,17 @@ def test_clip_cov_draws_exactly_its_count_inside_the_window_and_silences_them():
     # The normaliser still counts them: the loss is GRPO-ds's with those tokens' terms set to 0.
     w = torch.ones_like(adv)
     w[mask.bool()] = (~e.selected).float()
-    ref, _ = policy_loss(logp.detach(), old, adv * w, mask, clip_low=0.2, clip_high=0.28)
+    ref, _ = clip_loss(LossInputs(logp.detach(), old, adv * w, mask, clip=Clip(low=0.2, high=0.28)))
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
 
 
 def test_80_20_keeps_exactly_the_ceiling_of_20_percent_and_renormalises_over_them():
     ent = torch.tensor([0.5, 0.1, 0.9, 0.3, 0.7] * 3)  # 15 tokens: 0.2 * 15 is 3 (float: 3.0000000000000004)
-    e = entropy_80_20(torch.zeros(15), ent, torch.ones(15), top_frac=0.2)
+    e = entropy_80_20(TokenInputs(torch.zeros(15), ent, torch.ones(15)), TopEntropyConfig(top_frac=0.2))
     assert int(e.keep.sum()) == 3 and torch.equal(e.selected, e.keep)
     assert torch.equal(torch.nonzero(e.keep).squeeze(1), torch.tensor([2, 7, 12]))  # ties: lowest positions
     logp, old, ent, adv, mask = batch(6)
-    e = entropy_80_20(flat(old, mask), flat(ent, mask), flat(adv, mask))
+    e = entropy_80_20(TokenInputs(flat(old, mask), flat(ent, mask), flat(adv, mask)), TopEntropyConfig())
     n = int(mask.sum())
     assert int(e.keep.sum()) == math.ceil(0.2 * n - 1e-9)
     loss, grad = run_effect(e, logp, old, adv, mask)
@@ -174,21 +180,21 @@ def test_80_20_keeps_exactly_the_ceiling_of_20_percent_and_renormalises_over_the
     # The loss is the token-mean over the kept tokens only.
     sub = mask.clone()
     sub[mask.bool()] = e.keep.float()
-    ref, _ = policy_loss(logp.detach(), old, adv, sub, clip_low=0.2, clip_high=0.28)
+    ref, _ = clip_loss(LossInputs(logp.detach(), old, adv, sub, clip=Clip(low=0.2, high=0.28)))
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
 
 
 def test_entropy_advantage_formula_and_signs():
     a = torch.tensor([2.0, -2.0, 0.5, -0.5, 0.0, 1e-6, -3.0])
     h = torch.tensor([1.0, 1.0, 5.0, 5.0, 3.0, 2.0, 0.0])
-    e = entropy_adv(torch.zeros(7), h, a, alpha=0.4, kappa=2.0)
+    e = entropy_adv(TokenInputs(torch.zeros(7), h, a), EntropyAdvConfig(alpha=0.4, kappa=2.0))
     expected = a + torch.minimum(0.4 * h, a.abs() / 2.0)
     assert torch.equal(e.advantages, expected)
     assert torch.equal(torch.sign(e.advantages), torch.sign(a))  # A = 0 stays 0
     assert torch.equal(e.selected, torch.tensor([True, True, True, True, False, True, False]))
     g = torch.Generator().manual_seed(7)
     a = torch.randn(10_000, generator=g) * 3
-    e = entropy_adv(torch.zeros_like(a), torch.rand(10_000, generator=g) * 20, a)
+    e = entropy_adv(TokenInputs(torch.zeros_like(a), torch.rand(10_000, generator=g) * 20, a), EntropyAdvConfig())
     assert torch.equal(torch.sign(e.advantages), torch.sign(a))
     assert (e.advantages.abs() <= a.abs() * 1.5 + 1e-6).all() and (e.advantages - a >= 0).all()
 
@@ -199,10 +205,10 @@ def test_stapo_silences_exactly_the_positive_low_probability_low_entropy_tokens(
     lp = lp.clone()
     lp[::7] = -6.0  # p = 0.0025 < 0.01
     tau = float(torch.quantile(h.double(), 0.3))
-    e = stapo(lp, h, a, prob_max=0.01, entropy_quantile=0.3)
+    e = stapo(TokenInputs(lp, h, a), StapoConfig(prob_max=0.01, entropy_quantile=0.3))
     brute = (a > 0) & (lp.exp() < 0.01) & (h.double() < tau)
     assert brute.any() and torch.equal(e.selected, brute) and torch.equal(e.keep, ~brute)
-    e_abs = stapo(lp, h, a, prob_max=0.01, entropy_max=1.0)
+    e_abs = stapo(TokenInputs(lp, h, a), StapoConfig(prob_max=0.01, entropy_max=1.0))
     assert torch.equal(e_abs.selected, (a > 0) & (lp.exp() < 0.01) & (h < 1.0))
     old2 = old.clone()
     old2[mask.bool()] = lp
@@ -218,9 +224,11 @@ def test_stapo_silences_exactly_the_positive_low_probability_low_entropy_tokens(
 def test_methods_compose_in_order():
     logp, old, ent, adv, mask = batch(9)
     lp, h, a = flat(old, mask), flat(ent, mask), flat(adv, mask)
-    first = entropy_adv(lp, h, a)
-    second = entropy_80_20(lp, h, first.advantages)
-    third = clip_cov(lp, h, first.advantages * 4, ratio=0.05, generator=torch.Generator().manual_seed(1))
+    first = entropy_adv(TokenInputs(lp, h, a), EntropyAdvConfig())
+    second = entropy_80_20(TokenInputs(lp, h, first.advantages), TopEntropyConfig())
+    third = clip_cov(
+        TokenInputs(lp, h, first.advantages * 4, torch.Generator().manual_seed(1)), ClipCovConfig(ratio=0.05)
+    )
     both = combine_effects([first, second, third], a)
     assert torch.equal(both.advantages, first.advantages)
     assert torch.equal(both.keep, second.keep) and torch.equal(both.weights, third.weights)
@@ -237,5 +245,5 @@ def test_dapo_overlong_penalty_follows_its_formula():
 
 
 def test_unknown_method_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"token method 'ppo' unknown.*clip_cov.*stapo"):
-        get_token_method("ppo")
+    with pytest.raises(ValueError, match=r"'ppo': unknown token method; choose one of .*clip_cov.*stapo"):
+        TOKEN_METHODS.get("ppo")

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from stare_tir.algos.policy_loss import policy_loss
+from stare_tir.algos.policy_loss import Clip, LossInputs, clip_loss
 from stare_tir.algos.verl_partition import balanced_partition, rank_shares, verl_micro_batches, workload
 
 # Outputs of verl's own `seqlen_balancing.get_seqlen_balanced_partitions` / `_balance_batch` /
@@ -66,12 +66,14 @@ def test_verl_aggregation_as_token_weights_equals_verls_loss():
     mask = (torch.arange(t)[None] < lengths[:, None]).float()
     groups = [[0, 3, 5], [1, 2], [4], [6, 7]]
     verl = sum(
-        len(mb) / n * policy_loss(logp[mb], old[mb], adv[mb], mask[mb], clip_low=0.2, clip_high=0.28)[0]
+        len(mb) / n * clip_loss(LossInputs(logp[mb], old[mb], adv[mb], mask[mb], clip=Clip(low=0.2, high=0.28)))[0]
         for mb in groups
     )
     total = float(mask.sum())
     w = torch.ones(n, t)
     for mb in groups:
         w[mb] = len(mb) / n / float(mask[mb].sum()) * total
-    ours, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, token_weights=w, global_tokens=total)
+    ours, _ = clip_loss(
+        LossInputs(logp, old, adv, mask, clip=Clip(low=0.2, high=0.28), token_weights=w, global_tokens=total)
+    )
     assert ours.item() == pytest.approx(verl.item(), rel=1e-5)

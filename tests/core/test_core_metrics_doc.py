@@ -43,12 +43,12 @@ def test_every_table_row_has_a_unit():
 def test_the_metric_producers_write_only_documented_keys():
     import torch
 
-    from stare_tir.algos.advantage import get_advantage_estimator
+    from stare_tir.algos.advantage import ADVANTAGE_ESTIMATORS
     from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights
     from stare_tir.rollout.engine import rollout_stats
 
     keys = set(rollout_stats([]))  # every key, even for an empty batch
-    _, adv = get_advantage_estimator("grpo")(torch.tensor([1.0, -1.0]), torch.tensor([0, 0]))
+    _, adv = ADVANTAGE_ESTIMATORS.get("grpo")(torch.tensor([1.0, -1.0]), torch.tensor([0, 0]))
     keys |= set(adv)
     _, stare = stare_token_weights(torch.rand(8), torch.tensor([1.0] * 4 + [-1.0] * 4), variant="C2")
     keys |= set(stare) | set(StareController.from_config(StareConfig()).metrics())

@@ -124,12 +124,14 @@ def step(learner, n_trajs: int, vocab: int, stare: bool) -> dict:
     """One RL step on this rank's share of the fixed batch (the same batch every step)."""
     import torch
 
+    from stare_tir.algos.policy_loss import Clip
+
     trajs = make_trajs(n_trajs, seed=0, vocab=vocab)
     advs = make_advantages(n_trajs, seed=0)
     local, local_adv = learner.shard(trajs), learner.shard(advs)
     logps, _ = learner.compute_logprobs_entropy(local)
     tw = stare_weights(learner, local, logps, local_adv) if stare else None
-    m = learner.train_step(local, local_adv, tw, logps, clip_low=0.2, clip_high=0.28)
+    m = learner.train_step(local, local_adv, tw, logps, clip=Clip(low=0.2, high=0.28))
     # sum of (omega - 1) over the global batch: > 0 shows STARE really reweighted tokens
     excess = sum(float((w - 1).sum()) for w in tw) if tw else 0.0
     m["omega_excess"] = float(learner.all_reduce_sum(torch.tensor([excess], dtype=torch.float64))[0])

@@ -106,13 +106,15 @@ def test_update_matches_plain_torch_and_lowers_loss(tiny_path, worker, vocab):
 
 
 def test_token_mean_is_invariant_to_the_micro_batch_split(tiny_path, worker, vocab):
+    from stare_tir.algos.policy_loss import Clip
+
     trajs = worker.make_trajs(16, seed=1, vocab=vocab)
     advs = worker.make_advantages(16, seed=1)
     out = {}
     for budget in (24, 100_000):
         learner = _learner(tiny_path, micro_batch_tokens=budget)
         old, _ = learner.compute_logprobs_entropy(trajs)
-        m = learner.train_step(trajs, advs, None, old, clip_high=0.28)
+        m = learner.train_step(trajs, advs, None, old, clip=Clip(high=0.28))
         out[budget] = (m, {k: v.clone() for k, v in learner.export_weights()})
     (small, w_small), (big, w_big) = out[24], out[100_000]
     assert small["micro_batches"] >= 8 and big["micro_batches"] == 1

@@ -41,7 +41,7 @@ RUNS = {
     "entropy_80_20": (["algo.name=entropy_80_20"], "algo/entropy_80_20/selected_frac"),
     "entropy_adv": (["algo.name=entropy_adv"], "algo/entropy_adv/selected_frac"),
     "stapo": (["algo.name=stapo"], "algo/stapo/selected_frac"),
-    # KL-Cov's penalty acts from the second pass over a batch: through the learner's token terms.
+    # KL-Cov's penalty acts from the second pass over a batch: through the learner's kl_coef.
     "kl_cov_2ep": (["algo.name=kl_cov", "algo.ppo_epochs=2", "algo.kl_cov.ratio=0.2"], "algo/kl_cov/selected_frac"),
     "official": (
         [
@@ -95,9 +95,9 @@ def test_every_baseline_trains_the_tiny_config_and_logs_selected_frac(tmp_path):
                     assert own_key in m, (name, sorted(k for k in m if k.startswith("algo")))
                 trained[name] = m
                 break
-        # The learner hands per-token terms to the loss: with A = 0 and old = current - 0.5, KL-Cov's
-        # penalty on every token is the whole loss, 0.5 (and 0 without the terms).
-        from stare_tir.algos.policy_loss import POLICY_LOSSES
+        # The learner hands per-token KL coefficients to the loss: with A = 0 and old = current - 0.5,
+        # KL-Cov's penalty on every token is the whole loss, 0.5 (and 0 without the coefficients).
+        from stare_tir.algos.policy_loss import POLICY_LOSSES, Clip
         from stare_tir.rollout.trajectory import Trajectory
 
         trajs = []
@@ -111,8 +111,8 @@ def test_every_baseline_trains_the_tiny_config_and_logs_selected_frac(tmp_path):
             lp - 0.5 * torch.tensor(t.loss_mask) for lp, t in zip(run.learner.compute_logprobs_entropy(trajs)[0], trajs)
         ]
         ones = [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs]
-        kw = dict(loss_fn=POLICY_LOSSES["kl_cov"], clip_low=0.2, clip_high=0.28)
-        penalised = run.learner.train_step(trajs, [0.0] * 3, None, old, token_terms={"kl_coef": ones}, **kw)
+        kw = dict(loss_fn=POLICY_LOSSES.get("kl_cov"), clip=Clip(low=0.2, high=0.28))
+        penalised = run.learner.train_step(trajs, [0.0] * 3, None, old, kl_coef=ones, **kw)
         plain = run.learner.train_step(trajs, [0.0] * 3, None, old, **kw)
         assert plain["loss"] == 0.0 and penalised["loss"] == pytest.approx(0.5, abs=1e-3)
     finally:

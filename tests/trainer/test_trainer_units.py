@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights
-from stare_tir.algos.token_config import ClipCovConfig, StapoConfig, VerlPartitionConfig
+from stare_tir.algos.token_methods import ClipCovConfig, StapoConfig
+from stare_tir.algos.verl_partition import VerlPartitionConfig
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
@@ -315,10 +316,10 @@ def test_token_methods_reach_the_learner_as_advantages_masks_weights_and_terms()
     assert kept_ent.min() >= flat_ent.sort(descending=True).values[kept - 1]  # the highest entropies
 
     inp, _ = prepare_update(learner, trajs, adv, lps, ents, AlgoConfig(name="kl_cov"), None, 0)
-    coef = torch.cat(inp.token_terms["kl_coef"])
+    coef = torch.cat(inp.kl_coef)
     assert int((coef > 0).sum()) == max(1, int(n_loss * 0.002)) and inp.token_weights is None
 
-    algo = AlgoConfig(name="clip_cov", clip_cov=ClipCovConfig(ratio=0.1, lb=-10.0, ub=10.0))
+    algo = AlgoConfig(name="clip_cov", methods={"clip_cov": ClipCovConfig(ratio=0.1, lb=-10.0, ub=10.0)})
     a1, _ = prepare_update(learner, trajs, adv, lps, ents, algo, None, seed=5)
     a2, _ = prepare_update(learner, trajs, adv, lps, ents, algo, None, seed=5)
     w = torch.cat(a1.token_weights)
@@ -348,7 +349,7 @@ def test_verl_scope_and_aggregation_follow_verls_partition():
         assert torch.all(view.group[pos : pos + len(t.response_ids)] == gid)
         pos += len(t.response_ids)
     # loss_agg=verl: the learner's token-mean with these weights is verl's loss.
-    from stare_tir.algos.policy_loss import policy_loss
+    from stare_tir.algos.policy_loss import LossInputs, clip_loss
 
     inp, _ = prepare_update(OneRankLearner(), trajs, adv, lps, ents, algo, None, 0)
     r = max(len(t.response_ids) for t in trajs)
@@ -359,10 +360,12 @@ def test_verl_scope_and_aggregation_follow_verls_partition():
     mask = pad([torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs])
     logp, old = pad(lps) + 0.05 * mask, pad(lps)
     adv_tok = torch.tensor(adv)[:, None] * mask
-    ours, _ = policy_loss(
-        logp, old, adv_tok, mask, token_weights=pad(inp.token_weights, 1.0), global_tokens=float(mask.sum())
+    ours, _ = clip_loss(
+        LossInputs(logp, old, adv_tok, mask, token_weights=pad(inp.token_weights, 1.0), global_tokens=float(mask.sum()))
     )
-    verl = sum(len(mb) / len(trajs) * policy_loss(logp[mb], old[mb], adv_tok[mb], mask[mb])[0] for mb in groups)
+    verl = sum(
+        len(mb) / len(trajs) * clip_loss(LossInputs(logp[mb], old[mb], adv_tok[mb], mask[mb]))[0] for mb in groups
+    )
     assert ours.item() == pytest.approx(verl.item(), rel=1e-5)
 
 
@@ -481,10 +484,10 @@ def test_official_recipe_and_baseline_configs_hold_their_values():
     off = load_config(TrainConfig, configs / "retool_qwen2.5_7b_stare_official.yaml").algo
     assert (off.name, off.dual_clip_c, off.stare.w_max, off.loss_agg, off.scope) == ("stare", 10.0, 1.5, "verl", "verl")
     assert (off.verl_partition.ranks, off.verl_partition.token_budget) == (16, 8192)
-    assert off.ratio_one_on_policy and not off.filter_overlong and not off.overlong_penalty_on
-    assert (off.oversample_k, off.dynamic_sampling_rounds) == (3, 10)  # 192-prompt rounds, up to 10
+    assert off.ratio_one_on_policy and not off.filter_overlong and not off.overlong_penalty.enabled
+    assert (off.oversample, off.dynamic_sampling_rounds) == (3, 10)  # 192-prompt rounds, up to 10
     full = load_config(TrainConfig, configs / "retool_qwen2.5_7b_stare_official.yaml")
-    assert full.trainer.prompts_per_step * off.oversample_k == 192 and full.rollout.n_per_prompt == 8
+    assert full.trainer.prompts_per_step * off.oversample == 192 and full.rollout.n_per_prompt == 8
     # The official budget holds the longest prompt (1024) + response.
     assert 1024 + full.rollout.max_total_tokens <= off.verl_partition.token_budget
     for name, method in [
@@ -496,11 +499,11 @@ def test_official_recipe_and_baseline_configs_hold_their_values():
         ("stapo", ["stapo"]),
     ]:
         algo = load_config(TrainConfig, configs / f"retool_qwen2.5_7b_{name}.yaml").algo
-        assert algo.name == name and algo.methods == method and algo.oversample_k == 3
-    assert load_config(TrainConfig, configs / "retool_qwen2.5_7b_dapo.yaml").algo.overlong_penalty_on
+        assert algo.name == name and algo.token_methods == method and algo.oversample == 3
+    assert load_config(TrainConfig, configs / "retool_qwen2.5_7b_dapo.yaml").algo.overlong_penalty.enabled
     assert load_config(TrainConfig, configs / "retool_qwen2.5_7b_simpletir.yaml").algo.void_turns == "mask"
     for name in ("stare", "grpo_ds"):  # the 7B configs over-sample as the official recipe does
-        assert load_config(TrainConfig, configs / f"retool_qwen2.5_7b_{name}.yaml").algo.oversample_k == 3
+        assert load_config(TrainConfig, configs / f"retool_qwen2.5_7b_{name}.yaml").algo.oversample == 3
 
 
 class ThreadRank(OneRankLearner):
@@ -540,7 +543,7 @@ def test_selections_do_not_depend_on_how_the_batch_is_split_over_ranks(scope):
         loss_agg="verl" if scope == "verl" else "token-mean",
         verl_partition=VerlPartitionConfig(ranks=3, token_budget=30),
         stare=StareConfig(top_p=0.3, variant="C2", w=1.5, m=0.5),
-        stapo=StapoConfig(prob_max=0.2, entropy_quantile=0.5),
+        methods={"stapo": StapoConfig(prob_max=0.2, entropy_quantile=0.5)},
     )
     ctrl = StareController.from_config(algo.stare)
     ctrl.update(0.0)
@@ -571,8 +574,6 @@ def test_selections_do_not_depend_on_how_the_batch_is_split_over_ranks(scope):
     assert all(torch.equal(a, b) for a, b in zip(whole.token_weights, split_w))
     assert all(torch.equal(a, b) for a, b in zip(whole.advantages, out[0].advantages + out[1].advantages))
     assert [t.loss_mask for t in whole.trajs] == [t.loss_mask for t in out[0].trajs + out[1].trajs]
-    whole_kl = whole.token_terms["kl_coef"]
-    assert all(
-        torch.equal(a, b) for a, b in zip(whole_kl, out[0].token_terms["kl_coef"] + out[1].token_terms["kl_coef"])
-    )
+    whole_kl = whole.kl_coef
+    assert all(torch.equal(a, b) for a, b in zip(whole_kl, out[0].kl_coef + out[1].kl_coef))
     assert whole.metrics == out[0].metrics == out[1].metrics
