@@ -319,14 +319,11 @@ class Learner:
     ) -> dict[str, float]:
         """One optimizer step of a policy loss over this rank's `trajs`.
 
-        advantages: per trajectory a float (broadcast over its tokens) or a response-length tensor.
-        token_weights: per trajectory a response-length tensor (STARE omega) or None (all ones).
+        advantages: per trajectory a float (broadcast over its tokens) or a response-length tensor;
+        token_weights (STARE's omega, None: all ones) and kl_coef (KL-Cov's) likewise per trajectory.
         old_logprobs: from compute_logprobs_entropy (None: the current policy's, i.e. ratio 1).
-        clip: the clipped surrogate's trust region (None: `Clip()`'s defaults).
-        tis_cap: truncated importance sampling against each trajectory's rollout_logprobs.
-        loss_fn: a registered policy loss (`algos.policy_loss.POLICY_LOSSES`, the config's
-            algo.policy_loss); None: the clipped surrogate.
-        kl_coef: KL-Cov's per-token coefficients, per trajectory a response-length tensor.
+        clip: the trust region (None: `Clip()`); tis_cap: truncated IS against the rollout log-probs.
+        loss_fn: a registered policy loss (POLICY_LOSSES, algo.policy_loss; None: `clip_loss`).
         The loss is aggregated over the global batch (all micro-batches, all ranks).
         """
         import torch
