@@ -218,8 +218,13 @@ def check_registry_names(advantage: str, policy_loss: str) -> None:
             raise StartupError(f"{key}={name!r}: {e}") from None
 
 
-def check_backend(kind: Literal["hf", "sglang"], sglang: Any, key: str = "trainer.backend") -> None:
-    """With the SGLang backend: servers are named and every one answers GET /health."""
+def check_backend(kind: str, sglang: Any, key: str = "trainer.backend") -> None:
+    """A registered backend (`ROLLOUT_BACKENDS`); with SGLang: servers are named and every one
+    answers GET /health."""
+    from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
+
+    if kind not in ROLLOUT_BACKENDS:
+        raise StartupError(ROLLOUT_BACKENDS.unknown(kind, key))
     if kind != "sglang":
         return
     if not sglang.urls:

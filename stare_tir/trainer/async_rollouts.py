@@ -118,9 +118,8 @@ class AsyncRollouts:
         self._depth = (0.0, 0.0)  # (rounds done and waiting, rounds generating) when it was taken
         self._round_s = 0.0  # how long this step's round generated
         self.served = [run.learner.steps_applied]  # versions in the order they were served (lags count them)
-        allow = getattr(run.backend, "allow_in_flight_updates", None)
-        if allow is not None and max_staleness > 0:  # SGLang: pushes pause the servers (retract)
-            allow(max_staleness + 1)
+        if max_staleness > 0:  # SGLang: pushes pause the servers (retract); HF orders them itself
+            run.backend.allow_in_flight_updates(max_staleness + 1)
         run.engine.start_background()
 
     # ------------------------------------------------------------------ the producer

@@ -105,7 +105,7 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
         if ckpt is not None:
             resume_from(run, ckpt)
             saved_step = run.step
-        elif getattr(run.backend, "shared_by_ranks", False):
+        elif run.backend.shared_by_ranks:
             sync_weights(run)  # servers start from whatever they loaded: serve the learner's weights
         rollouts = None
         if cfg.trainer.max_staleness > 0:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from stare_tir.data import PromptSampler
+from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import TrainConfig
@@ -88,7 +89,7 @@ def fake_run(eta: int = 1, steps: int = 5) -> SimpleNamespace:
         learner=Learner(),
         engine=ProducerEngine(cfg.rollout),
         sampler=PromptSampler([{"id": str(i)} for i in range(40)], seed=0),
-        backend=None,
+        backend=BackendBase(),
         step=0,
     )
 

@@ -12,6 +12,7 @@ import torch
 
 from stare_tir.algos.stare import StareController
 from stare_tir.data import PromptSampler
+from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.trainer import (
@@ -23,6 +24,14 @@ from stare_tir.trainer import (
     sync_weights,
 )
 from stare_tir.trainer.weight_sync import restore_release_state, resync_stale_servers
+
+
+class NullBackend(BackendBase):
+    """A backend of the rank's own that takes every push and generates nothing."""
+
+    def update_weights(self, named_tensors, version=None) -> None:
+        for _ in named_tensors:
+            pass
 
 
 class FakeLearner:
@@ -52,7 +61,7 @@ class FakeLearner:
             yield f"w{i}", torch.zeros(2)
 
 
-class SharedBackend:
+class SharedBackend(BackendBase):
     """Servers shared by all ranks (like SGLang): only one rank may push. `fail_after`: the push
     raises after taking that many tensors (a refused bucket)."""
 
@@ -163,7 +172,7 @@ def test_consecutive_empty_steps_stop_the_run_naming_the_cause():
     cfg.rollout.n_per_prompt = 2
     engine = FakeEngine([[_failed(0), _failed(0)] for _ in range(cfg.algo.dynamic_sampling_rounds * 2)])
     engine.cfg = cfg.rollout
-    run = _run(FakeLearner(world_size=1), None, cfg, engine)
+    run = _run(FakeLearner(world_size=1), NullBackend(), cfg, engine)
     metrics = rl_step(run, 1)
     assert metrics["update/skipped_empty"] == 1.0 and run.empty_in_row == 1
     with pytest.raises(RuntimeError) as err:
@@ -176,9 +185,10 @@ def test_consecutive_empty_steps_stop_the_run_naming_the_cause():
 class ColocatedBackend(SharedBackend):
     """Records the order of memory and weight calls of a colocated SGLang server."""
 
+    colocated = True
+
     def __init__(self) -> None:
         super().__init__()
-        self.cfg = type("Cfg", (), {"colocate": True})()
         self.calls: list = []
         self._released: dict = {}
 
@@ -242,7 +252,11 @@ def test_a_restarted_trainer_resumes_what_its_predecessor_released(tmp_path):
 def test_stale_servers_get_the_weights_again_before_the_step():
     class Restarted(SharedBackend):
         weight_version = "3"
-        stale_answers = 2
+        stale = 2
+
+        def take_stale_answers(self):
+            n, self.stale = self.stale, 0
+            return n
 
         def stale_servers(self):
             return ["http://a"] if self.pushes == 0 else []
@@ -268,7 +282,7 @@ def test_checkpoint_keeps_the_empty_step_count(tmp_path):
 
     cfg = TrainConfig()
     learner = CkptLearner(rank=0, world_size=1)
-    run = _run(learner, None, cfg, run_dir=tmp_path)
+    run = _run(learner, NullBackend(), cfg, run_dir=tmp_path)
     run.controller = StareController.from_config(cfg.algo.stare)
     run.log = SimpleNamespace(truncate_after=lambda step: None)
     run.empty_in_row = 2

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 from loguru import logger
 
 from stare_tir.rollout.backends._http import AsyncJSONClient, NotSentError, request_sync
-from stare_tir.rollout.backends.base import Generation, SamplingParams, fast_decoder
-from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, BackendBase, Generation, SamplingParams, fast_decoder
+from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig, prepare_trainer_env
 from stare_tir.rollout.backends.sglang.layout import (
     ServerLayout,
     check_layouts,
@@ -44,7 +44,8 @@ class StaleWeightsError(RuntimeError):
     """Every server that could take a request serves other weights than the last push."""
 
 
-class SGLangBackend:
+@ROLLOUT_BACKENDS.register("sglang")
+class SGLangBackend(BackendBase):
     """Client of one or more SGLang HTTP servers (see the package docstring).
 
     tokenizer: the policy's tokenizer; with it the finish of every answer is classified from its
@@ -55,6 +56,35 @@ class SGLangBackend:
 
     # One set of servers serves every trainer rank: exactly one rank pushes weights.
     shared_by_ranks = True
+
+    @classmethod
+    def check_config(cls, rollout: Any, key: str) -> None:
+        if not rollout.sglang.urls:
+            raise ValueError(
+                f"{key}=sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
+                "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
+            )
+
+    @classmethod
+    def prepare_trainer(cls, rollout: Any) -> None:
+        """Refuse disk sync without a directory; NCCL's settings before the learner starts its NCCL."""
+        if rollout.sglang.weight_sync == "disk" and not rollout.sglang.sync_dir:
+            raise ValueError(
+                "rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the "
+                "trainer writes and every SGLang server reads (shared storage across nodes)"
+            )
+        prepare_trainer_env(rollout.sglang)
+
+    @classmethod
+    def from_config(
+        cls, model_path: str, tokenizer: Any, rollout: Any, trust_remote_code: bool = False
+    ) -> SGLangBackend:
+        cls.check_config(rollout, "backend")
+        return cls(rollout.sglang.urls, rollout.sglang, tokenizer=tokenizer, eos_token_ids=model_eos_ids(model_path))
+
+    @property
+    def colocated(self) -> bool:  # type: ignore[override]
+        return self.cfg.colocate
 
     def __init__(
         self,
@@ -244,6 +274,10 @@ class SGLangBackend:
         marked = {self.urls[i] for i in self._stale}
         return sorted(marked | {u for u, v in self.served_versions().items() if v != self.weight_version})
 
+    def take_stale_answers(self) -> int:
+        n, self.stale_answers = self.stale_answers, 0
+        return n
+
     def expect_version(self, version: str) -> None:
         """Another process pushed `version` to the servers: answers must now carry it."""
         if self.weight_version not in (None, version):
@@ -382,6 +416,17 @@ class SGLangBackend:
 
     def close(self) -> None:
         self.destroy_weight_update_group()  # best effort: servers may already be gone
+
+
+def model_eos_ids(model_path: str) -> list[int]:
+    """The model's own EOS ids (Qwen2.5: <|im_end|> and <|endoftext|>), on which SGLang stops too."""
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS is used
+        return []
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 def raise_open_file_limit(connections: int) -> None:
