@@ -72,6 +72,14 @@ def sync_weights(run: Run) -> None:
     if backend.colocated:
         free_learner_memory()
         learner.all_reduce_sum(torch.zeros(1))  # every rank's memory is free before rank 0 resumes
+    if shared and learner.world_size > 1:
+        # Under asynchronous training the push pauses the servers mid-request, and the other
+        # ranks' requests resume on the new weights: each rank must accept their version before
+        # rank 0 pauses, else it takes them for a restarted server's (a rollout error, and the
+        # same weights pushed again). The all-reduce orders every rank's acceptance before it.
+        if not pusher:
+            backend.accept_version(version)
+        learner.all_reduce_sum(torch.zeros(1))
     weights = learner.export_weights()
     error = None
     try:

@@ -477,13 +477,19 @@ class StandinServer:
 
 
 def launch_standin(
-    model_path: str, port: int = 0, timeout_s: float = 120.0, extra_args: list[str] | None = None
+    model_path: str,
+    port: int = 0,
+    timeout_s: float = 120.0,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """Start a stand-in server in a subprocess; returns (process, base URL) once it serves."""
+    """Start a stand-in server in a subprocess (`env`: added to its environment, e.g. the
+    CUDA_VISIBLE_DEVICES a real server would be launched with); returns (process, base URL) once
+    it serves."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--model-path", str(model_path), "--port", str(port)] + list(
         extra_args or []
     )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     while time.monotonic() < deadline:

@@ -71,6 +71,8 @@ class SharedBackend(BackendBase):
         self.pushes, self.fail_after = 0, fail_after
         self.versions: list = []
         self.expected = None
+        self.accepted = None
+        self.learner = None  # set by tests that check when the version was accepted
 
     def update_weights(self, named, version=None):
         for i, _ in enumerate(named):
@@ -81,6 +83,9 @@ class SharedBackend(BackendBase):
 
     def expect_version(self, version):
         self.expected = version
+
+    def accept_version(self, version):
+        self.accepted = (version, self.learner.reduces if self.learner else None)
 
 
 class OwnBackend(SharedBackend):
@@ -108,9 +113,13 @@ def _run(learner, backend, cfg=None, engine=None, run_dir=None) -> Run:
 )
 def test_one_pusher_for_shared_servers_every_rank_for_its_own(rank, backend_cls, pushes):
     learner, backend = FakeLearner(rank=rank), backend_cls()
+    backend.learner = learner
     sync_weights(_run(learner, backend))
     assert backend.pushes == pushes
-    assert learner.exported == 1 and learner.reduces == 1  # every rank gathers and waits
+    shared = backend_cls is SharedBackend
+    assert learner.exported == 1 and learner.reduces == 1 + shared  # every rank gathers and waits
+    # a non-pushing rank accepts the version before the barrier that lets rank 0 push (and pause)
+    assert backend.accepted == (("3", 0) if rank == 1 and shared else None)
     assert learner.gathered == learner.n_weights
     # the version names the weights (the learner's applied steps): pushed, or expected from rank 0
     assert backend.versions == ["3"] * pushes
@@ -123,7 +132,7 @@ def test_a_failed_push_stops_every_rank_after_draining_the_export():
     learner = FakeLearner(rank=0, n_weights=5)
     with pytest.raises(RuntimeError, match="refused"):  # the pusher raises its own error
         sync_weights(_run(learner, SharedBackend(fail_after=1)))
-    assert learner.gathered == 5 and learner.reduces == 1  # drained, then met the others
+    assert learner.gathered == 5 and learner.reduces == 2  # drained, then met the others
     waiting = FakeLearner(rank=1, peer_sum=1.0, n_weights=5)
     with pytest.raises(RuntimeError, match="failed on another rank"):  # the waiting rank learns of it
         sync_weights(_run(waiting, SharedBackend()))

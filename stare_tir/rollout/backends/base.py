@@ -122,6 +122,16 @@ class Backend(Protocol):
         """Load new policy weights from an HF checkpoint directory."""
         ...
 
+    def claim_servers(self) -> None:
+        """At the start of a run, by the pushing process: take the servers over from whatever a
+        previous trainer left (SGLang: clear a pause it died in)."""
+        ...
+
+    def accept_version(self, version: str) -> None:
+        """`version` is about to be pushed by another process (shared servers): answers carrying it
+        are accepted from now on, before the push is confirmed (`expect_version`)."""
+        ...
+
     def expect_version(self, version: str) -> None:
         """Another process pushed `version` (shared servers): answers must now carry it."""
         ...
@@ -188,6 +198,12 @@ class BackendBase:
     @classmethod
     def prepare_trainer(cls, rollout: Any) -> None:
         """Process settings the trainer must make before the learner starts (e.g. NCCL's)."""
+
+    def claim_servers(self) -> None:
+        """Nothing outside this process to take over."""
+
+    def accept_version(self, version: str) -> None:
+        """Each rank pushes its own backend: there is no other pusher's version to accept."""
 
     def expect_version(self, version: str) -> None:
         """Each rank pushes its own backend: there is no other pusher's version to expect."""
