@@ -8,6 +8,10 @@ carried to every rank by an all-reduce, so every rank raises within the time of 
 Weight version: the learner's count of applied optimizer steps (`steps_applied`). It names the
 weights, not the push: a skipped update keeps it, a re-push of the same weights repeats it, and
 a resumed run continues it (the learner's checkpoint holds it).
+Every rank accepts the version being pushed before rank 0 starts the push (`accept_version`,
+then one barrier): under asynchronous training the push pauses the servers mid-request and the
+other ranks' requests resume on the new weights, answering with its version before those ranks
+hear the push succeeded.
 
 Colocated layout (rollout.sglang.colocate): the servers free their memory before the learner runs
 (`release_rollout_memory`) and get it back only through a push (`sync_weights`: weights, push,
