@@ -464,3 +464,24 @@ def test_tensor_sync_is_refused_when_a_server_cannot_see_the_trainers_gpu(standi
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_handle_naming_a_gpu_the_server_cannot_see_kills_it(standin, tiny_path):
+    """What the device check prevents, reproduced: the stand-in opens payloads under SGLang's rules
+    (a UUID device is looked up among the GPUs it sees, patch_torch.py), and an unknown UUID is
+    fatal. A hand-made handle stands in for a CUDA tensor (none exists on CPU)."""
+    import base64
+    import pickle
+
+    from torch.multiprocessing import reductions
+
+    class Handle:  # what torch's reduce_tensor writes for a CUDA tensor, the device as a UUID
+        def __reduce__(self):
+            return reductions.rebuild_cuda_tensor, (None,) * 6 + ("GPU-0000dead",) + (None,) * 6
+
+    with _serve(standin, tiny_path) as srv:
+        request_sync("POST", srv.url + "/begin_weight_update", {})
+        blob = base64.b64encode(pickle.dumps([("w", Handle())])).decode()
+        with pytest.raises(OSError):  # the connection closes without an answer: the server died
+            request_sync("POST", srv.url + "/update_weights_from_tensor", {"serialized_named_tensors": [blob]})
+        assert "Invalid device_uuid=GPU-0000dead" in srv.fatal
