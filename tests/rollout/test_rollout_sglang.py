@@ -361,6 +361,9 @@ def test_memory_release_resume_flush_and_health(server, local):
     with pytest.raises(HTTPError) as err:
         _greedy(be, prompt)
     assert err.value.status == 503
+    probes = request_sync("GET", server + "/standin_stats")["counts"].get("/health", 0)
+    assert be.health() == [True]  # released, and still probed without a forward pass:
+    assert request_sync("GET", server + "/standin_stats")["counts"].get("/health", 0) == probes  # /model_info
     be.resume_memory_occupation()
     be.flush_cache()
     assert _greedy(be, prompt) == _greedy(local, prompt)

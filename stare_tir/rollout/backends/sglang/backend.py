@@ -228,11 +228,17 @@ class SGLangBackend(BackendBase):
         forward pass through the scheduler (entrypoints/http_server.py `health_generate` sends a
         one-token generate unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is off), which trips the
         idle assert when it lands between a flush and a memory release and computes on freed
-        memory while the server is released; /model_info reads state only."""
+        memory while the server is released; /model_info reads state only. A URL without it (a
+        router: 404) is asked /health, which the router answers from its workers."""
         ok = []
         for url in self.urls:
             try:
-                request_sync("GET", url + "/model_info", timeout_s=30)
+                try:
+                    request_sync("GET", url + "/model_info", timeout_s=30)
+                except HTTPError as exc:
+                    if exc.status != 404:
+                        raise
+                    request_sync("GET", url + "/health", timeout_s=30)
                 ok.append(True)
             except Exception:
                 ok.append(False)
