@@ -73,17 +73,16 @@ def sync_weights(run: Run) -> None:
     shared = backend.shared_by_ranks
     pusher = learner.rank == 0 or not shared
     version = weight_version(run)
+    if shared and not pusher:
+        # Under asynchronous training the push pauses the servers mid-request, and this rank's
+        # requests resume on the new weights: it must accept their version before rank 0 pauses,
+        # else it takes them for a restarted server's (a rollout error, and the same weights
+        # pushed again). The barrier below orders every rank's acceptance before the push.
+        backend.accept_version(version)
     if backend.colocated:
         free_learner_memory()
-        learner.all_reduce_sum(torch.zeros(1))  # every rank's memory is free before rank 0 resumes
-    if shared and learner.world_size > 1:
-        # Under asynchronous training the push pauses the servers mid-request, and the other
-        # ranks' requests resume on the new weights: each rank must accept their version before
-        # rank 0 pauses, else it takes them for a restarted server's (a rollout error, and the
-        # same weights pushed again). The all-reduce orders every rank's acceptance before it.
-        if not pusher:
-            backend.accept_version(version)
-        learner.all_reduce_sum(torch.zeros(1))
+    if backend.colocated or (shared and learner.world_size > 1):
+        learner.all_reduce_sum(torch.zeros(1))  # every rank's memory is free, its version accepted
     weights = learner.export_weights()
     error = None
     try:
