@@ -493,13 +493,28 @@ def decode_throughput(model_path: Path, device: str, batch: int, new_tokens: int
         backend.close()
 
 
+def has_nvidia_device() -> bool:
+    """An NVIDIA device node or driver entry exists (checked before the seconds torch's import takes)."""
+    return Path("/dev/nvidia0").exists() or any(Path("/proc/driver/nvidia/gpus").glob("*"))
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     t_start = time.perf_counter()
+    if a.device == "cuda" and not has_nvidia_device():
+        print(
+            "gpu_check needs an NVIDIA GPU (no /dev/nvidia0 here); for the CPU dry run: --device cpu --tiny",
+            file=sys.stderr,
+        )
+        return 2
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda but torch.cuda.is_available() is False; use --device cpu for a dry run")
+        print(
+            "gpu_check needs CUDA: torch.cuda.is_available() is False (a CPU build of torch, or no driver); "
+            "for the CPU dry run: --device cpu --tiny",
+            file=sys.stderr,
+        )
         return 2
     have_ds, ds_note = ensure_deepspeed(a.wheel_dir)
     name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"

@@ -15,62 +15,21 @@ The sandbox is handed to the engine at construction: the engine starts it on its
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from envs.retool import RetoolConfig, make_retool_env_factory
 from sandbox import SandboxConfig, make_sandbox
 from stare_tir.model import ModelConfig, load_tokenizer, resolve_model_path
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, Backend
 from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
 
 
 def make_backend(
-    kind: Literal["hf", "sglang"],
-    model_path: str,
-    tokenizer: Any,
-    rollout: RolloutConfig,
-    trust_remote_code: bool = False,
-) -> Any:
-    """The rollout backend: hf (in-process transformers) or sglang (servers at rollout.sglang.urls)."""
-    if kind == "hf":
-        from stare_tir.rollout.backends.hf import HFBackend
-
-        model: Any = model_path
-        if trust_remote_code:  # HFBackend loads a path without it: hand it the built module instead
-            model = _load_remote_code_model(model_path, rollout)
-        return HFBackend(model, tokenizer, rollout.hf)
-    if kind != "sglang":
-        raise ValueError(f"backend={kind!r}: must be 'hf' or 'sglang'")
-    if not rollout.sglang.urls:
-        raise ValueError(
-            "backend sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
-            "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
-        )
-    from stare_tir.rollout.backends.sglang import SGLangBackend
-
-    return SGLangBackend(rollout.sglang.urls, rollout.sglang, tokenizer=tokenizer, eos_token_ids=_eos_ids(model_path))
-
-
-def _eos_ids(model_path: str) -> list[int]:
-    """The model's own EOS ids (Qwen2.5: <|im_end|> and <|endoftext|>), on which SGLang stops too."""
-    try:
-        from transformers import GenerationConfig
-
-        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
-    except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS is used
-        return []
-    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-
-
-def _load_remote_code_model(model_path: str, rollout: RolloutConfig) -> Any:
-    """The policy with its repository's own code, on HFBackend's device and dtype (the same rule as
-    `HFBackend.__init__`: "auto" is CUDA when available, fp32 on CPU and bf16 on GPU)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    hf = rollout.hf
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if hf.device == "auto" else hf.device
-    dtype = (torch.float32 if device == "cpu" else torch.bfloat16) if hf.dtype == "auto" else getattr(torch, hf.dtype)
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=True).to(device)
+    kind: str, model_path: str, tokenizer: Any, rollout: RolloutConfig, trust_remote_code: bool = False
+) -> Backend:
+    """The rollout backend registered as `kind` (`ROLLOUT_BACKENDS`: hf in-process transformers,
+    sglang the servers at rollout.sglang.urls), built from the run's settings."""
+    return ROLLOUT_BACKENDS.get(kind).from_config(model_path, tokenizer, rollout, trust_remote_code)
 
 
 @dataclass
@@ -79,20 +38,19 @@ class Components:
 
     model_path: str
     tokenizer: Any
-    backend: Any
+    backend: Backend
     engine: RolloutEngine
 
     def close(self) -> None:
         try:
             self.engine.close()
         finally:
-            if self.backend is not None:
-                self.backend.close()
+            self.backend.close()
 
 
 def build_components(
     model: ModelConfig,
-    backend: Literal["hf", "sglang"],
+    backend: str,
     rollout: RolloutConfig,
     env: RetoolConfig,
     sandbox: SandboxConfig,

@@ -21,6 +21,7 @@ from stare_tir.algos.verl_partition import VerlPartitionConfig
 from stare_tir.data import DataConfig
 from stare_tir.learner import LearnerConfig
 from stare_tir.model import ModelConfig
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
 from stare_tir.rollout.engine import RolloutConfig
 from stare_tir.sft.config import ColdStartConfig
 
@@ -210,8 +211,9 @@ class TrainerConfig:
     run_dir: str = "runs/tiny_cpu"
     # Seed of rollout sampling (per step, round and rank) and of the held-out evaluation.
     seed: int = 0
-    # Rollout backend: hf (in-process, CPU or one GPU) or sglang (servers at rollout.sglang.urls).
-    backend: Literal["hf", "sglang"] = "hf"
+    # Rollout backend, a name of `ROLLOUT_BACKENDS`: hf (in-process, CPU or one GPU) or sglang
+    # (servers at rollout.sglang.urls).
+    backend: str = "hf"
     # Asynchronous RL (eta): 0 is the synchronous loop (each step rolls out, then trains). eta >= 1
     # rolls out the batches of the next eta steps while this one trains, and trains only on
     # trajectories whose weights are at most eta versions older than those being updated
@@ -245,6 +247,7 @@ class TrainerConfig:
         for name in ("eval_every", "save_hf_every", "max_staleness"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
+        ROLLOUT_BACKENDS.check(self.backend, "trainer.backend")
 
 
 @dataclass

@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
+
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 
 
@@ -364,7 +366,7 @@ EVAL_ALIASES = (
     Alias("--max-tokens", ("eval.max_tokens",), "response token budget per sample", int),
     Alias("--max-tokens-per-turn", ("eval.max_tokens_per_turn",), "new tokens per model turn", int),
     Alias("--seed", ("eval.seed",), "base sampling seed", int),
-    Alias("--backend", ("backend",), "rollout backend", choices=("hf", "sglang")),
+    Alias("--backend", ("backend",), "rollout backend", choices=ROLLOUT_BACKENDS.names()),
     Alias(
         "--sglang-url", ("rollout.sglang.urls",), "SGLang server/router URL (repeat or comma-separate)", convert=_urls
     ),

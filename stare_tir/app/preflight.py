@@ -203,8 +203,13 @@ def check_sandbox(cfg: SandboxConfig, timeout_s: float = 120.0) -> dict:
     return info
 
 
-def check_backend(kind: Literal["hf", "sglang"], sglang: Any, key: str = "trainer.backend") -> None:
-    """With the SGLang backend: servers are named and every one answers GET /health."""
+def check_backend(kind: str, sglang: Any, key: str = "trainer.backend") -> None:
+    """A registered backend (`ROLLOUT_BACKENDS`); with SGLang: servers are named and every one
+    answers (`check_sglang_health`)."""
+    from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
+
+    if kind not in ROLLOUT_BACKENDS:
+        raise StartupError(ROLLOUT_BACKENDS.unknown(kind, key))
     if kind != "sglang":
         return
     if not sglang.urls:
@@ -218,23 +223,29 @@ def check_backend(kind: Literal["hf", "sglang"], sglang: Any, key: str = "traine
 
 
 def check_sglang_health(url: str, key: str, timeout_s: float = REMOTE_TIMEOUT_S) -> None:
-    """GET <url>/health: SGLang answers 200 once the model is loaded and the scheduler runs, 503
-    while it is not (python/sglang/srt/entrypoints/http_server.py, `health`); a router forwards
-    it to its workers."""
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s) as response:
-            status = response.status
-    except urllib.error.HTTPError as e:
-        status = e.code
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise StartupError(
-            f"{key}={url!r}: no SGLang server answers there ({reason}): start one "
-            "(`python -m sglang.launch_server --model-path MODEL --port PORT`) or fix the URL"
-        ) from None
+    """GET <url>/model_info (a server; /health where that is 404: a router, which forwards it):
+    200 once the model is loaded. Not /health first: on 0.5.23 it runs a one-token generate
+    (python/sglang/srt/entrypoints/http_server.py `health_generate`), which a server left paused
+    by a killed trainer holds until it times out, and which computes on freed memory while a
+    colocated server is released."""
+    status, path = 0, "/model_info"
+    for path in ("/model_info", "/health"):
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout_s) as response:
+                status = response.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise StartupError(
+                f"{key}={url!r}: no SGLang server answers there ({reason}): start one "
+                "(`python -m sglang.launch_server --model-path MODEL --port PORT`) or fix the URL"
+            ) from None
+        if status != 404:
+            break
     if status != 200:
         raise StartupError(
-            f"{key}={url!r}: the server answered /health with HTTP {status} (still loading, or unhealthy): "
+            f"{key}={url!r}: the server answered {path} with HTTP {status} (still loading, or unhealthy): "
             "wait until its log says it is ready, or check that log"
         )
 

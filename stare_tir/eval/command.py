@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from loguru import logger
 
@@ -31,6 +31,7 @@ from stare_tir.data import DataConfig, load_split
 from stare_tir.eval.evaluate import EvalConfig, eval_rollout_config, evaluate
 from stare_tir.eval.metrics import grader_equivalence
 from stare_tir.model import ModelConfig, model_fingerprint, resolve_model_path
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
 from stare_tir.rollout.engine import RolloutConfig
 
 KEY_FILE = "eval_key.json"
@@ -48,7 +49,7 @@ class EvalRunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     # Rollout backend: hf (in-process transformers, CPU or one GPU) or sglang (running servers at
     # rollout.sglang.urls; the model is whatever they serve, `model` then only names the run).
-    backend: Literal["hf", "sglang"] = "hf"
+    backend: str = "hf"
     # Output directory; "" = runs/eval/<model name>-<hash of the model and settings>. Rerunning
     # into the same directory resumes; another model or other settings are refused there.
     out_dir: str = ""
@@ -62,8 +63,8 @@ class EvalRunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
-        if self.backend == "sglang" and not self.rollout.sglang.urls:
-            raise ValueError("backend='sglang': set rollout.sglang.urls (--sglang-url) to the servers' URLs")
+        ROLLOUT_BACKENDS.check(self.backend, "backend")
+        ROLLOUT_BACKENDS.get(self.backend).check_config(self.rollout, "backend")  # sglang: its URLs
 
 
 # ----------------------------------------------------------------------------------------------

@@ -39,10 +39,11 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from loguru import logger
 
+from envs.base import Env, EnvFactory
 from stare_tir.rollout.backends.base import Backend, Generation, SamplingParams
 from stare_tir.rollout.backends.hf import HFBackendConfig
 from stare_tir.rollout.backends.sglang import SGLangConfig
@@ -142,7 +143,7 @@ class RolloutEngine:
         self,
         backend: Backend,
         tokenizer: Any,
-        env_factory: Callable[[dict], Any],
+        env_factory: EnvFactory,
         cfg: RolloutConfig | None = None,
         *,
         sandbox: Any = None,
@@ -299,12 +300,10 @@ class RolloutEngine:
             loop = self._loop
             try:
                 self._stop_background()
-                aclose = getattr(self.backend, "aclose", None)
-                if aclose is not None:  # its connections live on this loop: close them here
-                    try:
-                        loop.run_until_complete(aclose())
-                    except Exception as exc:  # never in the way of stopping the sandbox
-                        logger.warning(f"closing the backend's connections: {exc!r}")
+                try:  # its connections live on this loop: close them here
+                    loop.run_until_complete(self.backend.aclose())
+                except Exception as exc:  # never in the way of stopping the sandbox
+                    logger.warning(f"closing the backend's connections: {exc!r}")
                 if self.sandbox is not None:
                     sandbox, self.sandbox = self.sandbox, None
                     loop.run_until_complete(sandbox.__aexit__(None, None, None))
@@ -319,7 +318,7 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ one trajectory
 
-    def _prompt_ids(self, env: Any) -> list[int]:
+    def _prompt_ids(self, env: Env) -> list[int]:
         text = self.tokenizer.apply_chat_template(env.initial_messages(), tokenize=False, add_generation_prompt=True)
         # The template's control tokens (<|im_start|>, ...) must become their special ids here.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -339,8 +338,8 @@ class RolloutEngine:
                 traj.finish_reason = "error"
                 traj.info["error"] = f"{type(exc).__name__}: {exc}"
             traj.text = self.tokenizer.decode(traj.response_ids, skip_special_tokens=True)
-            traj.sandbox_error = bool(getattr(env, "sandbox_error", False))
-            env_stats = dict(getattr(env, "stats", {}) or {})
+            traj.sandbox_error = bool(env.sandbox_error)
+            env_stats = dict(env.stats)
             traj.tool_calls = int(env_stats.get("tool_calls", 0))
             traj.void_turns = int(env_stats.get("void_turns", 0))
             traj.timeouts = int(env_stats.get("timeouts", 0))
@@ -362,9 +361,9 @@ class RolloutEngine:
         return traj
 
     async def _episode(
-        self, env: Any, traj: Trajectory, group: int, sample: int, timing: dict, cfg: RolloutConfig
+        self, env: Env, traj: Trajectory, group: int, sample: int, timing: dict, cfg: RolloutConfig
     ) -> None:
-        stops = list(dict.fromkeys(list(getattr(env, "stop_strings", []) or []) + cfg.stop_strings))
+        stops = list(dict.fromkeys([*env.stop_strings, *cfg.stop_strings]))
         while True:
             left = cfg.max_total_tokens - len(traj.response_ids)
             if left <= 0:

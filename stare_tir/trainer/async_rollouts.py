@@ -34,10 +34,16 @@ current weights, as in the synchronous loop; informative groups beyond the batch
 counted there too. Over-sampling works unchanged.
 
 Checkpoints. Before a checkpoint, the rounds scheduled ahead are waited for and saved with it
-(`async_rounds_rank<r>.pt`); a resume loads them, so the step after a resume trains on exactly the
-trajectories the uninterrupted run did. A resume on another number of ranks, or from a checkpoint
-without the files, regenerates them instead: the sampler is rewound over their prompts and they
-are scheduled again, now with the resumed weights.
+(`async_rounds_rank<r>.pt`), each with the sampler positions of its prompts; a resume loads them, so
+the step after a resume trains on exactly the trajectories the uninterrupted run did. A resume on
+another number of ranks regenerates them instead, with exactly their saved prompts (never by
+rewinding the sampler a fixed count: refill rounds took prompts after them), now with the resumed
+weights; a checkpoint without the files (a synchronous run's) had nothing ahead, and nothing is
+rewound. A round whose generation failed is saved as "regenerate": the checkpoint of the step that
+just trained is written whole, and the error is raised by the step that takes the round.
+
+Failures. A round's error is raised by every rank at the step that takes it (an agreement, as for
+weight pushes: `weight_sync.agree`), so no rank waits in a collective for one that stopped.
 """
 
 from __future__ import annotations
@@ -52,9 +58,11 @@ from pathlib import Path
 import torch
 from loguru import logger
 
+from stare_tir.data import PromptSampler
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.trainer.run import Run, rollout_seed
 from stare_tir.trainer.staleness import ROUND_VERSION, lag_metrics, trajectory_lag
+from stare_tir.trainer.weight_sync import agree
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Round:
     version: int  # learner.steps_applied when it was scheduled (what its first turns sample with)
     prompts: int  # prompts it took from the sampler (all ranks)
     future: concurrent.futures.Future = field(repr=False)  # -> (trajectories, engine stats)
+    start: int = 0  # sampler position of its first prompt: its prompts are positions start .. start+prompts
 
 
 class BusyClock:
@@ -118,9 +127,17 @@ class AsyncRollouts:
         self._depth = (0.0, 0.0)  # (rounds done and waiting, rounds generating) when it was taken
         self._round_s = 0.0  # how long this step's round generated
         self.served = [run.learner.steps_applied]  # versions in the order they were served (lags count them)
-        allow = getattr(run.backend, "allow_in_flight_updates", None)
-        if allow is not None and max_staleness > 0:  # SGLang: pushes pause the servers (retract)
-            allow(max_staleness + 1)
+        # step -> sampler position of a round to generate again with exactly those prompts (a
+        # resume that could not use what was saved, or a round whose generation failed)
+        self._replay: dict[int, int] = {}
+        if max_staleness > 0:  # SGLang: pushes pause the servers (retract); HF orders them itself
+            run.backend.allow_in_flight_updates(max_staleness + 1)
+            if not algo.off_policy.enabled and run.learner.rank == 0:
+                logger.warning(
+                    f"trainer.max_staleness={max_staleness} with algo.off_policy.mode=none: trajectories up to "
+                    f"{max_staleness} version(s) old are trained on without a behaviour-policy correction. "
+                    "Set algo.off_policy.mode=tis (or mis) to correct for it"
+                )
         run.engine.start_background()
 
     # ------------------------------------------------------------------ the producer
@@ -134,11 +151,19 @@ class AsyncRollouts:
 
     def _start(self, step: int) -> Round:
         run = self.run
-        problems = run.learner.shard(run.sampler.take(self.round_prompts))
+        start = self._replay.pop(step, None)
+        if start is None:  # a new round takes the sampler's next prompts
+            start = run.sampler.position
+            taken = run.sampler.take(self.round_prompts)
+        else:  # the same prompts again; the sampler is already past them
+            again = PromptSampler(run.sampler.problems, run.sampler.seed)
+            again.position = start
+            taken = again.take(self.round_prompts)
+        problems = run.learner.shard(taken)
         seed = rollout_seed(run.cfg.trainer.seed, step, 0, run.learner.rank)
         version = run.learner.steps_applied
         future = self._tail = run.engine.submit(self._generate(problems, seed, version, self._tail))
-        return Round(step=step, version=version, prompts=self.round_prompts, future=future)
+        return Round(step=step, version=version, prompts=self.round_prompts, future=future, start=start)
 
     async def _generate(
         self, problems: list[dict], seed: int, version: int, after: concurrent.futures.Future | None
@@ -169,7 +194,12 @@ class AsyncRollouts:
         done = sum(r.future.done() for r in ahead)
         self._depth = (float(done + self.rounds[step].future.done()), float(len(ahead) - done))
         t0 = time.perf_counter()
-        trajs, stats = self.rounds.pop(step).future.result()
+        error: BaseException | None = None
+        try:
+            trajs, stats = self.rounds.pop(step).future.result()
+        except Exception as exc:  # every rank learns of it here, not in its next collective
+            error, trajs, stats = exc, [], {}
+        agree(self.run, error, f"the rollout round of step {step}")
         self._waited = time.perf_counter() - t0
         self._round_s = float(stats.get("engine/wall_s", 0.0))
         return trajs
@@ -204,37 +234,75 @@ class AsyncRollouts:
 
     def save(self, directory: Path) -> None:
         """Wait for the rounds scheduled ahead and write them into the checkpoint `directory` (this
-        rank's file), before the checkpoint itself is written."""
+        rank's file), before the checkpoint itself is written. Every round is saved with the
+        sampler positions of its prompts; one whose generation failed is saved as "regenerate"
+        (its error is raised by the step that takes it, after this checkpoint is complete)."""
         Path(directory).mkdir(parents=True, exist_ok=True)
-        rounds = [
-            {"step": r.step, "version": r.version, "prompts": r.prompts, "result": r.future.result()}
-            for r in sorted(self.rounds.values(), key=lambda r: r.step)
-        ]
-        state = {"world_size": self.run.learner.world_size, "rounds": rounds, "served": self.served}
+        rounds = []
+        for r in sorted(self.rounds.values(), key=lambda r: r.step):
+            saved = {"step": r.step, "version": r.version, "prompts": r.prompts, "start": r.start}
+            try:
+                saved["result"] = r.future.result()
+            except Exception as exc:
+                logger.warning(f"the round of step {r.step} failed ({exc!r}); saved to be generated again")
+                saved["regenerate"] = True
+            rounds.append(saved)
+        state = {
+            "world_size": self.run.learner.world_size,
+            "eta": self.eta,
+            "rounds": rounds,
+            "served": self.served,
+        }
         tmp = self._file(directory).with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(self._file(directory))
 
     def load(self, directory: Path) -> None:
-        """After `resume_from(directory)`: the rounds the interrupted run had scheduled ahead, saved
-        with the checkpoint, or (another number of ranks, no file) rewound and regenerated."""
+        """After `resume_from(directory)`: the rounds the interrupted run had scheduled ahead. Their
+        trajectories when they were saved for this number of ranks; otherwise (another number of
+        ranks, a failed round, a round beyond a smaller eta) they are generated again with exactly
+        their prompts (the saved sampler positions), now with the resumed weights. A checkpoint
+        without the files (a synchronous run's) had nothing ahead: nothing is regenerated and the
+        sampler goes on from where it stopped."""
         learner, step = self.run.learner, self.run.step
         path = self._file(directory)
         state = torch.load(path, weights_only=False) if path.exists() else None
         usable = state is not None and state["world_size"] == learner.world_size
-        if int(learner.all_reduce_sum(torch.tensor([float(not usable)])).item()) == 0:
+        usable = int(learner.all_reduce_sum(torch.tensor([float(not usable)])).item()) == 0
+        if state is None:  # this rank did not exist: every rank saved the same positions
+            found = sorted(Path(directory).glob(self.FILE.format(rank="*")))
+            state = torch.load(found[0], weights_only=False) if found else None
+        if state is None:
+            logger.info(f"no rounds were generated ahead of step {step}; the sampler goes on from its position")
+            return
+        saved_eta = int(state.get("eta", self.eta))
+        if saved_eta > self.eta:
+            logger.warning(
+                f"resumed with trainer.max_staleness={self.eta}, smaller than the {saved_eta} the checkpoint "
+                f"was saved with: the rounds beyond step {step + self.eta} are generated again (their "
+                "saved trajectories would be too stale to train on)"
+            )
+        if usable:
             self.served = list(state["served"])
-            for saved in state["rounds"]:
+        rounds = sorted(state["rounds"], key=lambda r: r["step"])
+        if any("start" not in r for r in rounds):  # saved before positions were: the last prompts taken
+            for i, r in enumerate(rounds):
+                r["start"] = self.run.sampler.position - (len(rounds) - i) * self.round_prompts
+        kept, replayed = [], []
+        for saved in rounds:
+            b = saved["step"]
+            if usable and not saved.get("regenerate") and b <= step + self.eta:
                 future: concurrent.futures.Future = concurrent.futures.Future()
                 future.set_result(saved["result"])
-                self.rounds[saved["step"]] = Round(saved["step"], saved["version"], saved["prompts"], future)
-            logger.info(f"resumed {len(self.rounds)} round(s) generated before the checkpoint: {sorted(self.rounds)}")
-            return
-        ahead = max(0, min(self.eta, self.run.cfg.trainer.steps - step))
-        sampler = self.run.sampler.state_dict()
-        sampler["position"] -= ahead * self.round_prompts  # their prompts are taken again
-        self.run.sampler.load_state_dict(sampler)
-        logger.warning(
-            f"the {ahead} round(s) scheduled ahead at step {step} were not saved for {learner.world_size} "
-            "rank(s); regenerating them with the resumed weights"
-        )
+                self.rounds[b] = Round(b, saved["version"], saved["prompts"], future, saved["start"])
+                kept.append(b)
+            else:
+                self._replay[b] = saved["start"]
+                replayed.append(b)
+        if kept:
+            logger.info(f"resumed {len(kept)} round(s) generated before the checkpoint: {kept}")
+        if replayed:
+            logger.warning(
+                f"the round(s) of steps {replayed} are generated again with their saved prompts and the "
+                f"resumed weights ({learner.world_size} rank(s) now, {state['world_size']} when saved)"
+            )

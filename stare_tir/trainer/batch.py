@@ -9,6 +9,7 @@ import torch
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.run import Run, rollout_seed
+from stare_tir.trainer.staleness import ROUND_VERSION
 
 if TYPE_CHECKING:  # async_rollouts imports this module
     from stare_tir.trainer.async_rollouts import AsyncRollouts
@@ -96,6 +97,9 @@ def collect_batch(
             # one would, and no two ranks share the sampling streams of their k-th problem.
             with run.engine.configured(seed=rollout_seed(cfg.trainer.seed, step, rnd, run.learner.rank)):
                 trajs, _ = run.engine.run(problems, cfg.rollout.n_per_prompt)
+            if rollouts is not None:  # a refill samples with the current weights: stamped like a round
+                for t in trajs:
+                    t.info[ROUND_VERSION] = run.learner.steps_applied
         for t in trajs:  # unique group ids across rounds and ranks
             t.group_id = (rnd * k * want + t.group_id) * run.learner.world_size + run.learner.rank
         rolled += trajs

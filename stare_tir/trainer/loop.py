@@ -100,12 +100,14 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
     run = build_run(cfg, model_path, run_dir, resume=resume)
     saved_step: int | None = None  # the step of the checkpoint a --resume would restart from
     try:
+        if run.learner.rank == 0 or not run.backend.shared_by_ranks:
+            run.backend.claim_servers()  # SGLang: a pause a killed trainer left would hold every request
         restore_release_state(run)  # colocated servers a previous trainer left released
         ckpt = latest_checkpoint(run_dir) if resume else None
         if ckpt is not None:
             resume_from(run, ckpt)
             saved_step = run.step
-        elif getattr(run.backend, "shared_by_ranks", False):
+        elif run.backend.shared_by_ranks:
             sync_weights(run)  # servers start from whatever they loaded: serve the learner's weights
         rollouts = None
         if cfg.trainer.max_staleness > 0:

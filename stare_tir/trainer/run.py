@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from loguru import logger
 
@@ -15,6 +14,7 @@ from stare_tir.config import to_dict
 from stare_tir.data import PromptSampler, load_split
 from stare_tir.learner import Learner
 from stare_tir.model import load_tokenizer
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, Backend
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.tracking import MetricsLog, wandb_run_id
 from stare_tir.train_config import TrainConfig
@@ -44,7 +44,7 @@ class Run:
         return self.parts.engine
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> Backend:
         return self.parts.backend
 
 
@@ -63,15 +63,7 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
     train_problems, eval_problems = load_split(cfg.data, "train"), load_split(cfg.data, "eval")
     tokenizer = load_tokenizer(cfg.model, model_path)
     learner_cfg = dataclasses.replace(cfg.learner, total_steps=cfg.learner.total_steps or cfg.trainer.steps)
-    if cfg.trainer.backend == "sglang":
-        from stare_tir.rollout.backends.sglang import prepare_trainer_env
-
-        if cfg.rollout.sglang.weight_sync == "disk" and not cfg.rollout.sglang.sync_dir:
-            raise ValueError(
-                "rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the "
-                "trainer writes and every SGLang server reads (shared storage across nodes)"
-            )
-        prepare_trainer_env(cfg.rollout.sglang)  # NCCL settings must precede the learner's NCCL
+    ROLLOUT_BACKENDS.get(cfg.trainer.backend).prepare_trainer(cfg.rollout)  # NCCL settings precede the learner's
     learner = Learner(model_path, learner_cfg, tokenizer, trust_remote_code=cfg.model.trust_remote_code)
     parts = build_components(
         cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox, model_path=model_path, tokenizer=tokenizer

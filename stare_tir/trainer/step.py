@@ -176,7 +176,7 @@ def collect(run: Run, step: int, rollouts: AsyncRollouts | None) -> tuple[list[T
     resynced = resync_stale_servers(run)  # a restarted server gets the current weights before use
     batch, rolled, metrics = collect_batch(run, step, rollouts)
     metrics.update(resynced)
-    metrics.update(getattr(run.backend, "take_route_stats", dict)())  # SGLang: where its requests went
+    metrics.update(run.backend.take_route_stats())  # SGLang: where its requests went
     metrics.update(global_means(run.learner, rollout_stats(rolled), len(rolled)))
     if rollouts is not None:
         metrics.update(rollouts.step_metrics(batch))  # lag, idle seconds of both sides, queue

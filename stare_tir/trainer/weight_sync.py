@@ -8,6 +8,10 @@ carried to every rank by an all-reduce, so every rank raises within the time of 
 Weight version: the learner's count of applied optimizer steps (`steps_applied`). It names the
 weights, not the push: a skipped update keeps it, a re-push of the same weights repeats it, and
 a resumed run continues it (the learner's checkpoint holds it).
+Every rank accepts the version being pushed before rank 0 starts the push (`accept_version`,
+then one barrier): under asynchronous training the push pauses the servers mid-request and the
+other ranks' requests resume on the new weights, answering with its version before those ranks
+hear the push succeeded.
 
 Colocated layout (rollout.sglang.colocate): the servers free their memory before the learner runs
 (`release_rollout_memory`) and get it back only through a push (`sync_weights`: weights, push,
@@ -31,14 +35,6 @@ if TYPE_CHECKING:
     from stare_tir.trainer.run import Run
 
 RELEASED_FILE = "rollout_released.json"
-
-
-def _shared(run: Run) -> bool:
-    return run.backend is not None and getattr(run.backend, "shared_by_ranks", False)
-
-
-def _colocated(run: Run) -> bool:
-    return run.backend is not None and getattr(getattr(run.backend, "cfg", None), "colocate", False)
 
 
 def weight_version(run: Run) -> str:
@@ -74,14 +70,19 @@ def sync_weights(run: Run) -> None:
     before any rank reaches the update.
     """
     learner, backend = run.learner, run.backend
-    if backend is None:
-        return
-    shared = _shared(run)
+    shared = backend.shared_by_ranks
     pusher = learner.rank == 0 or not shared
     version = weight_version(run)
-    if _colocated(run):
+    if shared and not pusher:
+        # Under asynchronous training the push pauses the servers mid-request, and this rank's
+        # requests resume on the new weights: it must accept their version before rank 0 pauses,
+        # else it takes them for a restarted server's (a rollout error, and the same weights
+        # pushed again). The barrier below orders every rank's acceptance before the push.
+        backend.accept_version(version)
+    if backend.colocated:
         free_learner_memory()
-        learner.all_reduce_sum(torch.zeros(1))  # every rank's memory is free before rank 0 resumes
+    if backend.colocated or (shared and learner.world_size > 1):
+        learner.all_reduce_sum(torch.zeros(1))  # every rank's memory is free, its version accepted
     weights = learner.export_weights()
     error = None
     try:
@@ -96,14 +97,14 @@ def sync_weights(run: Run) -> None:
     if shared and not pusher:
         backend.expect_version(version)
     run.rollout_released = False
-    if learner.rank == 0 and _colocated(run):
+    if learner.rank == 0 and backend.colocated:
         _write_released(run, {})
 
 
 def release_rollout_memory(run: Run) -> None:
     """Colocated layout: the servers free weights, KV cache and CUDA graphs (once idle) before
     the learner recomputes and updates. From here on, only a push gives them memory back."""
-    if not _colocated(run):
+    if not run.backend.colocated:
         return
     error = None
     if run.learner.rank == 0:
@@ -121,14 +122,14 @@ def resume_rollout_memory(run: Run) -> None:
     """Colocated layout: before the next rollouts, the servers hold the current weights and their
     memory. A step that pushed already resumed everything; one that did not (its update was
     skipped) pushes now: released weights come back undefined unless pushed again."""
-    if _colocated(run) and run.rollout_released:
+    if run.backend.colocated and run.rollout_released:
         sync_weights(run)
 
 
 def restore_release_state(run: Run) -> None:
     """At start: servers a previous trainer of this run directory released and never resumed
     are resumed by the first push (and only the tags it released). Colocated runs only."""
-    if not _colocated(run):
+    if not run.backend.colocated:
         return
     released = _read_released(run) if run.learner.rank == 0 else {}
     if released:
@@ -142,11 +143,10 @@ def resync_stale_servers(run: Run) -> dict[str, float]:
     restarted, and serves its start-up weights) gets the current weights again before it is
     used. Returns the step's metrics: servers found stale, answers discarded for their weights."""
     backend = run.backend
-    if not _shared(run) or not hasattr(backend, "stale_servers"):
+    if not backend.shared_by_ranks:
         return {}
     stale: list[str] = backend.stale_servers() if run.learner.rank == 0 else []
-    answers = float(backend.stale_answers)
-    backend.stale_answers = 0
+    answers = float(backend.take_stale_answers())
     counts = run.learner.all_reduce_sum(torch.tensor([float(len(stale)), answers], dtype=torch.float64))
     if counts[0] > 0 or counts[1] > 0:
         if stale:

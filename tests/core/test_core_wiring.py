@@ -11,9 +11,18 @@ import pytest
 import torch
 
 from stare_tir.config import ConfigError, load_config
+from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import TrainConfig
+
+
+class NullBackend(BackendBase):
+    """A backend of the rank's own that takes every push and generates nothing."""
+
+    def update_weights(self, named_tensors, version=None) -> None:
+        for _ in named_tensors:
+            pass
 
 
 def traj(group: int, reward: float) -> Trajectory:
@@ -160,6 +169,7 @@ def test_algo_keys_select_the_registered_advantage_and_policy_loss(tmp_path):
 
     class Learner(RankLearner):
         world_size = 1
+        steps_applied = 1
 
         def __init__(self):
             super().__init__(0)
@@ -189,7 +199,7 @@ def test_algo_keys_select_the_registered_advantage_and_policy_loss(tmp_path):
     run = Run(
         cfg=cfg,
         run_dir=tmp_path,
-        parts=SimpleNamespace(engine=engine, backend=None, tokenizer=None),
+        parts=SimpleNamespace(engine=engine, backend=NullBackend(), tokenizer=None),
         learner=learner,
         controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler([{"id": "a"}], seed=0),

@@ -18,7 +18,7 @@ from envs.data import load_problems
 from envs.retool import RetoolConfig, make_retool_env_factory
 from sandbox import SandboxConfig, make_sandbox
 from stare_tir.eval.evaluate import EvalConfig, evaluate, read_rows
-from stare_tir.rollout.backends.base import Generation, SamplingParams
+from stare_tir.rollout.backends.base import BackendBase, Generation, SamplingParams
 from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
 
 # Brute-force solutions of four AIME 2024 problems, keyed by a phrase of the problem text.
@@ -57,7 +57,7 @@ SOLUTIONS = {
 PROBLEM_IDS = ["aime2024-I-3", "aime2024-I-4", "aime2024-I-13", "aime2024-II-7"]
 
 
-class ScriptedBackend:
+class ScriptedBackend(BackendBase):
     """Turn 1: a code block solving the problem. Turn 2: box the interpreter's output (+ offset).
 
     Implements the Backend protocol: prompt ids in, sampled ids out. The text is encoded with the

@@ -40,6 +40,17 @@ def test_help_documents_every_flag_without_importing_torch():
     assert " torch" not in res.stderr.replace("torch_", "")  # -X importtime lists imports on stderr
 
 
+def test_on_a_machine_without_a_gpu_it_fails_fast_with_one_line():
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    took = time.perf_counter() - t0
+    if Path("/dev/nvidia0").exists():
+        pytest.skip("this machine has a GPU")
+    assert res.returncode == 2 and took < 10, (took, res.stderr[-2000:])
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert len(lines) == 1 and "needs an NVIDIA GPU" in lines[0] and "--device cpu --tiny" in lines[0]
+
+
 def test_bad_flag_values_are_refused_with_the_flag_named():
     res = subprocess.run([sys.executable, str(SCRIPT), "--stages", "0,5"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--stages" in res.stderr and "0, 1, 2 or 3" in res.stderr

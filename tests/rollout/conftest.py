@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from envs.base import StepResult
-from stare_tir.rollout.backends.base import Generation, SamplingParams, StopChecker, fast_decoder
+from stare_tir.rollout.backends.base import BackendBase, Generation, SamplingParams, StopChecker, fast_decoder
 
 CODE_RE = re.compile(r"<code>\s*```python\s*(.*?)```\s*</code>", re.DOTALL)
 
@@ -90,7 +90,7 @@ class Call:
 
 
 @dataclass
-class ScriptedBackend:
+class ScriptedBackend(BackendBase):
     """Writes `turns[k]` on the k-th call for a trajectory (identified by its prompt).
 
     turns: a list of turns; each is a string (tokenized with `tokenizer`) or an explicit id list.

@@ -44,13 +44,15 @@ closes without an answer):
   `deserialize_own_rank` indexes `serialized_named_tensors[tp_rank]`: IndexError);
 - /release_memory_occupation while a request runs or retires (managers/scheduler_components/
   weight_updater.py asserts `is_fully_idle`);
-- /resume_memory_occupation of a tag that is not released (same file: `offload_tags.remove`).
+- /resume_memory_occupation of a tag that is not released (same file: `offload_tags.remove`);
+- a tensor payload whose CUDA handle names a GPU this process cannot see (utils/patch_torch.py
+  raises "Invalid device_uuid" while the TP rank unpickles it: `sglang_standin_cuda.py`).
 Fault injection (not SGLang): `--refuse-update K` refuses the K-th weight update (any mode) the
 way 0.5.23 refuses one, 400 {"success": false, "message"}.
 
 What it does not reproduce: SGLang's scheduler, radix cache, CUDA graphs, TP sharding (a TP rank
 only opens its own payload; distributed sync needs --tp-size 1), its exact error payloads, and
-the CUDA-IPC side of update_weights_from_tensor. Idle keep-alive connections are closed after
+the opening of CUDA-IPC handles themselves (the device lookup before it is reproduced). Idle keep-alive connections are closed after
 `--keepalive-s` (uvicorn's 5 s in SGLang). It binds only to the loopback interface.
 
 Run: python tests/rollout/sglang_standin.py --model-path DIR [--port 0] [--compat 0.5.2]
@@ -81,6 +83,7 @@ if __package__ in (None, ""):  # run as a script: the repository root must be im
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules beside it
 
+from sglang_standin_cuda import open_payload  # noqa: E402
 from sglang_standin_gen import Answer, GenerationControl  # noqa: E402
 from sglang_standin_http import make_handler  # noqa: E402
 from sglang_standin_quirks import (  # noqa: E402
@@ -358,13 +361,18 @@ class StandinServer:
         try:
             named = [self._unpickle(payloads[rank]) for rank in range(self.tp_size)][0]  # each rank its own
             self.backend.update_weights(named)
+        except Fatal:  # raised outside any try in the scheduler: the server goes down
+            raise
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
         return self._after_update(body, "Success")
 
     def _unpickle(self, payload: str) -> Any:
+        """One TP rank opens its payload under SGLang's rules (`sglang_standin_cuda.py`: a CUDA
+        handle naming a GPU this process cannot see is fatal)."""
         blob = base64.b64decode(payload)
-        return AllowListUnpickler(io.BytesIO(blob)).load() if "safe_unpickle" in self.quirks else pickle.loads(blob)
+        load = (lambda b: AllowListUnpickler(io.BytesIO(b)).load()) if "safe_unpickle" in self.quirks else pickle.loads
+        return open_payload(blob, load, die)
 
     def init_group(self, body: dict) -> tuple[int, Any]:
         from stare_tir.rollout.backends.sglang import init_weight_update_group
@@ -477,13 +485,19 @@ class StandinServer:
 
 
 def launch_standin(
-    model_path: str, port: int = 0, timeout_s: float = 120.0, extra_args: list[str] | None = None
+    model_path: str,
+    port: int = 0,
+    timeout_s: float = 120.0,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """Start a stand-in server in a subprocess; returns (process, base URL) once it serves."""
+    """Start a stand-in server in a subprocess (`env`: added to its environment, e.g. the
+    CUDA_VISIBLE_DEVICES a real server would be launched with); returns (process, base URL) once
+    it serves."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--model-path", str(model_path), "--port", str(port)] + list(
         extra_args or []
     )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     while time.monotonic() < deadline:

@@ -71,6 +71,7 @@ class AllowListUnpickler(pickle.Unpickler):
         ("builtins", "list"),
         ("builtins", "tuple"),
         ("builtins", "dict"),
+        ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"),  # CUDA IPC handles (SafeUnpickler allows it)
     }
     STORAGE = ("torch.storage", "_load_from_bytes")
 

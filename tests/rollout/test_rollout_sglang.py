@@ -361,6 +361,9 @@ def test_memory_release_resume_flush_and_health(server, local):
     with pytest.raises(HTTPError) as err:
         _greedy(be, prompt)
     assert err.value.status == 503
+    probes = request_sync("GET", server + "/standin_stats")["counts"].get("/health", 0)
+    assert be.health() == [True]  # released, and still probed without a forward pass:
+    assert request_sync("GET", server + "/standin_stats")["counts"].get("/health", 0) == probes  # /model_info
     be.resume_memory_occupation()
     be.flush_cache()
     assert _greedy(be, prompt) == _greedy(local, prompt)
@@ -476,6 +479,23 @@ def test_disk_sync_needs_a_dir_and_keeps_one_checkpoint(server, tiny_path, tmp_p
     (sync / "other.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="other checkpoint"):
         be.update_weights(named)
+
+
+def test_disk_sync_refuses_a_directory_too_small_for_one_checkpoint(tmp_path, monkeypatch):
+    """A container's 64 MB /dev/shm as sync_dir: refused with the sizes, before a byte is written
+    or a server is asked to load anything."""
+    import collections
+
+    from stare_tir.rollout.backends.sglang import push
+
+    named = [("w", torch.zeros(1024, 1024))]  # 4 MiB
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(push.shutil, "disk_usage", lambda p: usage(2**21, 0, 2**21))
+    be = SGLangBackend(["http://127.0.0.1:9"], SGLangConfig(weight_sync="disk", sync_dir=str(tmp_path)))
+    be._layouts = []  # no server to read: the refusal comes before any call
+    with pytest.raises(ValueError, match=r"has 2 MiB free but one weight sync writes 4 MiB"):
+        be.update_weights(named, version="1")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_refused_distributed_update_fails_fast(server, tiny_path):

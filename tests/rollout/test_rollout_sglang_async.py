@@ -117,6 +117,47 @@ def test_an_answer_that_ended_just_before_a_push_is_not_taken_for_a_restarted_se
     assert be.stale_answers >= 1
 
 
+def test_a_non_pushing_rank_accepts_the_version_being_pushed_before_the_push(slow_server):
+    """Rank 1's requests resume on the weights rank 0 pushes while they run: their answers carry
+    the new version before rank 1 hears that the push succeeded. They are the trainer's weights,
+    not a restarted server's: no stale answer, no error."""
+    rank1 = SGLangBackend([slow_server.url], SGLangConfig(weight_sync="tensor"), tokenizer=slow_server.tokenizer)
+    rank1.expect_version("3")
+    rank1.allow_in_flight_updates(2)
+    rank1.accept_version("4")  # what sync_weights does on every non-pushing rank before rank 0 pauses
+    slow_server.weight_version = "4"  # rank 0's push landed mid-request
+    gen = asyncio.run(rank1.generate(_prompt(slow_server.tokenizer), SamplingParams(max_new_tokens=2), []))
+    assert gen.weight_version == "4" and rank1.stale_answers == 0
+    rank1.expect_version("4")  # rank 0's push confirmed by the agreement
+    assert rank1.weight_version == "4"
+
+    late = SGLangBackend([slow_server.url], SGLangConfig(weight_sync="tensor"), tokenizer=slow_server.tokenizer)
+    late.expect_version("3")  # without the acceptance the same answer is taken for a restarted server's
+    with pytest.raises(Exception, match="weight version '4'"):
+        asyncio.run(late.generate(_prompt(slow_server.tokenizer), SamplingParams(max_new_tokens=2), []))
+
+
+def test_a_server_left_paused_by_a_killed_trainer_is_continued_when_the_next_one_starts(slow_server):
+    request_sync("POST", slow_server.url + "/pause_generation", {"mode": "retract"})  # ... and the trainer died
+    cfg = SGLangConfig(generate_timeout_s=3.0)
+    stuck = SGLangBackend([slow_server.url], cfg, tokenizer=slow_server.tokenizer)
+    with pytest.raises(TimeoutError, match="paused by a trainer killed"):  # bounded, and named
+        asyncio.run(stuck.generate(_prompt(slow_server.tokenizer), SamplingParams(max_new_tokens=2), []))
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{message}")
+    try:
+        be = SGLangBackend([slow_server.url], cfg, tokenizer=slow_server.tokenizer)
+        be.claim_servers()
+        be.claim_servers()  # idempotent
+    finally:
+        logger.remove(sink)
+    gen = asyncio.run(be.generate(_prompt(slow_server.tokenizer), SamplingParams(max_new_tokens=2), []))
+    assert len(gen.token_ids) == 2
+    assert any("/continue_generation sent to" in line and slow_server.url in line for line in lines)
+
+
 def test_abort_pause_ends_requests_and_the_client_refuses_the_answer(slow_server):
     be = SGLangBackend([slow_server.url], tokenizer=slow_server.tokenizer)
     box: dict = {}

@@ -129,9 +129,17 @@ def test_tp2_server_is_read_at_start_and_gets_one_payload_per_rank(standin, tiny
     sends one payload per rank; a config saying tp_size=1 is refused before anything is sent.
     What the check prevents: one payload for two ranks kills the server (IndexError in the
     scheduler, tp_worker.py), here reproduced with a raw request."""
+    from loguru import logger
+
     with _serve(standin, tiny_path, tp_size=2) as srv:
         be = SGLangBackend([srv.url], SGLangConfig(weight_sync="tensor", bucket_mb=0.1))
-        assert [lay.tp_size for lay in be.layouts()] == [2]
+        lines: list[str] = []
+        sink = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{message}")
+        try:
+            assert [lay.tp_size for lay in be.layouts()] == [2]
+        finally:
+            logger.remove(sink)
+        assert any(line.startswith(f"server {srv.url}: tp 2") for line in lines), lines  # adopted, and said
         be.update_weights(_state(tiny_path).items(), version="7")
         assert _version(srv.url) == "7"
         refused = SGLangBackend([srv.url], SGLangConfig(weight_sync="tensor", tp_size=1))
@@ -183,6 +191,28 @@ def test_a_refused_update_fails_fast_and_the_next_push_works(process_server, tin
     assert counts["/begin_weight_update"] == counts["/end_weight_update"] == 2
     if mode == "distributed":
         assert counts["/init_weights_update_group"] == 2  # the broken group was replaced
+    be.close()
+
+
+def test_a_refused_broadcast_ends_on_the_sending_side_within_the_groups_timeout(process_server, tiny_path):
+    """The server refuses a bucket and never joins its broadcast: the push raises at once, and the
+    sender's thread, left inside the broadcast, ends within the group's timeout (timeout_s), with
+    an aborted communicator where the backend can abort (NCCL), never blocking the trainer."""
+    url = process_server
+    request_sync("POST", url + "/standin_fault", {"refuse_update": 2})
+    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo", bucket_mb=0.05, timeout_s=8)
+    be = SGLangBackend([url], cfg)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"stand-in refused weight update 2"):
+        be.update_weights(_state(tiny_path).items(), version="1")
+    assert time.monotonic() - t0 < 8
+    sender = be._group.sender
+    sender.thread.join(timeout=30)
+    assert not sender.thread.is_alive() and time.monotonic() - t0 < 30  # bounded by the group's 8 s
+    assert sender.error is not None  # the broadcast failed (timed out or aborted), it did not complete
+    request_sync("POST", url + "/standin_fault", {"refuse_update": 0})
+    be.update_weights(_state(tiny_path).items(), version="2")  # a new group works
+    assert _version(url) == "2"
     be.close()
 
 
@@ -389,3 +419,69 @@ def test_keepalive_shorter_than_the_servers_never_writes_onto_a_closing_connecti
         assert SGLangConfig().keepalive_s < 5.0  # below SGLang's SGLANG_TIMEOUT_KEEP_ALIVE default
     finally:
         listener.close()
+
+
+# ------------------------------------------------------------------- devices a server can see
+
+
+@pytest.mark.parametrize(
+    ("visible", "sees"),
+    [("GPU-aaaa-1111", False), ("GPU-bbbb-2222", True), ("1", True), ("0,GPU-aaaa-1111", False), ("", True)],
+)
+def test_which_gpus_a_visible_devices_list_lets_a_server_open(visible, sees):
+    from stare_tir.rollout.backends.sglang.devices import sees_device
+
+    physical = lambda: {"0": "GPU-aaaa-1111", "1": "GPU-bbbb-2222"}  # noqa: E731 - what nvidia-smi lists
+    assert sees_device(visible, "bbbb-2222", physical) is sees  # torch's UUID has no "GPU-" prefix
+    assert sees_device("1", "bbbb-2222", lambda: None) is None  # no mapping: cannot tell
+
+
+def test_tensor_sync_is_refused_when_a_server_cannot_see_the_trainers_gpu(standin, tiny_path, monkeypatch):
+    """The server process runs with its own CUDA_VISIBLE_DEVICES (the per-server launch); a GPU
+    outside it would kill the server at the first IPC handle (patch_torch.py raises on the
+    unknown UUID inside the scheduler). Through the real backend: refused with one line at the
+    push's first CUDA tensor, before any /update_weights_from_tensor reaches the server (CUDA
+    stands in by a flag on CPU; the server's environment is read from /proc)."""
+    import stare_tir.rollout.backends.sglang.backend as backend_mod
+
+    proc, url = standin.launch_standin(
+        str(tiny_path), extra_args=["--threads", "1"], env={"CUDA_VISIBLE_DEVICES": "GPU-aaaa-1111"}
+    )
+    try:
+
+        class FakeCuda:
+            is_cuda = True
+
+        monkeypatch.setattr(backend_mod, "device_uuid", lambda t: "GPU-cccc-3333")
+        be = SGLangBackend([url], SGLangConfig(weight_sync="tensor"))
+        before = _counts(url).get("/update_weights_from_tensor", 0)
+        with pytest.raises(ValueError) as err:
+            be.update_weights(iter([("w", FakeCuda())]), version="1")
+        msg = str(err.value)
+        assert "\n" not in msg and url in msg and "CUDA_VISIBLE_DEVICES=GPU-aaaa-1111" in msg
+        assert "cannot see the trainer's GPU GPU-cccc-3333" in msg and "weight_sync=distributed" in msg
+        assert _counts(url).get("/update_weights_from_tensor", 0) == before
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_handle_naming_a_gpu_the_server_cannot_see_kills_it(standin, tiny_path):
+    """What the device check prevents, reproduced: the stand-in opens payloads under SGLang's rules
+    (a UUID device is looked up among the GPUs it sees, patch_torch.py), and an unknown UUID is
+    fatal. A hand-made handle stands in for a CUDA tensor (none exists on CPU)."""
+    import base64
+    import pickle
+
+    from torch.multiprocessing import reductions
+
+    class Handle:  # what torch's reduce_tensor writes for a CUDA tensor, the device as a UUID
+        def __reduce__(self):
+            return reductions.rebuild_cuda_tensor, (None,) * 6 + ("GPU-0000dead",) + (None,) * 6
+
+    with _serve(standin, tiny_path) as srv:
+        request_sync("POST", srv.url + "/begin_weight_update", {})
+        blob = base64.b64encode(pickle.dumps([("w", Handle())])).decode()
+        with pytest.raises(OSError):  # the connection closes without an answer: the server died
+            request_sync("POST", srv.url + "/update_weights_from_tensor", {"serialized_named_tensors": [blob]})
+        assert "Invalid device_uuid=GPU-0000dead" in srv.fatal

@@ -113,3 +113,32 @@ def test_eta1_run_trains_one_version_behind_against_the_real_server(sglang_serve
     assert all(r["dropped/stale"] == 0 and r["dropped/rollout_error"] == 0 for r in steps)
     assert all(r["weights/stale_answers"] == 0 for r in steps)  # in-flight answers are not "stale"
     assert sglang_server.count_requests("/pause_generation") - pauses == 3  # one per push while generating
+
+
+def test_a_server_left_paused_by_a_killed_trainer_does_not_hold_the_next_run(sglang_server, tmp_path):
+    """A trainer killed between /pause_generation and /continue_generation leaves the server
+    paused; every /generate would wait forever. The next run continues it when it starts, and
+    trains (the real server's continue is idempotent, so this is harmless when nothing was paused)."""
+    request_sync("POST", sglang_server.url + "/pause_generation", {"mode": "retract"}, timeout_s=60)
+    continues = sglang_server.count_requests("/continue_generation")
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, str(ROOT / "scripts" / "train_tir.py"), f"trainer.run_dir={run_dir}", "model.path=tiny",
+        "sft.enabled=false", "algo.name=grpo", "trainer.backend=sglang", f"rollout.sglang.urls={json.dumps([sglang_server.url])}",
+        "rollout.sglang.weight_sync=tensor", "rollout.sglang.generate_timeout_s=300", "data.arithmetic_train_size=16",
+        "data.arithmetic_eval_size=2", "trainer.prompts_per_step=2", "rollout.n_per_prompt=2", "rollout.max_total_tokens=32",
+        "rollout.max_new_tokens_per_turn=16", "trainer.eval_every=0", "trainer.steps=1", "learner.zero_stage=0",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-4000:]
+    finally:  # the tiny base back on the server, unpaused, as the other tests expect it
+        request_sync("POST", sglang_server.url + "/continue_generation", {}, timeout_s=60)
+        be = SGLangBackend([sglang_server.url], SGLangConfig(weight_sync="tensor"))
+        be.update_weights(_state().items(), version="default")
+        be.close()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert len(steps) == 1 and steps[0]["dropped/rollout_error"] == 0
+    assert sglang_server.count_requests("/continue_generation") > continues
+    assert "/continue_generation sent to" in (run_dir / "train.log").read_text()

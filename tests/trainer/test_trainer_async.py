@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from stare_tir.data import PromptSampler
+from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import TrainConfig
@@ -88,7 +89,7 @@ def fake_run(eta: int = 1, steps: int = 5) -> SimpleNamespace:
         learner=Learner(),
         engine=ProducerEngine(cfg.rollout),
         sampler=PromptSampler([{"id": str(i)} for i in range(40)], seed=0),
-        backend=None,
+        backend=BackendBase(),
         step=0,
     )
 
@@ -206,8 +207,138 @@ def test_what_was_generated_ahead_is_saved_with_the_checkpoint_or_regenerated(tm
     other = fake_run(eta=2, steps=6)  # another number of ranks: the rounds are rolled out again
     other.step, other.learner.world_size = 1, 2
     other.sampler.load_state_dict({"position": position, "seed": 0})
-    AsyncRollouts(other, 2).load(tmp_path)
-    assert other.sampler.state_dict()["position"] == position - 2 * 2
+    replayed = AsyncRollouts(other, 2)
+    replayed.load(tmp_path)
+    assert other.sampler.state_dict()["position"] == position  # nothing rewound ...
+    replayed.schedule(2)
+    assert other.engine.calls[:2] == run.engine.calls[1:3]  # ... the same prompts (and seeds) again
+
+
+def test_a_checkpoint_without_rounds_ahead_rewinds_nothing(tmp_path):
+    """A synchronous run's checkpoint resumed at eta=1: nothing was generated ahead, so the next
+    round takes the sampler's next prompts (a rewind would train the last step's prompts again)."""
+    run = fake_run(eta=1, steps=4)
+    run.step = 2
+    run.sampler.load_state_dict({"position": 4, "seed": 0})
+    pipe = AsyncRollouts(run, 1)
+    pipe.load(tmp_path)  # no async_rounds file
+    pipe.schedule(3)
+    assert run.sampler.state_dict()["position"] == 4 + 2 * 2
+    reference = PromptSampler([{"id": str(i)} for i in range(40)], seed=0)
+    reference.take(4)  # what steps 1 and 2 trained on
+    assert run.engine.calls[0][0] == [p["id"] for p in reference.take(2)]
+
+
+class PromptEngine(ProducerEngine):
+    """Trajectories carry their problem id; problems whose id is a multiple of 3 have equal rewards
+    (dynamic sampling refills them from the sampler); rounds whose seed is in `fail_seeds` fail."""
+
+    def __init__(self, cfg, fail_seeds=()):
+        super().__init__(cfg)
+        self.fail_seeds = set(fail_seeds)
+
+    def submit(self, coro):
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(asyncio.run(coro))
+        except Exception as exc:  # as the engine's loop does: the error goes into the round
+            future.set_exception(exc)
+        return future
+
+    async def generate_with_stats(self, problems, n, seed):
+        if seed in self.fail_seeds:
+            self.fail_seeds.discard(seed)
+            raise RuntimeError("the servers went away")
+        out, stats = await super().generate_with_stats(problems, n, seed)
+        for t in out:
+            p = problems[t.group_id]
+            t.problem_id = p["id"]
+            if int(p["id"]) % 3 == 0:
+                t.reward = 1.0
+        return out, stats
+
+
+def trained(run, pipe, steps) -> dict[int, list[str]]:
+    out = {}
+    for step in steps:
+        batch, _, m = collect_batch(run, step, pipe)
+        assert m["dropped/stale"] == 0
+        out[step] = sorted({t.problem_id for t in batch})
+        run.learner.steps_applied += 1
+    return out
+
+
+def test_a_failed_round_ahead_is_saved_to_regenerate_and_resume_trains_the_uninterrupted_prompts(tmp_path):
+    """The round of step 3 fails while step 2 trains: the checkpoint of step 2 is still written
+    whole (the round is saved as "regenerate"), the error is raised by step 3, and the resumed run
+    regenerates exactly that round's prompts: steps 3 and 4 train on the prompts of a run in which
+    nothing failed, though refills of dynamic sampling took prompts after the failed round's."""
+    reference = fake_run(eta=1, steps=4)
+    reference.engine = PromptEngine(reference.cfg.rollout)
+    want = trained(reference, AsyncRollouts(reference, 1), (1, 2, 3, 4))
+    assert any(int(i) % 3 == 0 for ids in want.values() for i in ids) is False  # refills replaced them
+
+    run = fake_run(eta=1, steps=4)
+    run.engine = PromptEngine(run.cfg.rollout, fail_seeds=[rollout_seed(0, 3, 0, 0)])
+    pipe = AsyncRollouts(run, 1)
+    assert trained(run, pipe, (1, 2)) == {s: want[s] for s in (1, 2)}
+    pipe.save(tmp_path)  # the checkpoint of step 2: no error here
+    position = run.sampler.state_dict()["position"]  # saved with it
+    saved = torch.load(tmp_path / "async_rounds_rank0.pt", weights_only=False)
+    assert [r.get("regenerate", False) for r in saved["rounds"]] == [True]
+    with pytest.raises(RuntimeError, match="the servers went away"):
+        collect_batch(run, 3, pipe)
+
+    resumed = fake_run(eta=1, steps=4)
+    resumed.engine = PromptEngine(resumed.cfg.rollout)
+    resumed.step, resumed.learner.steps_applied = 2, 2
+    resumed.sampler.load_state_dict({"position": position, "seed": 0})
+    again = AsyncRollouts(resumed, 1)
+    again.load(tmp_path)
+    assert trained(resumed, again, (3, 4)) == {s: want[s] for s in (3, 4)}
+
+
+def test_refill_trajectories_without_token_spans_are_not_stale():
+    run = fake_run(eta=1, steps=2)
+    run.engine = PromptEngine(run.cfg.rollout)  # problem 0 (equal rewards) is refilled in step 1
+    pipe = AsyncRollouts(run, 1)
+    batch, rolled, m = collect_batch(run, 1, pipe)
+    refills = [t for t in rolled if "round_version" not in t.info or t.group_id >= 2]
+    assert refills and all(t.weight_versions == [] for t in refills)  # no spans reported
+    assert m["dropped/stale"] == 0 and m["batch/groups"] == 2
+
+
+def test_a_failed_round_on_one_rank_stops_every_rank_at_the_same_step():
+    """The round failed on another rank: this rank, whose round is fine, raises too instead of
+    entering the step's collectives alone (they would wait for the process-group timeout)."""
+    run = fake_run(eta=1, steps=2)
+    run.learner.all_reduce_sum = lambda x: x + 1  # another rank reports a failure
+    pipe = AsyncRollouts(run, 1)
+    with pytest.raises(RuntimeError, match="failed on another rank"):
+        pipe.first_round(1)
+
+
+def test_eta_without_correction_and_a_smaller_eta_on_resume_are_warned(tmp_path):
+    from loguru import logger
+
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING", format="{message}")
+    try:
+        run = fake_run(eta=2, steps=6)
+        pipe = AsyncRollouts(run, 2)
+        collect_batch(run, 1, pipe)
+        pipe.save(tmp_path)
+        smaller = fake_run(eta=1, steps=6)
+        smaller.step, smaller.sampler.position = 1, run.sampler.position
+        again = AsyncRollouts(smaller, 1)
+        again.load(tmp_path)
+    finally:
+        logger.remove(sink)
+    assert any("without a behaviour-policy correction" in m for m in messages)
+    assert any("smaller than the 2 the checkpoint was saved with" in m for m in messages)
+    assert sorted(again.rounds) == [2]  # round 3 waits to be generated again with its prompts
+    again.schedule(2)
+    assert smaller.engine.calls == [run.engine.calls[2]]
 
 
 def test_behaviour_weights_enter_the_token_weights_and_metrics_are_per_lag():

@@ -12,6 +12,7 @@ import torch
 
 from stare_tir.algos.stare import StareController
 from stare_tir.data import PromptSampler
+from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.trainer import (
@@ -23,6 +24,14 @@ from stare_tir.trainer import (
     sync_weights,
 )
 from stare_tir.trainer.weight_sync import restore_release_state, resync_stale_servers
+
+
+class NullBackend(BackendBase):
+    """A backend of the rank's own that takes every push and generates nothing."""
+
+    def update_weights(self, named_tensors, version=None) -> None:
+        for _ in named_tensors:
+            pass
 
 
 class FakeLearner:
@@ -52,7 +61,7 @@ class FakeLearner:
             yield f"w{i}", torch.zeros(2)
 
 
-class SharedBackend:
+class SharedBackend(BackendBase):
     """Servers shared by all ranks (like SGLang): only one rank may push. `fail_after`: the push
     raises after taking that many tensors (a refused bucket)."""
 
@@ -62,6 +71,8 @@ class SharedBackend:
         self.pushes, self.fail_after = 0, fail_after
         self.versions: list = []
         self.expected = None
+        self.accepted = None
+        self.learner = None  # set by tests that check when the version was accepted
 
     def update_weights(self, named, version=None):
         for i, _ in enumerate(named):
@@ -72,6 +83,9 @@ class SharedBackend:
 
     def expect_version(self, version):
         self.expected = version
+
+    def accept_version(self, version):
+        self.accepted = (version, self.learner.reduces if self.learner else None)
 
 
 class OwnBackend(SharedBackend):
@@ -99,9 +113,13 @@ def _run(learner, backend, cfg=None, engine=None, run_dir=None) -> Run:
 )
 def test_one_pusher_for_shared_servers_every_rank_for_its_own(rank, backend_cls, pushes):
     learner, backend = FakeLearner(rank=rank), backend_cls()
+    backend.learner = learner
     sync_weights(_run(learner, backend))
     assert backend.pushes == pushes
-    assert learner.exported == 1 and learner.reduces == 1  # every rank gathers and waits
+    shared = backend_cls is SharedBackend
+    assert learner.exported == 1 and learner.reduces == 1 + shared  # every rank gathers and waits
+    # a non-pushing rank accepts the version before the barrier that lets rank 0 push (and pause)
+    assert backend.accepted == (("3", 0) if rank == 1 and shared else None)
     assert learner.gathered == learner.n_weights
     # the version names the weights (the learner's applied steps): pushed, or expected from rank 0
     assert backend.versions == ["3"] * pushes
@@ -114,7 +132,7 @@ def test_a_failed_push_stops_every_rank_after_draining_the_export():
     learner = FakeLearner(rank=0, n_weights=5)
     with pytest.raises(RuntimeError, match="refused"):  # the pusher raises its own error
         sync_weights(_run(learner, SharedBackend(fail_after=1)))
-    assert learner.gathered == 5 and learner.reduces == 1  # drained, then met the others
+    assert learner.gathered == 5 and learner.reduces == 2  # drained, then met the others
     waiting = FakeLearner(rank=1, peer_sum=1.0, n_weights=5)
     with pytest.raises(RuntimeError, match="failed on another rank"):  # the waiting rank learns of it
         sync_weights(_run(waiting, SharedBackend()))
@@ -163,7 +181,7 @@ def test_consecutive_empty_steps_stop_the_run_naming_the_cause():
     cfg.rollout.n_per_prompt = 2
     engine = FakeEngine([[_failed(0), _failed(0)] for _ in range(cfg.algo.dynamic_sampling_rounds * 2)])
     engine.cfg = cfg.rollout
-    run = _run(FakeLearner(world_size=1), None, cfg, engine)
+    run = _run(FakeLearner(world_size=1), NullBackend(), cfg, engine)
     metrics = rl_step(run, 1)
     assert metrics["update/skipped_empty"] == 1.0 and run.empty_in_row == 1
     with pytest.raises(RuntimeError) as err:
@@ -176,9 +194,10 @@ def test_consecutive_empty_steps_stop_the_run_naming_the_cause():
 class ColocatedBackend(SharedBackend):
     """Records the order of memory and weight calls of a colocated SGLang server."""
 
+    colocated = True
+
     def __init__(self) -> None:
         super().__init__()
-        self.cfg = type("Cfg", (), {"colocate": True})()
         self.calls: list = []
         self._released: dict = {}
 
@@ -242,7 +261,11 @@ def test_a_restarted_trainer_resumes_what_its_predecessor_released(tmp_path):
 def test_stale_servers_get_the_weights_again_before_the_step():
     class Restarted(SharedBackend):
         weight_version = "3"
-        stale_answers = 2
+        stale = 2
+
+        def take_stale_answers(self):
+            n, self.stale = self.stale, 0
+            return n
 
         def stale_servers(self):
             return ["http://a"] if self.pushes == 0 else []
@@ -268,7 +291,7 @@ def test_checkpoint_keeps_the_empty_step_count(tmp_path):
 
     cfg = TrainConfig()
     learner = CkptLearner(rank=0, world_size=1)
-    run = _run(learner, None, cfg, run_dir=tmp_path)
+    run = _run(learner, NullBackend(), cfg, run_dir=tmp_path)
     run.controller = StareController.from_config(cfg.algo.stare)
     run.log = SimpleNamespace(truncate_after=lambda step: None)
     run.empty_in_row = 2

@@ -10,6 +10,7 @@ import torch
 from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights
 from stare_tir.algos.token_methods import ClipCovConfig, StapoConfig
 from stare_tir.algos.verl_partition import VerlPartitionConfig
+from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
@@ -21,6 +22,14 @@ from stare_tir.trainer import (
     lplus_entropy_raising_frac,
     prepare_update,
 )
+
+
+class NullBackend(BackendBase):
+    """A backend of the rank's own that takes every push and generates nothing."""
+
+    def update_weights(self, named_tensors, version=None) -> None:
+        for _ in named_tensors:
+            pass
 
 
 def traj(
@@ -221,7 +230,7 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
         cfg=cfg,
         run_dir=tmp_path,
         learner=learner,
-        parts=SimpleNamespace(engine=engine, backend=None, tokenizer=None),
+        parts=SimpleNamespace(engine=engine, backend=NullBackend(), tokenizer=None),
         controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler([{"id": "a"}], seed=0),
         eval_problems=[],

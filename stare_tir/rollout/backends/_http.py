@@ -4,9 +4,10 @@ Why aiohttp: it keeps connections alive across hundreds of concurrent `/generate
 failed connect (nothing was sent: safe to try another server) apart from a failure after the
 request went out (the server may be generating: never re-sent), and SGLang depends on it anyway.
 
-Timeouts: a connect timeout always; no total timeout on the data path by default. A long turn
-under load is slow, not lost: a 600 s total timeout with a resubmit dropped exactly the long
-answers and biased every batch toward short ones. A dead server closes the connection.
+Timeouts: a connect timeout always; on the data path a read timeout far above any real turn (the
+SGLang backend's `generate_timeout_s`). A long turn under load is slow, not lost: a 600 s total
+timeout with a resubmit dropped exactly the long answers and biased every batch toward short ones.
+A dead server closes the connection; a paused or hung one is ended by the read timeout.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Literal, Protocol, runtime_checkable
 
+from sandbox.registry import Registry
+
 FinishReason = Literal["stop", "eos", "length"]
 
 
@@ -89,7 +91,23 @@ class Generation:
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the rollout engine needs from an inference backend."""
+    """Everything the rollout engine and the trainer use of an inference backend.
+
+    `generate` and the two weight loads are what every backend does its own way. The rest are
+    capabilities of shared servers (SGLang): who pushes, which servers serve stale weights, how
+    pushes meet running requests, colocated memory. A backend inside the trainer's process has
+    none of them; `BackendBase` gives every one of them its "not here" default, documented there,
+    so callers call them unconditionally instead of probing for attributes.
+    """
+
+    # One set of servers serves every trainer rank: exactly one rank (0) pushes weights, the
+    # others learn the pushed version (`expect_version`). False: each rank has its own backend.
+    shared_by_ranks: bool
+    # The servers share the learner's GPUs: they free their memory while the learner trains
+    # (`release_memory_occupation`) and get it back with the next push.
+    colocated: bool
+    # The version of the last push (None: none yet): answers stamped otherwise are stale.
+    weight_version: str | None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
         """Sample a continuation of `prompt_ids` until EOS, a stop string or max_new_tokens."""
@@ -104,9 +122,129 @@ class Backend(Protocol):
         """Load new policy weights from an HF checkpoint directory."""
         ...
 
+    def claim_servers(self) -> None:
+        """At the start of a run, by the pushing process: take the servers over from whatever a
+        previous trainer left (SGLang: clear a pause it died in)."""
+        ...
+
+    def accept_version(self, version: str) -> None:
+        """`version` is about to be pushed by another process (shared servers): answers carrying it
+        are accepted from now on, before the push is confirmed (`expect_version`)."""
+        ...
+
+    def expect_version(self, version: str) -> None:
+        """Another process pushed `version` (shared servers): answers must now carry it."""
+        ...
+
+    def stale_servers(self) -> list[str]:
+        """Servers that serve other weights than the last push (restarted) and need it again."""
+        ...
+
+    def take_stale_answers(self) -> int:
+        """Answers discarded for their weights since the last call (they were re-run elsewhere)."""
+        ...
+
+    def allow_in_flight_updates(self, versions_kept: int) -> None:
+        """Asynchronous training: pushes may come while requests run; answers finished by one of
+        the `versions_kept` versions before the last push are still accepted."""
+        ...
+
+    def take_route_stats(self) -> dict[str, float]:
+        """Routing metrics (`route/*`) since the last call; {} for a backend that does not route."""
+        ...
+
+    @property
+    def released(self) -> dict[str, list[str]]:
+        """Colocated: server -> memory tags released and not yet resumed."""
+        ...
+
+    def adopt_released(self, released: dict[str, list[str]]) -> None:
+        """Colocated: a previous trainer released these tags and never resumed them."""
+        ...
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Colocated: the servers free their GPU memory for the learner (once idle)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close what lives on the engine's event loop (connections); called on that loop."""
+        ...
+
     def close(self) -> None:
         """Release the backend's resources."""
         ...
+
+
+class BackendBase:
+    """The defaults of `Backend`'s capabilities, for a backend that lives in the trainer's process
+    and owns its model (each rank has its own; nothing is shared, routed, released or stale).
+    Backends (and test stand-ins) subclass it and override what they can do."""
+
+    shared_by_ranks: bool = False
+    colocated: bool = False
+    weight_version: str | None = None
+
+    @classmethod
+    def from_config(cls, model_path: str, tokenizer: Any, rollout: Any, trust_remote_code: bool = False) -> Backend:
+        """The backend a run's settings select (`stare_tir.components.make_backend` calls it).
+        rollout: the run's `RolloutConfig`; model_path: the resolved policy checkpoint."""
+        raise NotImplementedError(f"{cls.__name__} does not say how it is built from a run's settings")
+
+    @classmethod
+    def check_config(cls, rollout: Any, key: str) -> None:
+        """Refuse, with one line naming `key`, settings this backend cannot run with (before any
+        model is loaded). rollout: the run's `RolloutConfig`."""
+
+    @classmethod
+    def prepare_trainer(cls, rollout: Any) -> None:
+        """Process settings the trainer must make before the learner starts (e.g. NCCL's)."""
+
+    def claim_servers(self) -> None:
+        """Nothing outside this process to take over."""
+
+    def accept_version(self, version: str) -> None:
+        """Each rank pushes its own backend: there is no other pusher's version to accept."""
+
+    def expect_version(self, version: str) -> None:
+        """Each rank pushes its own backend: there is no other pusher's version to expect."""
+
+    def stale_servers(self) -> list[str]:
+        return []
+
+    def take_stale_answers(self) -> int:
+        return 0
+
+    def allow_in_flight_updates(self, versions_kept: int) -> None:
+        """An own backend orders pushes and requests itself (the HF backend lets running requests
+        finish on the old weights first): nothing to allow."""
+
+    def take_route_stats(self) -> dict[str, float]:
+        return {}
+
+    @property
+    def released(self) -> dict[str, list[str]]:
+        return {}
+
+    def adopt_released(self, released: dict[str, list[str]]) -> None:
+        if released:
+            raise ValueError(f"{type(self).__name__} has no servers to resume; released tags {released} are not its")
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} is not colocated: it has no memory to release")
+
+    async def aclose(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# Rollout backend classes by the name `trainer.backend` / the eval `backend` select. Each class is
+# registered where it is defined; those modules import torch only when a backend is built, so
+# reading the names (config validation, --help) stays light.
+ROLLOUT_BACKENDS: Registry[type[BackendBase]] = Registry(
+    "rollout backend", load=("stare_tir.rollout.backends.hf", "stare_tir.rollout.backends.sglang.backend")
+)
 
 
 def fast_decoder(tokenizer: Any):

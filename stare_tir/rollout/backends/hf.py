@@ -43,7 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal
 
-from stare_tir.rollout.backends.base import Generation, SamplingParams, StopChecker, fast_decoder, finish_after_token
+from stare_tir.rollout.backends.base import (
+    ROLLOUT_BACKENDS,
+    BackendBase,
+    Generation,
+    SamplingParams,
+    StopChecker,
+    fast_decoder,
+    finish_after_token,
+)
 from stare_tir.rollout.backends.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -121,12 +129,21 @@ def _make_cache(kv):
     return cache
 
 
-class HFBackend:
+@ROLLOUT_BACKENDS.register("hf")
+class HFBackend(BackendBase):
     """Continuous-batching generation with a Hugging Face causal LM (see module docstring).
 
     model: a loaded `PreTrainedModel`, or a path/hub id to load with AutoModelForCausalLM.
     tokenizer: needed to decode for stop strings; loaded from `model` when it is a path.
+    In process: each trainer rank has its own (`BackendBase`'s defaults: not shared, not colocated).
     """
+
+    @classmethod
+    def from_config(cls, model_path: str, tokenizer: Any, rollout: Any, trust_remote_code: bool = False) -> HFBackend:
+        model: Any = model_path
+        if trust_remote_code:  # a path is loaded without it: hand the built module instead
+            model = _load_remote_code_model(model_path, rollout.hf)
+        return cls(model, tokenizer, rollout.hf)
 
     def __init__(
         self,
@@ -508,6 +525,17 @@ def _runs_in(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _load_remote_code_model(model_path: str, hf: HFBackendConfig) -> Any:
+    """The policy with its repository's own code, on the device and dtype `HFBackend.__init__`
+    picks ("auto" is CUDA when available, fp32 on CPU and bf16 on GPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if hf.device == "auto" else hf.device
+    dtype = (torch.float32 if device == "cpu" else torch.bfloat16) if hf.dtype == "auto" else getattr(torch, hf.dtype)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=True).to(device)
 
 
 def iter_checkpoint_tensors(path: str) -> Iterable[tuple[str, torch.Tensor]]:

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from loguru import logger
 
-from stare_tir.rollout.backends._http import AsyncJSONClient, NotSentError, request_sync
-from stare_tir.rollout.backends.base import Generation, SamplingParams, fast_decoder
-from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig
+from stare_tir.rollout.backends._http import AsyncJSONClient, HTTPError, NotSentError, request_sync
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, BackendBase, Generation, SamplingParams, fast_decoder
+from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig, prepare_trainer_env
+from stare_tir.rollout.backends.sglang.devices import check_servers_see_device, device_uuid
 from stare_tir.rollout.backends.sglang.layout import (
     ServerLayout,
     check_layouts,
@@ -44,7 +45,8 @@ class StaleWeightsError(RuntimeError):
     """Every server that could take a request serves other weights than the last push."""
 
 
-class SGLangBackend:
+@ROLLOUT_BACKENDS.register("sglang")
+class SGLangBackend(BackendBase):
     """Client of one or more SGLang HTTP servers (see the package docstring).
 
     tokenizer: the policy's tokenizer; with it the finish of every answer is classified from its
@@ -55,6 +57,35 @@ class SGLangBackend:
 
     # One set of servers serves every trainer rank: exactly one rank pushes weights.
     shared_by_ranks = True
+
+    @classmethod
+    def check_config(cls, rollout: Any, key: str) -> None:
+        if not rollout.sglang.urls:
+            raise ValueError(
+                f"{key}=sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
+                "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
+            )
+
+    @classmethod
+    def prepare_trainer(cls, rollout: Any) -> None:
+        """Refuse disk sync without a directory; NCCL's settings before the learner starts its NCCL."""
+        if rollout.sglang.weight_sync == "disk" and not rollout.sglang.sync_dir:
+            raise ValueError(
+                "rollout.sglang.weight_sync=disk needs rollout.sglang.sync_dir: a directory the "
+                "trainer writes and every SGLang server reads (shared storage across nodes)"
+            )
+        prepare_trainer_env(rollout.sglang)
+
+    @classmethod
+    def from_config(
+        cls, model_path: str, tokenizer: Any, rollout: Any, trust_remote_code: bool = False
+    ) -> SGLangBackend:
+        cls.check_config(rollout, "backend")
+        return cls(rollout.sglang.urls, rollout.sglang, tokenizer=tokenizer, eos_token_ids=model_eos_ids(model_path))
+
+    @property
+    def colocated(self) -> bool:  # type: ignore[override]
+        return self.cfg.colocate
 
     def __init__(
         self,
@@ -107,6 +138,8 @@ class SGLangBackend:
         # from the few versions before the last push are the trainer's, not a restarted server's.
         self._in_flight_updates = False
         self._older_versions: collections.deque[str] = collections.deque(maxlen=0)
+        self._incoming: str | None = None  # a version another process is pushing (`accept_version`)
+        self._devices_checked = False  # tensor sync: every server sees the trainer's GPU (`devices.py`)
 
     # ------------------------------------------------------------------------------- data path
 
@@ -139,6 +172,13 @@ class SGLangBackend:
                     raise
                 await asyncio.sleep(0.5 * failures)
                 continue
+            except TimeoutError as exc:
+                self._lost.add(i)
+                raise TimeoutError(
+                    f"{exc}: the server holds the request without answering (paused by a trainer killed "
+                    "between /pause_generation and /continue_generation, or hung). A new trainer continues "
+                    "paused servers when it starts; raise rollout.sglang.generate_timeout_s for turns this long"
+                ) from exc
             except ConnectionError:
                 # Lost, and reported (never re-run: it may have been generating). Without this,
                 # affinity kept sending a dead server's trajectories and groups to it, and a
@@ -168,6 +208,7 @@ class SGLangBackend:
         return self.weight_version is not None and gen.weight_version not in (
             None,
             self.weight_version,
+            self._incoming,
             *self._older_versions,
         )
 
@@ -183,15 +224,45 @@ class SGLangBackend:
     # ---------------------------------------------------------------------------- control path
 
     def health(self) -> list[bool]:
-        """GET /health of every generation URL (servers, or the router)."""
+        """Whether every generation URL answers /model_info. Not /health: on 0.5.23 it runs a real
+        forward pass through the scheduler (entrypoints/http_server.py `health_generate` sends a
+        one-token generate unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is off), which trips the
+        idle assert when it lands between a flush and a memory release and computes on freed
+        memory while the server is released; /model_info reads state only. A URL without it (a
+        router: 404) is asked /health, which the router answers from its workers."""
         ok = []
         for url in self.urls:
             try:
-                request_sync("GET", url + "/health", timeout_s=30)
+                try:
+                    request_sync("GET", url + "/model_info", timeout_s=30)
+                except HTTPError as exc:
+                    if exc.status != 404:
+                        raise
+                    request_sync("GET", url + "/health", timeout_s=30)
                 ok.append(True)
             except Exception:
                 ok.append(False)
         return ok
+
+    def claim_servers(self) -> None:
+        """At start: /continue_generation to every control server, so a pause that a killed trainer
+        left (it died between pause and continue) does not hold this run's requests forever.
+        Continue is idempotent on a server that is not paused (0.5.23's scheduler only clears its
+        pause flag, `_engine_paused`: managers/scheduler.py `continue_generation`); a server
+        without the call (older than pauses) answers 404 and cannot have been paused by us."""
+        continued = []
+        for url in self.control_urls:
+            try:
+                request_sync("POST", url + "/continue_generation", {}, min(self.cfg.timeout_s, 60.0))
+                continued.append(url)
+            except HTTPError as exc:
+                if exc.status != 404:
+                    raise
+        if continued:
+            logger.info(
+                f"rollout servers taken: /continue_generation sent to {continued} (clears any pause a "
+                "previous trainer left)"
+            )
 
     def wait_until_healthy(self, timeout_s: float = 600.0, poll_s: float = 2.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -222,6 +293,8 @@ class SGLangBackend:
                     )
             if self.cfg.weight_sync == "distributed":
                 master_address(self.cfg.master_address, self.control_urls)  # refuses loopback + remote
+            for lay in layouts:  # what every later payload count and group rank is built from
+                logger.info(f"server {lay.url}: {lay.describe()}")
             self._layouts = layouts
         return self._layouts
 
@@ -244,11 +317,22 @@ class SGLangBackend:
         marked = {self.urls[i] for i in self._stale}
         return sorted(marked | {u for u, v in self.served_versions().items() if v != self.weight_version})
 
+    def take_stale_answers(self) -> int:
+        n, self.stale_answers = self.stale_answers, 0
+        return n
+
+    def accept_version(self, version: str) -> None:
+        """Another process is about to push `version`: under asynchronous training its in-flight
+        push may answer this process's requests with it before this process hears that the push
+        succeeded; those answers are the trainer's new weights, not a restarted server's."""
+        self._incoming = version
+
     def expect_version(self, version: str) -> None:
         """Another process pushed `version` to the servers: answers must now carry it."""
         if self.weight_version not in (None, version):
             self._older_versions.append(self.weight_version)
         self.weight_version = version
+        self._incoming = None
         self._stale.clear()
         self._lost.clear()
 
@@ -332,7 +416,7 @@ class SGLangBackend:
                 push_disk(self.control_urls, self.cfg, named_tensors, version)
             elif mode == "tensor":
                 with self._sessions.around(self.control_urls):
-                    push_tensor(layouts, self.cfg, named_tensors, version)
+                    push_tensor(layouts, self.cfg, self._checking_devices(named_tensors), version)
                 self.flush_cache()
             else:
                 group = self._update_group(layouts)
@@ -342,6 +426,18 @@ class SGLangBackend:
         self._pushed(version)
         if self.cfg.colocate:
             self.resume_memory_occupation()
+
+    def _checking_devices(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        """The tensors, unchanged; before the first CUDA one is serialized, every server is checked
+        to see its GPU (once per backend: `devices.py`), so an invisible device is refused with
+        one line instead of killing the server."""
+        for name, t in named_tensors:
+            if t.is_cuda and not self._devices_checked:
+                check_servers_see_device(self.control_urls, device_uuid(t))
+                self._devices_checked = True
+            yield name, t
 
     def update_weights_from_disk(self, path: str, load_format: str | None = None, version: str | None = None) -> None:
         """Every server loads the HF checkpoint directory `path` (readable by each of them)."""
@@ -360,9 +456,10 @@ class SGLangBackend:
         group = self._group
         if group is not None and not group.broken and self.weight_version is not None:
             restarted = [u for u, v in self.served_versions().items() if v != self.weight_version]
-            if restarted:
+            if restarted:  # no collective is running: this side's communicator is freed, not leaked
                 logger.warning(f"weight-update group {group.name}: {restarted} restarted; making a new group")
-                group.broken = True
+                group.destroy()
+                group = self._group = None
         if group is not None and group.broken:
             group.destroy()
             group = self._group = None
@@ -382,6 +479,17 @@ class SGLangBackend:
 
     def close(self) -> None:
         self.destroy_weight_update_group()  # best effort: servers may already be gone
+
+
+def model_eos_ids(model_path: str) -> list[int]:
+    """The model's own EOS ids (Qwen2.5: <|im_end|> and <|endoftext|>), on which SGLang stops too."""
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS is used
+        return []
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 def raise_open_file_limit(connections: int) -> None:

@@ -25,10 +25,12 @@ class SGLangConfig:
     timeout_s: float = 600.0
     # Seconds to open a connection to a server (a dead server fails fast and is routed around).
     connect_timeout_s: float = 30.0
-    # Seconds a /generate may wait for its answer; None: no limit. A limit drops exactly the
-    # long turns of a loaded server (and biases the batch to short answers); keep None unless
-    # a hung server must be detected.
-    generate_timeout_s: float | None = None
+    # Seconds a /generate may wait for its answer; None: no limit. Finite by default so that a
+    # server that never answers (left paused by a trainer killed mid-push, or hung) ends the
+    # request with an error naming the cause instead of holding the run forever. Far above any
+    # real turn (a 8k-token turn at 10 tokens/s takes ~15 min): a tight limit would drop exactly
+    # the long turns of a loaded server and bias the batch toward short answers.
+    generate_timeout_s: float | None = 3600.0
     # Retries of a request whose connection could not be opened (on the next-least-loaded server).
     retries: int = 2
     # Which server each /generate goes to (several `urls`; see routing.py). "affinity": a turn goes

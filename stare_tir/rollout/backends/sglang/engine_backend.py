@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from stare_tir.rollout.backends._weights import buckets
-from stare_tir.rollout.backends.base import Generation, SamplingParams
+from stare_tir.rollout.backends.base import BackendBase, Generation, SamplingParams
 from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig
 from stare_tir.rollout.backends.sglang.push import bucket_bytes
 from stare_tir.rollout.backends.sglang.wire import parse_generate_output, sampling_payload
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 
-class SGLangEngineBackend:
+class SGLangEngineBackend(BackendBase):
     """An in-process `sglang.Engine`.
 
     engine_kwargs go to `sglang.Engine` (ServerArgs), e.g. tp_size, mem_fraction_static,
@@ -36,6 +36,10 @@ class SGLangEngineBackend:
         self.engine = sglang.Engine(model_path=model_path, **engine_kwargs)
         self.weight_version: str | None = None
         self._pushes = 0
+
+    @property
+    def colocated(self) -> bool:  # type: ignore[override]
+        return self.cfg.colocate
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, stop: list[str]) -> Generation:
         out = await self.engine.async_generate(

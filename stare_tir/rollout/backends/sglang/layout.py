@@ -43,6 +43,16 @@ class ServerLayout:
     memory_saver: bool | None = None  # None: not reported
     version: str = ""
 
+    def describe(self) -> str:
+        """One line: "tp 2" (and dp/pp/nnodes when not 1, the version when reported)."""
+        parts = [f"tp {self.tp_size}"]
+        parts += [
+            f"{k} {v}" for k, v in (("dp", self.dp_size), ("pp", self.pp_size), ("nnodes", self.nnodes)) if v != 1
+        ]
+        if self.version:
+            parts.append(f"sglang {self.version}")
+        return ", ".join(parts)
+
     @classmethod
     def from_info(cls, url: str, info: dict[str, Any]) -> ServerLayout:
         return cls(

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import threading
 import time
@@ -201,6 +202,23 @@ def load_from_disk(urls: list[str], path: str, version: str, timeout_s: float, l
     flush_cache(urls, timeout_s)
 
 
+def check_sync_space(directory: Path, nbytes: int) -> None:
+    """Refuse a sync directory that cannot hold one more checkpoint: the new file is written
+    beside the old one before the rename (a bf16 7B policy: ~15 GB per sync). A container's
+    /dev/shm is 64 MB unless started with a larger --shm-size."""
+    free = shutil.disk_usage(directory).free
+    if free < nbytes:
+        raise ValueError(
+            f"rollout.sglang.sync_dir={str(directory)!r} has {_size(free)} free but one weight sync "
+            f"writes {_size(nbytes)} ({SYNC_FILE}, written beside the previous one): point sync_dir "
+            "at a larger file system (for /dev/shm: start the container with a larger --shm-size)"
+        )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
 def push_disk(
     urls: list[str], cfg: SGLangConfig, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str
 ) -> None:
@@ -225,6 +243,7 @@ def push_disk(
         )
     # clone: tied weights share storage, which safetensors refuses to save twice
     state = {name: t.detach().to("cpu").clone() for name, t in named_tensors}
+    check_sync_space(out, sum(t.numel() * t.element_size() for t in state.values()))
     tmp = out / f".{SYNC_FILE}.{os.getpid()}.tmp"  # not *.safetensors: never loaded half-written
     try:
         save_file(state, str(tmp))
@@ -299,6 +318,7 @@ class UpdateGroup:
         self.name = f"{cfg.group_name}-{uuid.uuid4().hex[:12]}"
         self.pg = None
         self.broken = False
+        self.sender: Beside | None = None  # the last bucket's broadcast thread
 
     @property
     def world_size(self) -> int:
@@ -364,7 +384,7 @@ class UpdateGroup:
                 "weight_version": version,
             }
             posts = Posts(self.urls, "/update_weights_from_distributed", [payload] * len(self.urls), cfg.timeout_s)
-            sender = Beside(self._broadcast, bucket)
+            sender = self.sender = Beside(self._broadcast, bucket)
             try:
                 posts.wait_for(sender.thread, "broadcasting weights", cfg.timeout_s)
                 if sender.error is not None:
@@ -377,7 +397,29 @@ class UpdateGroup:
                 posts.join()
             except BaseException:
                 self.broken = True  # a half-done collective: this group is never used again
+                self._abort(sender)
                 raise
+
+    def _abort(self, sender: Beside) -> None:
+        """After a refusal: abort this side's communicator so the sender thread's broadcast, which
+        the refusing server never joins, fails now instead of waiting in NCCL for the group's
+        timeout (`timeout_s`, which bounds it anyway: the group is made with it). The servers
+        that accepted the bucket are left in their broadcast: 0.5.23 makes their group without
+        a timeout argument (utils/common.py `init_custom_process_group` from
+        model_runner_components/weight_updater.py `init_weights_update_group`: torch's default,
+        30 minutes for NCCL) and takes no abort request, so they recover when it expires or
+        they are restarted; the trainer stops with the cause at once."""
+        if sender.thread.is_alive() and self.pg is not None:
+            try:
+                self.pg.abort()
+            except Exception as exc:  # noqa: BLE001 - best effort: the group's timeout still ends it
+                logger.info(f"weight-update group {self.name}: abort failed ({exc!r}); its timeout ends the broadcast")
+        sender.thread.join(timeout=1.0)
+        if sender.thread.is_alive():  # gloo cannot be aborted: its timeout ends the broadcast
+            logger.warning(
+                f"weight-update group {self.name}: the broadcast thread is still blocked; the group's "
+                f"timeout (rollout.sglang.timeout_s={self.cfg.timeout_s:.0f}) ends it"
+            )
 
     def _broadcast(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         for _, t in bucket:  # same order as `names`: the servers receive in that order
