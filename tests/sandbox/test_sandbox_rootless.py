@@ -84,7 +84,7 @@ def seen() -> dict:
         pytest.skip(
             "needs root to run the probe as another user (as a non-root user, the local sandbox already runs rootless)"
         )
-    if not _readable_by_all(ROOT / "sandbox" / "local.py"):
+    if not _readable_by_all(ROOT / "sandbox" / "local" / "__init__.py"):
         pytest.skip(f"the checkout at {ROOT} is not readable by uid {NOBODY}")
     home = Path(tempfile.mkdtemp(prefix="rootless-python-"))  # pytest's own tmp dirs are root-only
     os.chmod(home, 0o755)

@@ -15,8 +15,8 @@ import socket
 import time
 from collections import deque
 
+from ..base import ExecResult, ExecStatus, SandboxError, killed_status
 from ._proto import Frames, pack
-from .base import ExecResult, ExecStatus, SandboxError, killed_status
 
 
 class WorkerClient:

@@ -66,7 +66,7 @@ class Worker:
         self.uid_locks: dict[int, tuple[int, int]] = {}  # sid -> (uid, lock fd)
         self.ns: dict[int, int] = {}  # sid -> its pid namespace (local: to find its processes)
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
-        self.tree = ""  # local: the root file system (sandbox/_rootfs.py)
+        self.tree = ""  # local: the root file system (sandbox/local/_rootfs.py)
 
     def setup(self) -> dict:
         import _isolation as iso

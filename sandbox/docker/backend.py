@@ -11,8 +11,8 @@ Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine
 - The same worker as the local backend runs inside as the container's init and forks one
   interpreter per session; wall time, output caps and statuses come from the same host-side code.
   Between cells it stops the session with SIGSTOP/SIGKILL over every process of the code's uid
-  until none can run (sandbox/_park.py). The image holds the same files as the local backend's
-  root (sandbox/_rootfs.py), so a cell finds the same programs and packages.
+  until none can run (sandbox/local/_park.py). The image holds the same files as the local
+  backend's root (sandbox/local/_rootfs.py), so a cell finds the same programs and packages.
 - Reuse: when a session ends (or its interpreter dies) a reaper running as the code's uid SIGKILLs
   every process of that uid and empties /tmp, /dev/shm, /dev/mqueue and the SysV IPC tables, then
   the container goes back to a warm pool of `docker.warm`. A container whose worker died is
@@ -34,12 +34,12 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from ._client import Proc, WorkerClient, new_stats
-from ._session import ProcSession, Slots
-from ._uids import UidPool
-from .base import ExecResult, SandboxError
-from .config import SandboxConfig
-from .docker.build import code_hash
+from ..base import SANDBOX_BACKENDS, SandboxBase, SandboxError
+from ..config import DockerConfig, SandboxConfig
+from ..local._client import Proc, WorkerClient, new_stats
+from ..local._session import ProcSession
+from ..local._uids import UidPool
+from ..slots import Slots
 
 WORKER_OVERHEAD_MB = 128  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
 
@@ -74,8 +74,12 @@ class _Lease:
             await self.sandbox._release(c, self.last)
 
 
-class DockerSandbox:
+@SANDBOX_BACKENDS.register("docker", config=DockerConfig)
+class DockerSandbox(SandboxBase):
+    """The local backend's worker as the init of one container per session (sandbox/local/)."""
+
     def __init__(self, cfg: SandboxConfig | None = None):
+        super().__init__()
         self.cfg = cfg or SandboxConfig(backend="docker")
         self.limits = self.cfg.limits
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
@@ -91,7 +95,6 @@ class DockerSandbox:
         self.closed = False
         self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
         self.uids: UidPool | None = None  # each container's code runs as its own host uid
-        self.info: dict = {}
         self.label = f"{os.getpid()}-{id(self):x}"  # finds every container of ours at close
 
     async def _call(self, fn, *args, **kwargs):
@@ -99,7 +102,9 @@ class DockerSandbox:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
     async def start(self) -> None:
-        import docker
+        import docker  # here, not at import: the registry loads this module to read the names
+
+        from .build import code_hash  # reads the root file system's module (importlib.metadata)
 
         image = self.cfg.docker.image
         try:
@@ -298,10 +303,6 @@ class DockerSandbox:
         lease = _Lease(self)
         return ProcSession(lease.spawn, self.slots, self.limits, stateless, on_close=lease.release)
 
-    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        async with self.session(stateless=True) as s:
-            return await s.run(code, timeout)
-
     async def close(self) -> None:
         self.closed = True
         for c in list(self.live):  # ends every wait on these workers at once; they exit on EOF
@@ -325,10 +326,3 @@ class DockerSandbox:
         if self.uids is not None:
             self.uids.close()
             self.uids = None
-
-    async def __aenter__(self) -> DockerSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

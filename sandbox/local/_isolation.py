@@ -1,6 +1,6 @@
 """Kernel isolation primitives for the local backend, via ctypes (stdlib only; runs in the worker).
 
-Namespaces (mount, pid, net, ipc, uts), the read-only root (the tree of sandbox/_rootfs.py), the
+Namespaces (mount, pid, net, ipc, uts), the read-only root (the tree of sandbox/local/_rootfs.py), the
 session's private mounts, timers, and an optional seccomp filter through libseccomp (cgroups:
 _cgroups.py). Every function raises OSError when the kernel refuses; the worker turns that into
 an infrastructure failure.
@@ -48,7 +48,7 @@ def _syscall(name: str, *args) -> int:
         raise OSError(
             errno.ENOSYS,
             f"the local sandbox knows the system call numbers of {sorted(SYSCALLS)} only, "
-            f"not {arch}: add them to SYSCALLS in sandbox/_isolation.py, or use sandbox.backend=docker",
+            f"not {arch}: add them to SYSCALLS in sandbox/local/_isolation.py, or use sandbox.backend=docker",
         )
     return _libc.syscall(ctypes.c_long(table[name]), *args)
 
@@ -138,7 +138,7 @@ def bind_ro(src: str, dst: str, mountinfo: int = -1) -> None:
 
 
 def build_root(tree: str, rootless: bool = False) -> None:
-    """Enter a private mount namespace whose root is `tree` (sandbox/_rootfs.py: the same file set
+    """Enter a private mount namespace whose root is `tree` (sandbox/local/_rootfs.py: the same file set
     as the Docker image), read-only, with a minimal /dev. Called once by the worker, after
     everything it reads from the host; each session then adds its own /tmp, /proc and namespaces.
     Rootless, the new root also gets a proc of the worker's pid namespace: inside a user namespace
