@@ -57,6 +57,7 @@ from dataclasses import asdict
 from ..base import SANDBOX_BACKENDS, SandboxBase, SandboxError
 from ..config import SandboxConfig
 from ..slots import Slots
+from . import _cgroups
 from ._client import Proc, WorkerClient, new_stats
 from ._session import ProcSession
 
@@ -198,6 +199,8 @@ class LocalSandbox(SandboxBase):
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+            if os.geteuid() == 0:  # its guard kills what its sessions left; this covers a dead guard
+                _cgroups.kill_worker_groups(f"stare-sandbox-{self.popen.pid}")
             self.popen = None
 
     async def _spawn(self) -> Proc:

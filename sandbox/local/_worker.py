@@ -46,6 +46,12 @@ from _reaper import fork_reaper  # noqa: E402
 from _uids import UidPool  # noqa: E402
 
 NOFILE = 1024  # open files per session process
+WORKER_OOM_SCORE = 900  # after the cells (1000), before anything else (the trainer: 0)
+
+
+def _write_oom_score(score: int) -> None:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(score))
 
 
 class Worker:
@@ -67,6 +73,7 @@ class Worker:
         self.ns: dict[int, int] = {}  # sid -> its pid namespace (local: to find its processes)
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
         self.tree = ""  # local: the root file system (sandbox/local/_rootfs.py)
+        self.guard: tuple[int, socket.socket] | None = None  # root: (pid, socket) of the guard
 
     def setup(self) -> dict:
         import _isolation as iso
@@ -90,9 +97,14 @@ class Worker:
         self.huge_mb = iso.collapse_heap() >> 20
         with open("/proc/self/status", "rb") as f:  # address space after preloading, for RLIMIT_AS
             self.base_vm_mb = int((status_field(f.read(), b"VmSize") or b"0 kB").split()[0]) >> 10
+        self.rootless = self.local and os.geteuid() != 0
+        # the sandbox's own processes rank before the trainer for the OOM killer (cells: 1000)
+        _write_oom_score(WORKER_OOM_SCORE)
         if self.cfg.get("seccomp"):
             try:
-                self.seccomp = iso.Seccomp(block_network=not self.limits["network"])
+                # Rootless, memory is bounded per process (RLIMIT_AS): SysV shm and memfds, whose
+                # pages belong to no process, are denied there (cgroups charge them as root)
+                self.seccomp = iso.Seccomp(block_network=not self.limits["network"], deny_shared_memory=self.rootless)
             except OSError as e:
                 if not self.cfg.get("allow_no_seccomp"):
                     raise OSError(
@@ -101,7 +113,6 @@ class Worker:
                     ) from None
                 self.seccomp = None
         if self.local:
-            self.rootless = os.geteuid() != 0
             if self.rootless:
                 # Own a user namespace, then serve from pid 1 of a pid namespace it owns: each
                 # session's pid namespace can then be entered and left without host privileges.
@@ -120,7 +131,7 @@ class Worker:
             else:
                 try:
                     self.cgroups = _cgroups.Cgroups.create(f"stare-sandbox-{os.getpid()}")
-                    self.cgroups.guard()
+                    self.start_guard()
                 except OSError as e:
                     if not self.cfg.get("allow_no_cgroups"):
                         raise OSError(
@@ -217,6 +228,7 @@ class Worker:
         try:
             if self.uid_pool is not None:
                 self.uid_locks[sid] = self.uid_pool.take()
+                self._tell_guard(f"take:{self.uid_locks[sid][0]}", self.uid_locks[sid][1])
             if self.cgroups is not None:
                 cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"], self.limits["cpus"])
             if self.local:
@@ -283,8 +295,14 @@ class Worker:
                 # A user namespace of its own, entered before RLIMIT_NPROC is lowered: the kernel
                 # then counts this session's processes apart from every other session's.
                 iso.enter_user_namespace(0, 0)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # under memory pressure the code dies first, never the worker
+        _write_oom_score(1000)  # under memory pressure the code dies first, then the worker
+        if self.local:
+            # /proc read-only from here on: the code cannot lower its oom_score_adj (rootless it
+            # owns the file; as root the worker's write also set 1000 as its floor). Rootless, the
+            # remount needs a mount namespace owned by the session's own user namespace.
+            if self.rootless:
+                iso.unshare(iso.CLONE_NEWNS)
+            iso.mount(None, "/proc", None, iso.MS_REMOUNT | iso.MS_BIND | iso.MS_RDONLY | iso.PROC_FLAGS)
         disk = lim["disk_mb"] << 20
         resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
         # 1, not 0: the kernel skips a piped core_pattern helper (which runs as host root) only at 1
@@ -358,9 +376,24 @@ class Worker:
         return session_members_by_uid(self.procfd, self.uid(sid))
 
     def _free_uid(self, sid: int) -> None:
+        """Only once no process of the session lives (its pid 1 reaped: its namespace is empty)."""
         held = self.uid_locks.pop(sid, None)
         if held is not None:
             os.close(held[1])
+            self._tell_guard(f"free:{held[0]}")
+
+    def start_guard(self) -> None:
+        """(Re)start the guard (_cgroups.Cgroups.guard) and hand it every uid lock held now."""
+        self.guard = self.cgroups.guard()
+        for uid, fd in self.uid_locks.values():
+            self._tell_guard(f"take:{uid}", fd)
+
+    def _tell_guard(self, msg: str, fd: int = -1) -> None:
+        if self.guard is not None:
+            try:
+                socket.send_fds(self.guard[1], [msg.encode() + b" "], [fd] if fd >= 0 else [])
+            except OSError:
+                pass  # it died: restarted when reaped, with every lock held then
 
     def kill(self, sid: int) -> None:
         pid = self.sids.get(sid)
@@ -390,6 +423,10 @@ class Worker:
                 return
             if pid == 0:
                 return
+            if self.guard is not None and pid == self.guard[0]:
+                self.guard[1].close()
+                self.start_guard()  # killed by someone: its duty outlives it
+                continue
             sid = self.pids.pop(pid, None)
             if sid is None:
                 continue  # an orphan reparented to us (docker: we are the container's init)
