@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import time
+from typing import Iterator
 
 try:
     from ._procfs import cgroup_mounts, cgroup_paths, freezer_state, int_list, keyed_counter, read_at
@@ -168,20 +169,22 @@ class Cgroups:
     def _freezer_fd(self, fds: list[int]) -> int | None:
         return fds[self.freezer] if self.freezer is not None and len(fds) > self.freezer else None
 
-    def freeze(self, fds: list[int], timeout: float) -> None:
-        """Stop every task of the session, threads and tasks forked meanwhile included; returns
-        once the kernel says the group is frozen, else raises TimeoutError."""
+    def freeze(self, fds: list[int], deadline: float) -> Iterator[float]:
+        """Stop every task of the session, threads and tasks forked meanwhile included. A step of
+        the worker's park (_park.py): yields how long to wait before looking again, returns once
+        the kernel says the group is frozen, raises TimeoutError past `deadline`."""
         fd = self._freezer_fd(fds)
         if self.freezer_v2:
             _write_at(fd, "cgroup.freeze", "1")
         else:
             _write_at(fd, "freezer.state", "FROZEN")
-        deadline, pause = time.monotonic() + timeout, 0.00005
+        pause = 0.00005
         while not self._frozen(fd):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the session's cgroup did not freeze within {timeout:g}s")
-            # yield the CPU: the session's tasks must run to reach the freezer (2 cores, many jobs)
-            time.sleep(pause)
+                raise TimeoutError("the session's cgroup did not freeze in time")
+            # the session's tasks must run to reach the freezer (2 cores, many jobs): wait, and
+            # let the worker serve other sessions meanwhile
+            yield pause
             pause = min(pause * 2, 0.002)
 
     def _frozen(self, fd: int) -> bool:

@@ -34,6 +34,7 @@ import _cgroups  # noqa: E402
 from _cells import serve_cells  # noqa: E402
 from _park import (  # noqa: E402
     STOP_TIMEOUT_S,
+    Park,
     park_frozen,
     park_signalled,
     session_members_by_ns,
@@ -74,6 +75,8 @@ class Worker:
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
         self.tree = ""  # local: the root file system (sandbox/local/_rootfs.py)
         self.guard: tuple[int, socket.socket] | None = None  # root: (pid, socket) of the guard
+        self.parking: dict[int, Park] = {}  # sid -> its park under way (_park.py)
+        self.park_wake: dict[int, float] = {}  # sid -> when to step its park next
 
     def setup(self) -> dict:
         import _isolation as iso
@@ -190,7 +193,9 @@ class Worker:
         sel.register(rfd, selectors.EVENT_READ)
         self.sock, self.oom_base = sock, self.oom_kills()
         while True:
-            for key, _ in sel.select():
+            wake = min(self.park_wake.values(), default=None)
+            timeout = None if wake is None else max(0.0, wake - time.monotonic())
+            for key, _ in sel.select(timeout):
                 if key.fileobj is sock:
                     msg, _payload, fds = recv(sock, maxfds=1)
                     if msg is None:
@@ -213,6 +218,9 @@ class Worker:
                     while os.read(rfd, 512) == 512:
                         pass
                     self.reap()
+            now = time.monotonic()
+            for sid in [sid for sid, at in self.park_wake.items() if at <= now]:
+                self._step_park(sid)
 
     def uid(self, sid: int) -> int:
         if self.local and self.rootless:
@@ -338,34 +346,65 @@ class Worker:
         until its next cell. Leftover threads of the session's interpreter cannot be killed one by
         one: the session is killed instead (the host restarts it at the next cell), as it is when
         it cannot be stopped at all. Replies {"op": "parked", "sid", "procs": leftover processes
-        killed, "threads": leftover threads, and "failed": why, if it had to be killed}."""
-        pid, reply = self.sids.get(sid), {"op": "parked", "sid": sid, "procs": 0, "threads": 0}
-        if pid is not None:
-            try:
-                deadline = time.monotonic() + STOP_TIMEOUT_S
-                if self.cgroups is not None and self.cgroups.freezer is not None:
-                    self.stopped[sid] = "freezer"
-                    procs, own = park_frozen(self.cgroups, self.cg_fds.get(sid, []), pid, self.procfd, deadline)
-                else:
-                    self.stopped[sid] = "signal"
-                    procs, own = park_signalled(lambda: self.members(sid), pid, self.procfd, deadline)
-                threads = len(own) - (1 if pid in own else 0)  # its main thread gone: the others count
-                reply.update(procs=procs, threads=threads)
-                if threads:
-                    self.kill(sid)
-            except Exception as e:  # noqa: BLE001 - e.g. it did not freeze in time: it ends, nothing else
-                reply["failed"] = f"{type(e).__name__}: {e}"[:500]
-                self._kill_quietly(sid)
-        send(self.sock, reply)
+        killed, "threads": leftover threads, and "failed": why, if it had to be killed}. The park
+        runs in steps between the worker's other requests (_park.Park): it never delays them."""
+        pid = self.sids.get(sid)
+        if pid is None:
+            return send(self.sock, {"op": "parked", "sid": sid, "procs": 0, "threads": 0})
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        if self.cgroups is not None and self.cgroups.freezer is not None:
+            self.stopped[sid] = "freezer"
+            steps = park_frozen(self.cgroups, self.cg_fds.get(sid, []), pid, self.procfd, deadline)
+        else:
+            self.stopped[sid] = "signal"
+            steps = park_signalled(lambda: self.members(sid), pid, self.procfd, deadline)
+        self.parking[sid] = steps
+        self._step_park(sid)
+
+    def _step_park(self, sid: int) -> None:
+        steps, pid = self.parking.get(sid), self.sids.get(sid)
+        self.park_wake.pop(sid, None)
+        if steps is None:
+            return
+        reply = {"op": "parked", "sid": sid, "procs": 0, "threads": 0}
+        try:
+            self.park_wake[sid] = time.monotonic() + next(steps)
+            return  # not done: stepped again after that wait
+        except StopIteration as done:
+            procs, own = done.value
+            threads = len(own) - (1 if pid in own else 0)  # its main thread gone: the others count
+            reply.update(procs=procs, threads=threads)
+            del self.parking[sid]
+            send(self.sock, reply)
+            if threads:
+                self.kill(sid)
+        except Exception as e:  # noqa: BLE001 - e.g. it did not freeze in time: it ends, nothing else
+            reply["failed"] = f"{type(e).__name__}: {e}"[:500]
+            self.parking.pop(sid, None)
+            send(self.sock, reply)
+            self._kill_quietly(sid)
+
+    def _drop_park(self, sid: int, answer: bool) -> None:
+        """The session ends while its park is under way: stop stepping it (and, if it died by
+        itself, answer the park, so the host does not wait for it)."""
+        steps = self.parking.pop(sid, None)
+        self.park_wake.pop(sid, None)
+        if steps is not None:
+            steps.close()
+            if answer:
+                send(self.sock, {"op": "parked", "sid": sid, "procs": 0, "threads": 0})
 
     def resume(self, sid: int) -> None:
+        """Let the session run its next cell; answered at once, as the host starts the cell's
+        clock on the answer: time spent before it (behind other sessions' requests) is not the
+        cell's."""
         pid, how = self.sids.get(sid), self.stopped.pop(sid, None)
-        if pid is None:
-            return
-        if how == "freezer":
-            self.cgroups.thaw(self.cg_fds.get(sid, []))
-        elif how == "signal":
-            signal_quietly(pid, signal.SIGCONT)
+        if pid is not None:
+            if how == "freezer":
+                self.cgroups.thaw(self.cg_fds.get(sid, []))
+            elif how == "signal":
+                signal_quietly(pid, signal.SIGCONT)
+        send(self.sock, {"op": "resumed", "sid": sid})
 
     def members(self, sid: int) -> list[int]:
         """The session's processes (host pids), zombie leaders with live threads included."""
@@ -399,6 +438,7 @@ class Worker:
         pid = self.sids.get(sid)
         if pid is None:
             return
+        self._drop_park(sid, answer=False)
         how = self.stopped.pop(sid, None)
         if self.local:
             signal_quietly(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies with it
@@ -431,6 +471,7 @@ class Worker:
             if sid is None:
                 continue  # an orphan reparented to us (docker: we are the container's init)
             del self.sids[sid]
+            self._drop_park(sid, answer=True)
             self.stopped.pop(sid, None)
             self.ns.pop(sid, None)
             self._free_uid(sid)  # pid 1 of its namespace is reaped last: no process of the uid is left
