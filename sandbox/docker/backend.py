@@ -41,7 +41,14 @@ from ..local._session import ProcSession
 from ..local._uids import UidPool
 from ..slots import Slots
 
-WORKER_OVERHEAD_MB = 128  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
+WORKER_OVERHEAD_MB = 128
+CONTAINER_MOUNTS = ("/tmp",)  # what the container mounts over the image where files could be
+
+
+def _under(path: str, mount: str) -> bool:
+    return os.path.realpath(path).startswith(mount + "/") or os.path.abspath(path).startswith(
+        mount + "/"
+    )  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
 
 
 class _Container:
@@ -96,6 +103,7 @@ class DockerSandbox(SandboxBase):
         self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
         self.uids: UidPool | None = None  # each container's code runs as its own host uid
         self.label = f"{os.getpid()}-{id(self):x}"  # finds every container of ours at close
+        self.hidden: dict = {}  # read-only binds of image files the container's /tmp would hide
 
     async def _call(self, fn, *args, **kwargs):
         """The docker SDK blocks: run it off the event loop."""
@@ -133,6 +141,7 @@ class DockerSandbox(SandboxBase):
                 f"`python -m sandbox.docker.build --packages {' '.join(sorted(set(self.cfg.preload)))}`"
             )
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
+        self.hidden = await asyncio.get_running_loop().run_in_executor(None, self._hidden_binds)
         self.uids = UidPool()
         self.info = {
             "backend": "docker",
@@ -177,7 +186,7 @@ class DockerSandbox(SandboxBase):
                 nano_cpus=int(self.cfg.docker.cpus * 1e9),
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.disk_mb}m,uid={uid},gid={uid},mode=0700"},
                 shm_size=f"{lim.disk_mb}m",
-                volumes={ctl: {"bind": "/ctl", "mode": "rw"}},
+                volumes={ctl: {"bind": "/ctl", "mode": "rw"}, **self.hidden},
                 cap_drop=["ALL"],
                 cap_add=["SETUID", "SETGID", "KILL"],
                 security_opt=["no-new-privileges"],
@@ -218,6 +227,24 @@ class DockerSandbox(SandboxBase):
                 os.close(uid_lock)
             raise
         return c
+
+    def _hidden_binds(self) -> dict:
+        """The image keeps the interpreter at its host path; where that path lies under a mount
+        the container makes itself (its tmpfs /tmp: a checkout or virtualenv under /tmp), the
+        image's copy is hidden. The same files are then bound read-only from the local backend's
+        root file system tree (the very set the image holds, sandbox/local/_rootfs.py), so the
+        interpreter and its packages are where the image expects them, wherever the project lives."""
+        from ..local import _rootfs
+
+        covered = [p for p in CONTAINER_MOUNTS if _under(sys.executable, p) or _under(sys.prefix, p)]
+        if not covered:
+            return {}
+        tree = _rootfs.cached_tree(list(self.cfg.preload), self.cfg.rootfs_cache, _rootfs.default_cache_dir())
+        binds = {}
+        for mount in covered:
+            for name in os.listdir(tree + mount):
+                binds[f"{tree}{mount}/{name}"] = {"bind": f"{mount}/{name}", "mode": "ro"}
+        return binds
 
     def _fill(self) -> None:
         if not self.closed and (self.filling is None or self.filling.done()):
