@@ -56,8 +56,8 @@ def zombie_leader() -> str:
 
 # The cell patches the runner so that, right after sending each reply, the session forks a child
 # that appends the wall-clock time to a file every 5 ms. 150 MB of ballast make each fork take
-# milliseconds, so the worker's stop lands while it is under way (the old worker looked for
-# leftovers, then sent SIGSTOP: a child whose fork was in flight escaped both). Whatever the
+# milliseconds, so the worker's stop lands while it is under way (a worker that looked for
+# leftovers, then sent SIGSTOP, would miss a child whose fork was in flight). Whatever the
 # patched runner does after its reply goes on when the session resumes, in the next cell; only
 # the gap between cells must be quiet.
 FORK_AFTER_REPLY = (

@@ -31,6 +31,35 @@ print(pdeath, dumpable, oom, open('/proc/self/oom_score_adj').read().strip())
 """
 
 
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _guard_of(worker: int) -> int:
+    """The worker's child that lives in the host's pid namespace (sessions are pid 1 of their own)."""
+    for child in _children(worker):
+        with open(f"/proc/{child}/status") as f:
+            nspid = next(line for line in f if line.startswith("NSpid:")).split()[1:]
+        if len(nspid) == 1:
+            return child
+    raise AssertionError("the worker has no guard")
+
+
+def _uid_holders(uid: int) -> list[int]:
+    """Live processes of `uid` (a zombie, dead and waiting for its reaper, does not count)."""
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+            out.append(int(p))
+    return out
+
+
 def _sessions(box, marker: str) -> tuple:
     """An idle (frozen) session and an in-flight one, both having run LOOSEN."""
     idle = box.session().__enter__()
@@ -76,3 +105,65 @@ def test_no_cell_outlives_its_workers_sigkill(make_box, marker, procs):
     finally:
         box.close()
     assert not procs.with_marker(marker), "something of the closed sandbox still runs"
+
+
+def test_sessions_die_with_their_worker_even_when_its_guard_died_first(make_box, marker, procs):
+    """The guard killed first, then the worker: the worker restarts its guard when it reaps the
+    first, and a frozen idle session is dead within 1 s of the worker's SIGKILL all the same."""
+    box = make_box("local")
+    try:
+        idle, busy, _ = _sessions(box, marker)
+        worker = box.sandbox.popen.pid
+        first = _guard_of(worker)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                if _guard_of(worker) != first:
+                    break
+            except (AssertionError, OSError):
+                pass
+            time.sleep(0.02)
+        assert _guard_of(worker) != first, "the worker did not restart its guard"
+        os.kill(worker, signal.SIGKILL)
+        assert not procs.wait_gone(marker, timeout=1.0), "a frozen session outlived its worker and guard"
+        for s in (idle, busy):
+            s.__exit__(None, None, None)
+    finally:
+        box.close()
+
+
+def test_a_uid_is_never_free_while_a_process_of_it_lives(make_box, marker):
+    """After the worker's SIGKILL, the uid of its sessions goes back to the host-wide pool only once
+    none of their processes lives: whenever the pool's lock on that uid can be taken, no process
+    with that uid exists."""
+    import fcntl
+
+    from sandbox.local._uids import pool_dir
+
+    box = make_box("local")
+    try:
+        with box.session() as s:
+            r = s.run(LOOSEN.format(marker=marker) + "print(os.getuid())\n")
+            assert r.status == "ok", r
+            uid = int(r.stdout.split()[-1])
+            os.kill(box.sandbox.popen.pid, signal.SIGKILL)
+            fd = os.open(os.path.join(pool_dir(), str(uid)), os.O_RDWR)
+            try:
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        time.sleep(0.001)
+                        continue
+                    left = _uid_holders(uid)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    assert not left, f"uid {uid} was free while its processes {left} lived"
+                    break
+                else:
+                    raise AssertionError(f"uid {uid} never went back to the pool")
+            finally:
+                os.close(fd)
+    finally:
+        box.close()
