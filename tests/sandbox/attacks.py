@@ -277,3 +277,36 @@ def meminfo_kb(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
+
+
+# Leaves `n` sleeping processes behind at every cell (the worker kills them when it parks it)
+NOISY = "import os, time\nfor _ in range({n}):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+
+
+async def victim_under_neighbours(sandbox, runs: int, neighbours: int = 4, leftovers: int = 24) -> list:
+    """`runs` cells of 0.7 s under a 1 s limit in one session while `neighbours` sessions each
+    leave `leftovers` processes per cell, as fast as they can."""
+    stop = asyncio.Event()
+
+    async def noisy() -> None:
+        async with sandbox.session() as s:
+            while not stop.is_set():
+                await s.run(NOISY.format(n=leftovers))
+
+    async def victim() -> list:
+        out = []
+        async with sandbox.session() as s:
+            await s.run("import time")
+            for _ in range(runs):
+                t = time.monotonic()
+                r = await s.run("import time; time.sleep(0.7)", timeout=1.0)
+                out.append((r.status.value, time.monotonic() - t, r.error))
+        return out
+
+    tasks = [asyncio.ensure_future(noisy()) for _ in range(neighbours)]
+    await asyncio.sleep(1.0)  # the neighbours are under way
+    try:
+        return await victim()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -106,6 +106,11 @@ async def probe() -> dict:
                 await asyncio.sleep(0.02)
             out["worker_death"] = [r.status.value, len(_with_marker(tag)), round(time.monotonic() - t0, 2)]
     out["after_close"] = len(_with_marker(tag))
+    # Timing isolation: 4 neighbour sessions leave 24 processes per cell (killed by the stop loop at
+    # every park); the victim's 0.7 s cells under a 1 s limit never time out
+    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=5, rootfs_cache=cache)) as sb:
+        seen = await attacks.victim_under_neighbours(sb, runs=10)
+        out["neighbours"] = [x[0] for x in seen]
     os.unlink(marker)
     return out
 

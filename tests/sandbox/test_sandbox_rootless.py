@@ -209,3 +209,7 @@ def test_no_rootless_cell_outlives_its_workers_sigkill(seen):
     status, left, _seconds = seen["worker_death"]
     assert status == "sandbox_error" and left == 0, seen["worker_death"]
     assert seen["after_close"] == 0
+
+
+def test_rootless_noisy_neighbours_never_time_a_victim_out(seen):
+    assert seen["neighbours"] == ["ok"] * 10, seen["neighbours"]
