@@ -9,7 +9,7 @@ the sandbox prepare its next interpreter) for both the sandbox and the baseline;
 back to back (gap 0, bound by throughput) are printed too. Throughput: 2*n concurrent calls.
 A cell of one open session is timed too, with the part spent stopping the session after it.
 Timing isolation: a victim session's `print(1)` cells alone and beside 4 noisy neighbour sessions
-(each leaving 24 processes per cell for the worker to kill): p50/p95, `neighbour_p95_ratio`, and
+(each leaving 60 processes per cell for the worker to kill): p50/p95, `neighbour_p95_ratio`, and
 how many of the victim's 0.7 s cells under a 1 s limit time out (`victim_timeouts`).
 Last line: RESULT trivial_speedup=.. sympy_speedup=.. trivial_calls_per_s=.. (+ more figures).
 """
@@ -95,12 +95,12 @@ async def session_cells(sb, code: str, n: int) -> tuple[list[float], list[float]
     return out, parks
 
 
-NOISY = "import os, time\nfor _ in range(24):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+NOISY = "import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
 
 
 async def victim_cells(sb, n: int, neighbours: int) -> tuple[list[float], int]:
     """Latency of a victim session's `print(1)` cells, and how many of its 0.7 s cells under a 1 s
-    limit time out, while `neighbours` sessions each leave 24 processes behind at every cell."""
+    limit time out, while `neighbours` sessions each leave 60 processes behind at every cell."""
     stop = asyncio.Event()
 
     async def noisy() -> None:

@@ -239,7 +239,14 @@ class DockerSandbox(SandboxBase):
         covered = [p for p in CONTAINER_MOUNTS if _under(sys.executable, p) or _under(sys.prefix, p)]
         if not covered:
             return {}
-        tree = _rootfs.cached_tree(list(self.cfg.preload), self.cfg.rootfs_cache, _rootfs.default_cache_dir())
+        try:
+            tree = _rootfs.cached_tree(list(self.cfg.preload), self.cfg.rootfs_cache, _rootfs.default_cache_dir())
+        except OSError as e:
+            raise SandboxError(
+                f"the interpreter lives under {covered[0]}, which the container covers, and its files cannot be "
+                f"prepared to bind there ({e}): set sandbox.rootfs_cache to a writable directory, or install "
+                "the project outside /tmp"
+            ) from None
         binds = {}
         for mount in covered:
             for name in os.listdir(tree + mount):

@@ -10,6 +10,9 @@ import asyncio
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.xdist_group("sandbox-local")  # timing: beside the other local tests, not in parallel
 _spec = importlib.util.spec_from_file_location("sandbox_attacks", Path(__file__).with_name("attacks.py"))
 _attacks = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_attacks)
