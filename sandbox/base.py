@@ -1,11 +1,14 @@
-"""Types shared by every backend: limits, results, errors and the Sandbox/Session protocols."""
+"""Types shared by every backend: limits, results, errors, the Sandbox/Session protocols, the
+backends' registry."""
 
 from __future__ import annotations
 
 import signal as _signal
 from dataclasses import dataclass
 from enum import Enum
-from typing import AsyncContextManager, Protocol
+from typing import Any, AsyncContextManager, Protocol, runtime_checkable
+
+from .registry import Registry
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ def killed_status(sig: int, oom: bool) -> ExecStatus:
 
 
 class Session(Protocol):
+    """One trajectory's interpreter: stateful (cells share `__main__`, like a notebook) or
+    stateless (every cell in a fresh interpreter). Every failure comes back as a result."""
+
     async def run(self, code: str, timeout: float | None = None) -> ExecResult: ...
 
     async def close(self) -> None: ...
@@ -92,7 +98,20 @@ class Session(Protocol):
     async def __aexit__(self, *exc: object) -> None: ...
 
 
+@runtime_checkable
 class Sandbox(Protocol):
+    """The contract every backend keeps, and every member its callers use (the trainer, the envs,
+    the sync wrapper, preflight): nothing is probed with getattr.
+
+    `info`: the effective isolation (what is enforced and, under "not_enforced", what is weaker
+    than sandbox/README.md's table), known once started. `stats`: what the host discarded or
+    killed over the sandbox's life (tampering, leftovers), so nothing is silent."""
+
+    info: dict[str, Any]
+    stats: dict[str, int]
+
+    async def start(self) -> None: ...
+
     def session(self, stateless: bool = False) -> AsyncContextManager[Session]: ...
 
     async def run(self, code: str, timeout: float | None = None) -> ExecResult: ...
@@ -102,3 +121,42 @@ class Sandbox(Protocol):
     async def __aenter__(self) -> Sandbox: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
+
+
+class SandboxBase:
+    """The defaults a backend may keep: one-cell `run` in a fresh stateless session, `async with`
+    as start/close, and empty `info`/`stats` until the backend fills them. Backends subclass it
+    for these few members only; each writes `start`, `session` and `close` itself."""
+
+    def __init__(self) -> None:
+        self.info: dict[str, Any] = {}  # filled by start(): the effective isolation
+        self.stats: dict[str, int] = {}  # counters of what the host discarded or killed
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    def session(self, stateless: bool = False) -> AsyncContextManager[Session]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        """One cell in a fresh interpreter (a stateless session opened and closed around it)."""
+        async with self.session(stateless=True) as s:
+            return await s.run(code, timeout)
+
+    async def __aenter__(self) -> Any:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+# Backends by name: each registers its class where it is defined (`@SANDBOX_BACKENDS.register`);
+# `sandbox.backend` is checked against it and `make_sandbox` looks it up. The defining modules are
+# light to import: the Docker and e2b SDKs load only when such a sandbox starts.
+SANDBOX_BACKENDS: Registry[type[SandboxBase]] = Registry(
+    "sandbox backend", load=("sandbox.local", "sandbox.docker.backend", "sandbox.e2b")
+)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
 
-from .base import Limits
+from .base import SANDBOX_BACKENDS, Limits
 
 
 @dataclass
@@ -45,7 +44,9 @@ class E2BConfig:
 
 @dataclass
 class SandboxConfig:
-    backend: Literal["local", "docker", "e2b"] = "local"  # local = namespaces+cgroups on this host
+    # a name of SANDBOX_BACKENDS (sandbox/base.py): local = namespaces+cgroups on this host (default),
+    # docker = the same worker in one container per session, e2b = cloud sandboxes
+    backend: str = "local"
     limits: Limits = field(default_factory=Limits)  # per-cell limits, enforced by every backend
     workers: int = 2  # cells executing at once; more calls wait in the queue (one per core is right)
     queue_size: int = 1024  # calls allowed to wait for a worker; beyond it a call fails at once
@@ -77,8 +78,7 @@ class SandboxConfig:
             self.docker = DockerConfig(**self.docker)
         if isinstance(self.e2b, dict):
             self.e2b = E2BConfig(**self.e2b)
-        if self.backend not in ("local", "docker", "e2b"):
-            raise ValueError(f"backend={self.backend!r}: must be one of 'local', 'docker', 'e2b'")
+        SANDBOX_BACKENDS.check(self.backend, "sandbox.backend")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers!r}: must be >= 1")
         if self.queue_size < 0:

@@ -22,9 +22,9 @@ import os
 import re
 import time
 
-from ._session import Slots
-from .base import ExecResult, ExecStatus, SandboxError
-from .config import SandboxConfig
+from .base import SANDBOX_BACKENDS, ExecResult, ExecStatus, SandboxBase, SandboxError
+from .config import E2BConfig, SandboxConfig
+from .slots import Slots
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -171,8 +171,10 @@ class E2BSession:
         await self.close()
 
 
-class E2BSandbox:
+@SANDBOX_BACKENDS.register("e2b", config=E2BConfig)
+class E2BSandbox(SandboxBase):
     def __init__(self, cfg: SandboxConfig | None = None):
+        super().__init__()
         self.cfg = cfg or SandboxConfig(backend="e2b")
         self.limits = self.cfg.limits
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
@@ -190,6 +192,10 @@ class E2BSandbox:
         self.timeouts = (asyncio.TimeoutError, e2b.TimeoutException)
         self.connect_errors = (httpx.ConnectError, httpx.ConnectTimeout, e2b.RateLimitException)
         self.transport_errors = (httpx.TransportError, e2b.SandboxException)
+        self.info = {
+            "backend": "e2b",
+            "not_enforced": ["memory, disk, processes and network limits are the e2b template's, not ours"],
+        }
 
     async def retry(self, fn, safe: bool):
         """Run fn; retry transport errors (connect-phase always, others only when `safe`)."""
@@ -217,16 +223,5 @@ class E2BSandbox:
         self.sessions.add(s)
         return s
 
-    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        async with self.session(stateless=True) as s:
-            return await s.run(code, timeout)
-
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self.sessions)), return_exceptions=True)
-
-    async def __aenter__(self) -> E2BSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine
+from typing import Any, AsyncContextManager, Coroutine
 
-from .base import ExecResult
+from .base import ExecResult, Sandbox, Session
 
 
 class SyncSession:
-    def __init__(self, owner: SyncSandbox, session: Any):
-        self.owner, self.session = owner, session
+    def __init__(self, owner: SyncSandbox, session: AsyncContextManager[Session]):
+        self.owner, self.session = owner, session  # a backend's session object (it is its own context)
 
     def run(self, code: str, timeout: float | None = None) -> ExecResult:
         return self.owner._call(self.session.run(code, timeout))
@@ -36,7 +36,7 @@ class SyncSandbox:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="sandbox-loop", daemon=True)
         self.thread.start()
-        self.sandbox = make_sandbox(cfg or SandboxConfig())
+        self.sandbox: Sandbox = make_sandbox(cfg or SandboxConfig())
         try:
             self._call(self.sandbox.__aenter__())
         except BaseException:

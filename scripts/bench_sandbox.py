@@ -8,6 +8,9 @@ sequential calls `--gap-ms` apart (as code calls are spread between an LLM's tur
 the sandbox prepare its next interpreter) for both the sandbox and the baseline; the same figures
 back to back (gap 0, bound by throughput) are printed too. Throughput: 2*n concurrent calls.
 A cell of one open session is timed too, with the part spent stopping the session after it.
+Timing isolation: a victim session's `print(1)` cells alone and beside 4 noisy neighbour sessions
+(each leaving 60 processes per cell for the worker to kill): p50/p95, `neighbour_p95_ratio`, and
+how many of the victim's 0.7 s cells under a 1 s limit time out (`victim_timeouts`).
 Last line: RESULT trivial_speedup=.. sympy_speedup=.. trivial_calls_per_s=.. (+ more figures).
 """
 
@@ -23,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sandbox import SandboxConfig, make_sandbox  # noqa: E402
-from sandbox._client import WorkerClient  # noqa: E402 - its park request is timed
+from sandbox.local._client import WorkerClient  # noqa: E402 - its park request is timed
 
 TRIVIAL = "print(1+1)"
 SYMPY = "import sympy; print(sympy.factorint(2**64+1))"
@@ -92,6 +95,57 @@ async def session_cells(sb, code: str, n: int) -> tuple[list[float], list[float]
     return out, parks
 
 
+NOISY = "import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+
+
+async def victim_cells(sb, n: int, neighbours: int) -> tuple[list[float], int]:
+    """Latency of a victim session's `print(1)` cells, and how many of its 0.7 s cells under a 1 s
+    limit time out, while `neighbours` sessions each leave 60 processes behind at every cell."""
+    stop = asyncio.Event()
+
+    async def noisy() -> None:
+        async with sb.session() as s:
+            while not stop.is_set():
+                await s.run(NOISY)
+
+    tasks = [asyncio.ensure_future(noisy()) for _ in range(neighbours)]
+    try:
+        if neighbours:
+            await asyncio.sleep(1.0)
+        lat, timeouts = [], 0
+        async with sb.session() as s:
+            await s.run("import time")
+            for _ in range(n):
+                t = time.perf_counter()
+                r = await s.run("print(1)")
+                lat.append(time.perf_counter() - t)
+                assert r.status == "ok", r
+            for _ in range(max(10, n // 5)):
+                timeouts += (await s.run("import time; time.sleep(0.7)", timeout=1.0)).status != "ok"
+        return lat, timeouts
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def bench_neighbours(cfg: SandboxConfig, n: int) -> dict:
+    async with make_sandbox(cfg) as sb:
+        quiet, quiet_to = await victim_cells(sb, n, 0)
+        noisy, noisy_to = await victim_cells(sb, n, 4)
+    line("local victim cell, alone", quiet)
+    line("local victim cell, 4 noisy neighbours", noisy)
+    print(f"victim 0.7 s cells under a 1 s limit timed out: {quiet_to} alone, {noisy_to} with neighbours")
+    return {
+        "victim_p50_ms": pct(quiet, 0.5) * 1e3,
+        "victim_p95_ms": pct(quiet, 0.95) * 1e3,
+        "victim_noisy_p50_ms": pct(noisy, 0.5) * 1e3,
+        "victim_noisy_p95_ms": pct(noisy, 0.95) * 1e3,
+        "neighbour_p95_ratio": pct(noisy, 0.95) / pct(quiet, 0.95),
+        "victim_timeouts": noisy_to,
+        "victim_timeouts_alone": quiet_to,
+    }
+
+
 def line(name: str, xs: list[float]) -> None:
     print(f"{name:<40} p50 {pct(xs, 0.5) * 1e3:8.2f} ms  p99 {pct(xs, 0.99) * 1e3:8.2f} ms  (n={len(xs)})")
 
@@ -139,6 +193,7 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=5.0, help="pause between sequential calls")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--docker", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--neighbour-n", type=int, default=100, help="victim cells with and without neighbours")
     args = ap.parse_args()
 
     gap = args.gap_ms / 1e3
@@ -157,6 +212,8 @@ def main() -> None:
         "local_park_p50_ms": local["park"] * 1e3,
         "baseline_trivial_p50_ms": pct(b_triv, 0.5) * 1e3,
     }
+    # 4 neighbours + the victim: each holds a worker slot of its own, as trajectories do
+    result.update(asyncio.run(bench_neighbours(SandboxConfig(workers=5), args.neighbour_n)))
     dcfg = SandboxConfig(backend="docker", workers=args.workers)
     why = docker_ready(dcfg) if args.docker != "off" else "disabled"
     if not why:

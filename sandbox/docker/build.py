@@ -2,7 +2,7 @@
 
     python -m sandbox.docker.build [--tag stare-sandbox:latest] [--packages numpy sympy]
 
-The image's files are the sandbox's root file system (sandbox/_rootfs.py: the interpreter, its
+The image's files are the sandbox's root file system (sandbox/local/_rootfs.py: the interpreter, its
 stdlib, the given packages with their dependencies, the shell utilities and every shared library
 they need), the very set the local backend uses as its root, plus the worker's code. `docker
 build` then runs on sandbox/docker/Dockerfile through the Docker SDK. Nothing is downloaded.
@@ -17,9 +17,10 @@ import shutil
 import sys
 import tempfile
 
-from .._rootfs import SHELL_UTILS, collect, seccomp_library
+from ..local._rootfs import SHELL_UTILS, collect, seccomp_library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER_DIR = os.path.join(os.path.dirname(HERE), "local")  # the local backend's worker, run as the init
 WORKER_FILES = (
     "_worker.py",
     "_proto.py",
@@ -38,7 +39,7 @@ def code_hash() -> str:
     """Identifies the worker code baked into an image; the backend refuses a stale image."""
     h = hashlib.sha256()
     for name in WORKER_FILES:
-        with open(os.path.join(os.path.dirname(HERE), name), "rb") as f:
+        with open(os.path.join(WORKER_DIR, name), "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]
 
@@ -51,10 +52,9 @@ def fill(root: str, packages: list[str]) -> None:
         collect(root, packages, link=True)
     except OSError as e:
         raise SystemExit(str(e)) from None
-    here = os.path.dirname(HERE)
     os.makedirs(root + "/opt/sandbox")
     for name in WORKER_FILES:
-        shutil.copy2(os.path.join(here, name), f"{root}/opt/sandbox/{name}")
+        shutil.copy2(os.path.join(WORKER_DIR, name), f"{root}/opt/sandbox/{name}")
     for d in ("/opt", "/opt/sandbox"):
         os.chmod(root + d, 0o755)
     os.makedirs(root + "/ctl", mode=0o700)

@@ -56,8 +56,8 @@ def zombie_leader() -> str:
 
 # The cell patches the runner so that, right after sending each reply, the session forks a child
 # that appends the wall-clock time to a file every 5 ms. 150 MB of ballast make each fork take
-# milliseconds, so the worker's stop lands while it is under way (the old worker looked for
-# leftovers, then sent SIGSTOP: a child whose fork was in flight escaped both). Whatever the
+# milliseconds, so the worker's stop lands while it is under way (a worker that looked for
+# leftovers, then sent SIGSTOP, would miss a child whose fork was in flight). Whatever the
 # patched runner does after its reply goes on when the session resumes, in the next cell; only
 # the gap between cells must be quiet.
 FORK_AFTER_REPLY = (
@@ -210,3 +210,103 @@ def failures(out: dict) -> list[str]:
     if out["memory_error"] != ["error", 1]:
         bad.append(f"a MemoryError the code raised became {out['memory_error']}")
     return bad
+
+
+# Clear the parent-death signal (prctl 1), make itself dumpable (prctl 4), lower its OOM score;
+# prints what worked: "-1 -1 OSError 1000" when the worker's hold stands.
+LOOSEN_HOLD = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+pdeath = libc.prctl(1, 0, 0, 0, 0)
+dumpable = libc.prctl(4, 1, 0, 0, 0)
+try:
+    open('/proc/self/oom_score_adj', 'w').write('0')
+    oom = 'lowered'
+except OSError as e:
+    oom = type(e).__name__
+print(pdeath, dumpable, oom, open('/proc/self/oom_score_adj').read().strip())
+"""
+
+# Memory no process owns, kept after the cell ends, asked for in pieces that each fit the
+# per-process limits (RLIMIT_AS for a mapping, RLIMIT_FSIZE for a file): 24 SysV segments of 32 MB,
+# each attached, filled and detached; 24 memfds of 16 MB written through write() (never mapped);
+# a POSIX shm file. Prints the MB held of each kind.
+SHARED_MEMORY = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+held = {'sysv': 0, 'memfd': 0, 'posix': 0}
+for _ in range(24):
+    shm = libc.shmget(0, 32 << 20, 0o1600)
+    if shm < 0:
+        break
+    addr = libc.shmat(shm, None, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(addr, 1, 32 << 20)
+    libc.shmdt(addr)
+    held['sysv'] += 32
+chunk = b'x' * (1 << 20)
+keep = []
+for _ in range(24):
+    try:
+        fd = os.memfd_create('hold')
+    except OSError:
+        break
+    keep.append(fd)
+    try:
+        for _ in range(16):
+            os.write(fd, chunk)
+            held['memfd'] += 1
+    except OSError:
+        pass
+try:
+    with open('/dev/shm/hold', 'wb') as f:
+        for _ in range(512):
+            f.write(chunk)
+            held['posix'] += 1
+except OSError:
+    pass
+print(held)
+"""
+
+
+def meminfo_kb(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+# Leaves `n` sleeping processes behind at every cell (the worker kills them when it parks it)
+NOISY = "import os, time\nfor _ in range({n}):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+
+
+async def victim_under_neighbours(sandbox, runs: int, neighbours: int = 4, leftovers: int = 24) -> list:
+    """`runs` cells of 0.7 s under a 1 s limit in one session while `neighbours` sessions each
+    leave `leftovers` processes per cell, as fast as they can."""
+    stop = asyncio.Event()
+
+    async def noisy() -> None:
+        async with sandbox.session() as s:
+            while not stop.is_set():
+                await s.run(NOISY.format(n=leftovers))
+
+    async def victim() -> list:
+        out = []
+        async with sandbox.session() as s:
+            await s.run("import time")
+            for _ in range(runs):
+                t = time.monotonic()
+                r = await s.run("import time; time.sleep(0.7)", timeout=1.0)
+                out.append((r.status.value, time.monotonic() - t, r.error))
+        return out
+
+    tasks = [asyncio.ensure_future(noisy()) for _ in range(neighbours)]
+    await asyncio.sleep(1.0)  # the neighbours are under way
+    try:
+        return await victim()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)

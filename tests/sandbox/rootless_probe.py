@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -75,8 +76,64 @@ async def probe() -> dict:
         out["bombs"] = [[a.status.value, a.stdout.strip()], [b.status.value, b.stdout.strip()]]
         out["after_bombs"] = (await sb.run("print('ok')")).stdout
         out.update(await attacks.between_cells(sb))
+        out["loosen"] = (await sb.run(attacks.LOOSEN_HOLD)).stdout
+        out["worker_oom_score"] = _worker_oom_score(sb)
+    # Memory that no process owns, across cells, under a 128 MB limit: the host's shared memory
+    # (Shmem: SysV, memfd, tmpfs) grows by at most what /tmp may hold (disk_mb), never by the 1.5 GB
+    # asked for, while the session sits idle holding whatever it got.
+    small = Limits(wall_time_s=20.0, memory_mb=128, max_output_bytes=1 << 16, disk_mb=16, max_processes=32)
+    async with make_sandbox(SandboxConfig(backend="local", limits=small, workers=1, rootfs_cache=cache)) as sb:
+        async with sb.session() as s:
+            before = attacks.meminfo_kb("Shmem")
+            r = await s.run(attacks.SHARED_MEMORY)
+            await s.run("x = 1")  # the next cell: whatever the first one kept is still held
+            out["shared_memory"] = [r.status.value, r.stdout.strip(), (attacks.meminfo_kb("Shmem") - before) >> 10]
+    # Worker death: a cell that tried to loosen the hold and forked a daemon away, in flight when
+    # the worker is SIGKILLed, is dead within 1 s (the worker is pid 1 of every session's namespace).
+    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=1, rootfs_cache=cache)) as sb:
+        async with sb.session() as s:
+            tag = f"rootless-daemon-{os.getpid()}"
+            code = attacks.LOOSEN_HOLD + (
+                f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+                f"time.sleep(600)', '{tag}'], start_new_session=True)\ntime.sleep(30)"
+            )
+            task = asyncio.ensure_future(s.run(code))
+            await asyncio.sleep(1.0)
+            os.kill(sb.popen.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            r = await task
+            while _with_marker(tag) and time.monotonic() - t0 < 1.0:
+                await asyncio.sleep(0.02)
+            out["worker_death"] = [r.status.value, len(_with_marker(tag)), round(time.monotonic() - t0, 2)]
+    out["after_close"] = len(_with_marker(tag))
+    # Timing isolation: 4 neighbour sessions leave 24 processes per cell (killed by the stop loop at
+    # every park); the victim's 0.7 s cells under a 1 s limit never time out
+    async with make_sandbox(SandboxConfig(backend="local", limits=limits, workers=5, rootfs_cache=cache)) as sb:
+        seen = await attacks.victim_under_neighbours(sb, runs=10)
+        out["neighbours"] = [x[0] for x in seen]
     os.unlink(marker)
     return out
+
+
+def _worker_oom_score(sb) -> str:
+    """The rootless worker is the child of the process the host started (pid 1 of its namespace)."""
+    with open(f"/proc/{sb.popen.pid}/task/{sb.popen.pid}/children") as f:
+        child = f.read().split()[0]
+    with open(f"/proc/{child}/oom_score_adj") as f:
+        return f.read().strip()
+
+
+def _with_marker(tag: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if tag.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
 import pytest
 
 from sandbox import ExecResult, ExecStatus, Limits, SandboxConfig, make_sandbox
-from sandbox._proto import Frames, pack
+from sandbox.local._proto import Frames, pack
 
 
 def test_import_is_light():
@@ -31,7 +32,9 @@ def test_limits_validate_and_timeouts_only_shorten():
 def test_config_validates_and_loads_from_dicts():
     with pytest.raises(ValueError, match="workers=0"):
         SandboxConfig(workers=0)
-    with pytest.raises(ValueError, match="backend='gpu'"):
+    with pytest.raises(
+        ValueError, match=r"sandbox.backend='gpu': unknown sandbox backend; choose one of local, docker, e2b"
+    ):
         SandboxConfig(backend="gpu")
     with pytest.raises(ValueError, match="KEY=VALUE"):
         SandboxConfig(env=["NOEQ"])
@@ -48,6 +51,72 @@ def test_code_environment_is_an_allow_list():
 def test_backend_selection_is_lazy():
     for backend, cls in (("local", "LocalSandbox"), ("docker", "DockerSandbox"), ("e2b", "E2BSandbox")):
         assert type(make_sandbox(SandboxConfig(backend=backend))).__name__ == cls  # nothing started
+
+
+def test_reading_the_backend_names_imports_no_sdk():
+    """The config checks its backend against the registry, which imports every backend's module:
+    those must not import the Docker or e2b SDKs (or numpy) until a sandbox starts."""
+    code = (
+        "import sys, sandbox\nprint(sandbox.SANDBOX_BACKENDS.names(), sandbox.SandboxConfig(backend='docker').backend)\n"
+        "print([m for m in ('numpy', 'docker', 'e2b', 'e2b_code_interpreter', 'httpx', 'importlib.metadata') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "('local', 'docker', 'e2b') docker\n[]\n", out
+
+
+def test_a_backend_is_one_class_and_one_registered_name():
+    """A new backend: a class keeping the Sandbox protocol, registered under its name; config
+    validation and make_sandbox find it with nothing else to edit."""
+    from sandbox import SANDBOX_BACKENDS, Sandbox, SandboxBase
+
+    class Echo(SandboxBase):
+        def __init__(self, cfg: SandboxConfig):
+            super().__init__()
+            self.cfg = cfg
+
+        async def start(self) -> None:
+            self.info = {"backend": "echo", "not_enforced": ["everything"]}
+
+        def session(self, stateless: bool = False):
+            box = self
+
+            class _S:
+                async def run(self, code, timeout=None):
+                    return ExecResult(ExecStatus.OK, 0, None, code, "", False, False, 0.0)
+
+                async def close(self):
+                    pass
+
+                async def __aenter__(self):
+                    return self
+
+                async def __aexit__(self, *exc):
+                    box.stats["closed"] = box.stats.get("closed", 0) + 1
+
+            return _S()
+
+        async def close(self) -> None:
+            pass
+
+    async def use(sb: Sandbox) -> tuple[str, dict, dict]:
+        async with sb:
+            r = await sb.run("hello")  # SandboxBase's default: one cell in a stateless session
+            return r.stdout, sb.info, sb.stats
+
+    with SANDBOX_BACKENDS.temporarily("echo", Echo):
+        sb = make_sandbox(SandboxConfig(backend="echo"))
+        assert isinstance(sb, Sandbox)
+        assert asyncio.run(use(sb)) == ("hello", {"backend": "echo", "not_enforced": ["everything"]}, {"closed": 1})
+    with pytest.raises(ValueError, match="unknown sandbox backend"):
+        SandboxConfig(backend="echo")
+
+
+def test_every_backend_keeps_the_protocol():
+    from sandbox import Sandbox
+
+    for name in ("local", "docker", "e2b"):
+        sb = make_sandbox(SandboxConfig(backend=name))
+        assert isinstance(sb, Sandbox) and sb.info == {} and isinstance(sb.stats, dict), name
 
 
 def test_result_helpers():

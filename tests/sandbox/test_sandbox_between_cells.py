@@ -1,6 +1,6 @@
 """Nothing of a session runs between its cells, nothing of one cell reaches the next, and nothing
 a cell can put into /proc or into its reply harms the worker, other sessions or later cells.
-Each test attacks one way through that the third review found; all run on every backend."""
+Each test is one way through between cells; all run on every backend."""
 
 from __future__ import annotations
 

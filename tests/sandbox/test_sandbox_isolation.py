@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import _isolation
+from sandbox.local import _isolation
 
 pytestmark = pytest.mark.xdist_group("sandbox-local")
 SANDBOX = Path(_isolation.__file__).resolve().parent

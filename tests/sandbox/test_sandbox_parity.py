@@ -1,5 +1,5 @@
 """A cell finds the same programs on every backend: what it can execute locally is exactly what it
-can execute in Docker (the same root file system, sandbox/_rootfs.py), and none of the host's
+can execute in Docker (the same root file system, sandbox/local/_rootfs.py), and none of the host's
 compilers, network tools or container CLI is among them."""
 
 from __future__ import annotations

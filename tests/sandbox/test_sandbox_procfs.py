@@ -11,9 +11,9 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandbox import _procfs
-from sandbox._client import _is_reply
-from sandbox._proto import HDR, Frames
+from sandbox.local import _procfs
+from sandbox.local._client import _is_reply
+from sandbox.local._proto import HDR, Frames
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # What PR_SET_NAME accepts: up to 15 bytes, anything but NUL (the kernel cuts at the first NUL).

@@ -84,7 +84,7 @@ def seen() -> dict:
         pytest.skip(
             "needs root to run the probe as another user (as a non-root user, the local sandbox already runs rootless)"
         )
-    if not _readable_by_all(ROOT / "sandbox" / "local.py"):
+    if not _readable_by_all(ROOT / "sandbox" / "local" / "__init__.py"):
         pytest.skip(f"the checkout at {ROOT} is not readable by uid {NOBODY}")
     home = Path(tempfile.mkdtemp(prefix="rootless-python-"))  # pytest's own tmp dirs are root-only
     os.chmod(home, 0o755)
@@ -191,3 +191,25 @@ def test_a_rootless_cell_finds_the_same_programs(seen):
 
     assert in_usr_bin == set(SHELL_UTILS), in_usr_bin ^ set(SHELL_UTILS)
     assert listing["count"] < 400, listing["count"]
+
+
+def test_a_rootless_cell_cannot_loosen_its_workers_hold(seen):
+    assert seen["loosen"] == "-1 -1 OSError 1000\n", seen["loosen"]  # prctl denied, /proc read-only
+    assert seen["worker_oom_score"] == "900"  # the sandbox ranks before the trainer for the OOM killer
+
+
+def test_rootless_memory_no_process_owns_is_bounded_across_cells(seen):
+    status, held, grown_mb = seen["shared_memory"]
+    assert status == "ok", seen["shared_memory"]
+    assert held.startswith("{'sysv': 0, 'memfd': 0,"), held  # denied rootless; /dev/shm is /tmp (disk_mb)
+    assert grown_mb <= 2 * 128, f"the idle session holds {grown_mb} MB of shared memory under a 128 MB limit"
+
+
+def test_no_rootless_cell_outlives_its_workers_sigkill(seen):
+    status, left, _seconds = seen["worker_death"]
+    assert status == "sandbox_error" and left == 0, seen["worker_death"]
+    assert seen["after_close"] == 0
+
+
+def test_rootless_noisy_neighbours_never_time_a_victim_out(seen):
+    assert seen["neighbours"] == ["ok"] * 10, seen["neighbours"]

@@ -15,8 +15,8 @@ import socket
 import time
 from collections import deque
 
+from ..base import ExecResult, ExecStatus, SandboxError, killed_status
 from ._proto import Frames, pack
-from .base import ExecResult, ExecStatus, SandboxError, killed_status
 
 
 class WorkerClient:
@@ -28,6 +28,7 @@ class WorkerClient:
         self.loop = asyncio.get_running_loop()
         self.frames, self.procs, self.next_sid = Frames(), {}, 1
         self.parks: dict[int, asyncio.Future] = {}  # sid -> the worker's answer to "park"
+        self.resumes: dict[int, asyncio.Future] = {}  # sid -> the worker's answer to "resume"
         self.hello: asyncio.Future = self.loop.create_future()
         self.dead: str | None = None
         sock.setblocking(False)
@@ -63,6 +64,10 @@ class WorkerClient:
                 fut = self.parks.pop(msg["sid"])
                 if not fut.done():
                     fut.set_result(msg)
+            elif op == "resumed" and msg.get("sid") in self.resumes:
+                fut = self.resumes.pop(msg["sid"])
+                if not fut.done():
+                    fut.set_result(msg)
         return True
 
     def poll(self) -> None:
@@ -81,10 +86,11 @@ class WorkerClient:
         for proc in self.procs.values():
             proc._exited(None, False)  # unknown: the worker that knew is gone
         self.procs.clear()
-        for fut in self.parks.values():
+        for fut in (*self.parks.values(), *self.resumes.values()):
             if not fut.done():
                 fut.set_result(None)
         self.parks.clear()
+        self.resumes.clear()
 
     def _send(self, obj: dict, fds: tuple = ()) -> None:
         data = pack(obj)
@@ -132,8 +138,16 @@ class WorkerClient:
         finally:
             self.parks.pop(sid, None)
 
-    def resume(self, sid: int) -> None:
-        self._send({"op": "resume", "sid": sid})
+    def resume(self, sid: int) -> asyncio.Future:
+        """Let the stopped session run; the future resolves when the worker has done it (None if
+        the worker is gone): the cell's clock starts then, not while the request waited."""
+        fut = self.resumes[sid] = self.loop.create_future()
+        try:
+            self._send({"op": "resume", "sid": sid})
+        except SandboxError:
+            self.resumes.pop(sid, None)
+            raise
+        return fut
 
     def close(self) -> None:
         self._lost("closed")
@@ -290,8 +304,9 @@ class Proc:
             for fd in bufs:
                 os.set_blocking(fd, False)
                 loop.add_reader(fd, on_pipe, fd)
+            resumed = None
             if self.parked:  # stopped since its last cell; the run frame waits in the socket meanwhile
-                self.client.resume(self.sid)
+                resumed = self.client.resume(self.sid)
                 self.parked = False
             frame = pack({"op": "run", "cell": cell}, payload)
             anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (out_w, err_w)))]
@@ -302,7 +317,13 @@ class Proc:
             finally:
                 os.close(out_w)
                 os.close(err_w)
-            timer = loop.call_later(wall, finish, "timeout")
+            # The limit counts from when the code can run: at once for a running session, from the
+            # worker's answer for a stopped one (however long other sessions' requests held it)
+            timer = Deadline(loop, wall, lambda: finish("timeout"))
+            if resumed is None:
+                timer.start()
+            else:
+                resumed.add_done_callback(lambda _f: timer.start())
             self._listen(True)
             reply = self.next_msg()
             reply.add_done_callback(lambda f: f.cancelled() or finish("reply", f.result()))
@@ -398,6 +419,24 @@ class Proc:
             )
         self.parked = True
         return note.strip()
+
+
+class Deadline:
+    """A cell's wall-time limit, armed once the code can run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, expire) -> None:
+        self.loop, self.seconds, self.expire = loop, seconds, expire
+        self.handle: asyncio.TimerHandle | None = None
+        self.cancelled = False
+
+    def start(self) -> None:
+        if not self.cancelled and self.handle is None:
+            self.handle = self.loop.call_later(self.seconds, self.expire)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.handle is not None:
+            self.handle.cancel()
 
 
 PARK_TIMEOUT_S = 10.0

@@ -13,19 +13,19 @@ Guarantees (each has an adversarial test in tests/sandbox/test_sandbox_local.py)
 - Network: a new network namespace without configured interfaces (loopback is down), and (with
   libseccomp) a filter allowing only AF_UNIX sockets.
 - Secrets and programs: the code sees a fresh minimal environment, a read-only root holding the
-  same files as the Docker image (sandbox/_rootfs.py: the interpreter, its stdlib, the preloaded
+  same files as the Docker image (sandbox/local/_rootfs.py: the interpreter, its stdlib, the preloaded
   packages, a few shell utilities and their libraries; no home directories, project tree, /var,
   /run, host /tmp or host programs), its own /proc (only its own processes) and runs as an
   unprivileged uid with no capabilities and no_new_privs. Optional seccomp denies ptrace, mount,
   user namespaces, bpf, keyctl, io_uring...
 - CPU: a cgroup quota of `limits.cpus` per session. Between cells nothing of the session runs:
   it is frozen (cgroup freezer; rootless: stopped by signals), leftover processes are killed,
-  leftover threads restart the session, the timers it armed are disarmed (sandbox/_park.py).
+  leftover threads restart the session, the timers it armed are disarmed (sandbox/local/_park.py).
 - Robustness: the host never parses the code's output to decide anything; the status comes from
   what the host observes (the cell's pipes, its clock, the kernel's wait status and cgroup OOM
   counter) and one validated reply per cell carrying its exit code (cell-reported); anything
   else on that channel is tampering, scored as failed code. Nothing read from /proc can take the
-  worker down (sandbox/_procfs.py). A dead session interpreter is replaced at the next cell (its
+  worker down (sandbox/local/_procfs.py). A dead session interpreter is replaced at the next cell (its
   state is lost); a dead worker is restarted, and the next cell says the state is gone.
 Not covered: kernel exploits (use Docker or a VM for hostile code at scale); the code can forge
 its own cell's exit code and change what later cells of its session report (see sandbox/README.md).
@@ -34,6 +34,13 @@ own: the same namespaces, root, seccomp and limits, except that memory and proce
 by per-process rlimits (no cgroups) and each session is uid 0 of its own nested user namespace
 with no capabilities (instead of a per-session host uid); `info["not_enforced"]` says so, and
 root mode without cgroups or seccomp refuses to start unless allowed. See sandbox/README.md.
+
+This package is the local backend: its host side (this module; `_client`, the connection to a
+worker; `_session`, the public Session over it) and its worker, the fork server and everything it
+runs (`_worker`, `_cells`, `_isolation`, `_cgroups`, `_park`, `_reaper`, `_procfs`, `_proto`,
+`_uids`, `_rootfs`: stdlib only, imported by the worker as siblings by bare name). The Docker
+backend runs this same worker as the init of each container, so it imports the host side and the
+uid pool from here, and `python -m sandbox.docker.build` copies the worker's files into the image.
 """
 
 from __future__ import annotations
@@ -47,10 +54,12 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+from ..base import SANDBOX_BACKENDS, SandboxBase, SandboxError
+from ..config import SandboxConfig
+from ..slots import Slots
+from . import _cgroups
 from ._client import Proc, WorkerClient, new_stats
-from ._session import ProcSession, Slots
-from .base import ExecResult, SandboxError
-from .config import SandboxConfig
+from ._session import ProcSession
 
 log = logging.getLogger("sandbox")
 WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
@@ -94,15 +103,16 @@ def effective_isolation(hello: dict, cfg: SandboxConfig) -> dict:
     return info
 
 
-class LocalSandbox:
+@SANDBOX_BACKENDS.register("local")  # its settings are SandboxConfig's own fields
+class LocalSandbox(SandboxBase):
     def __init__(self, cfg: SandboxConfig | None = None):
+        super().__init__()
         self.cfg = cfg or SandboxConfig()
         self.limits = self.cfg.limits
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
         self.worker: WorkerClient | None = None
         self.popen: subprocess.Popen | None = None
         self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
-        self.info: dict = {}  # effective_isolation(): what is enforced, and what is not
         self.spares: list[Proc] = []  # started, isolated, never used: a session takes one at once
         self.refill: asyncio.Task | None = None
         self.starting: asyncio.Lock | None = None
@@ -189,6 +199,8 @@ class LocalSandbox:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+            if os.geteuid() == 0:  # its guard kills what its sessions left; this covers a dead guard
+                _cgroups.kill_worker_groups(f"stare-sandbox-{self.popen.pid}")
             self.popen = None
 
     async def _spawn(self) -> Proc:
@@ -224,10 +236,6 @@ class LocalSandbox:
     def session(self, stateless: bool = False) -> ProcSession:
         return ProcSession(self._spawn, self.slots, self.limits, stateless)
 
-    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        async with self.session(stateless=True) as s:
-            return await s.run(code, timeout)
-
     async def close(self) -> None:
         self.closed = True
         if self.refill is not None:
@@ -235,10 +243,3 @@ class LocalSandbox:
             await asyncio.gather(self.refill, return_exceptions=True)
         self._drop_worker()
         await asyncio.get_running_loop().run_in_executor(None, self._reap_worker)
-
-    async def __aenter__(self) -> LocalSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -14,7 +14,8 @@ Two ways, each atomic in effect:
   process of the session, again and again, until a whole pass over the session finds no task
   that can run. A stopped or killed process cannot fork, so each pass can only find fewer.
 Either way, the killed processes are dead before the park is answered, so not even their exit
-(a SIGCHLD to a handler the cell installed) can reach the next cell.
+(a SIGCHLD to a handler the cell installed) can reach the next cell. Parks are stepped by the
+worker between its other requests (see `Park`), never blocking it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,17 @@ import os
 import select
 import signal
 import time
-from typing import Callable
+from typing import Callable, Generator, Iterator
 
 from _procfs import STOPPED, listdir_at, live, read_at, status_tgid, status_uid, task_states
 
 STOP_TIMEOUT_S = 2.0  # a session that cannot be stopped by then is killed (and restarted)
+KILLS_PER_STEP = 8  # leftovers killed (and released from a frozen group) per step of a park
+# A park is a generator the worker steps: each step does a bounded piece of work (one pass over
+# the session, one freezer check) and yields how long to wait before the next, so the worker
+# serves every other session's requests in between: one session's leftovers never delay another's
+# resume. It returns (processes killed, live threads of the session's interpreter).
+Park = Generator[float, None, "tuple[int, list[int]]"]
 
 
 def signal_quietly(pid: int, sig: int) -> None:
@@ -37,21 +44,21 @@ def signal_quietly(pid: int, sig: int) -> None:
         pass
 
 
-def park_frozen(cgroups, fds: list[int], pid: int, proc_fd: int, deadline: float) -> tuple[int, list[int]]:
+def park_frozen(cgroups, fds: list[int], pid: int, proc_fd: int, deadline: float) -> Park:
     """Freeze the session, kill every process but `pid`; returns (processes killed, live threads
     of `pid`). Raises TimeoutError if the group does not freeze or a killed process does not die."""
-    cgroups.freeze(fds, max(0.0, deadline - time.monotonic()))
+    yield from cgroups.freeze(fds, deadline)
     groups: dict[int, list[int]] = {}
     for tid in cgroups.threads(fds) or []:
         tgid = pid if tid == pid else status_tgid(read_at(proc_fd, f"{tid}/status", 4096) or b"")
         if tgid is not None:  # None: it exited since the listing
             groups.setdefault(tgid, []).append(tid)
     others = [g for g in groups if g != pid]
-    kill_and_wait(others, proc_fd, deadline, release=lambda g: cgroups.release(fds, g))
+    yield from kill_and_wait(others, proc_fd, deadline, release=lambda g: cgroups.release(fds, g))
     return len(others), groups.get(pid, [])
 
 
-def park_signalled(members: Callable[[], list[int]], pid: int, proc_fd: int, deadline: float) -> tuple[int, list[int]]:
+def park_signalled(members: Callable[[], list[int]], pid: int, proc_fd: int, deadline: float) -> Park:
     """Stop `pid` (SIGSTOP) and kill every other process `members()` lists until none of the
     session can run; returns (processes killed, live threads of `pid`). Raises TimeoutError."""
     killed: set[int] = set()
@@ -70,11 +77,14 @@ def park_signalled(members: Callable[[], list[int]], pid: int, proc_fd: int, dea
             return len(killed), live(own)
         if time.monotonic() > deadline:
             raise TimeoutError("the session's processes did not all stop")
-        time.sleep(0.0002)
+        yield 0.0002
 
 
-def kill_and_wait(pids: list[int], proc_fd: int, deadline: float, release: Callable[[int], None] | None = None) -> None:
-    """SIGKILL each process and wait until all have exited (pidfds; a reused pid cannot fool it)."""
+def kill_and_wait(
+    pids: list[int], proc_fd: int, deadline: float, release: Callable[[int], None] | None = None
+) -> Iterator[float]:
+    """SIGKILL each process and wait until all have exited (pidfds; a reused pid cannot fool it).
+    Yields how long to wait before looking again."""
     waits = []
     for p in pids:
         try:
@@ -84,10 +94,12 @@ def kill_and_wait(pids: list[int], proc_fd: int, deadline: float, release: Calla
         except OSError:  # no pidfds (Linux < 5.3): watch its tasks instead
             waits.append((p, -1))
     try:
-        for p, _ in waits:
+        for i, (p, _) in enumerate(waits, 1):
             signal_quietly(p, signal.SIGKILL)
             if release is not None:
-                release(p)
+                release(p)  # a cgroup migration each (v1): tens of microseconds
+            if i % KILLS_PER_STEP == 0:
+                yield 0.0  # many leftovers: let the worker serve other sessions in between
         poller, pending = select.poll(), {fd for _, fd in waits if fd >= 0}
         for fd in pending:
             poller.register(fd, select.POLLIN)  # readable once the process has exited
@@ -96,11 +108,11 @@ def kill_and_wait(pids: list[int], proc_fd: int, deadline: float, release: Calla
             if left <= 0:
                 raise TimeoutError("processes the cell left behind did not die")
             if pending:
-                for fd, _ in poller.poll(min(left, 0.05) * 1000):
+                for fd, _ in poller.poll(0):
                     pending.discard(fd)
                     poller.unregister(fd)
-            else:
-                time.sleep(0.0002)
+            if pending or any(fd < 0 and live(task_states(proc_fd, p)) for p, fd in waits):
+                yield 0.0005
     finally:
         for _, fd in waits:
             if fd >= 0:

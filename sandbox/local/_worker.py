@@ -34,6 +34,7 @@ import _cgroups  # noqa: E402
 from _cells import serve_cells  # noqa: E402
 from _park import (  # noqa: E402
     STOP_TIMEOUT_S,
+    Park,
     park_frozen,
     park_signalled,
     session_members_by_ns,
@@ -46,6 +47,12 @@ from _reaper import fork_reaper  # noqa: E402
 from _uids import UidPool  # noqa: E402
 
 NOFILE = 1024  # open files per session process
+WORKER_OOM_SCORE = 900  # after the cells (1000), before anything else (the trainer: 0)
+
+
+def _write_oom_score(score: int) -> None:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(score))
 
 
 class Worker:
@@ -66,7 +73,10 @@ class Worker:
         self.uid_locks: dict[int, tuple[int, int]] = {}  # sid -> (uid, lock fd)
         self.ns: dict[int, int] = {}  # sid -> its pid namespace (local: to find its processes)
         self.procfd = -1  # a /proc that shows every session's processes (to find leftovers)
-        self.tree = ""  # local: the root file system (sandbox/_rootfs.py)
+        self.tree = ""  # local: the root file system (sandbox/local/_rootfs.py)
+        self.guard: tuple[int, socket.socket] | None = None  # root: (pid, socket) of the guard
+        self.parking: dict[int, Park] = {}  # sid -> its park under way (_park.py)
+        self.park_wake: dict[int, float] = {}  # sid -> when to step its park next
 
     def setup(self) -> dict:
         import _isolation as iso
@@ -90,9 +100,14 @@ class Worker:
         self.huge_mb = iso.collapse_heap() >> 20
         with open("/proc/self/status", "rb") as f:  # address space after preloading, for RLIMIT_AS
             self.base_vm_mb = int((status_field(f.read(), b"VmSize") or b"0 kB").split()[0]) >> 10
+        self.rootless = self.local and os.geteuid() != 0
+        # the sandbox's own processes rank before the trainer for the OOM killer (cells: 1000)
+        _write_oom_score(WORKER_OOM_SCORE)
         if self.cfg.get("seccomp"):
             try:
-                self.seccomp = iso.Seccomp(block_network=not self.limits["network"])
+                # Rootless, memory is bounded per process (RLIMIT_AS): SysV shm and memfds, whose
+                # pages belong to no process, are denied there (cgroups charge them as root)
+                self.seccomp = iso.Seccomp(block_network=not self.limits["network"], deny_shared_memory=self.rootless)
             except OSError as e:
                 if not self.cfg.get("allow_no_seccomp"):
                     raise OSError(
@@ -101,7 +116,6 @@ class Worker:
                     ) from None
                 self.seccomp = None
         if self.local:
-            self.rootless = os.geteuid() != 0
             if self.rootless:
                 # Own a user namespace, then serve from pid 1 of a pid namespace it owns: each
                 # session's pid namespace can then be entered and left without host privileges.
@@ -120,7 +134,7 @@ class Worker:
             else:
                 try:
                     self.cgroups = _cgroups.Cgroups.create(f"stare-sandbox-{os.getpid()}")
-                    self.cgroups.guard()
+                    self.start_guard()
                 except OSError as e:
                     if not self.cfg.get("allow_no_cgroups"):
                         raise OSError(
@@ -179,7 +193,9 @@ class Worker:
         sel.register(rfd, selectors.EVENT_READ)
         self.sock, self.oom_base = sock, self.oom_kills()
         while True:
-            for key, _ in sel.select():
+            wake = min(self.park_wake.values(), default=None)
+            timeout = None if wake is None else max(0.0, wake - time.monotonic())
+            for key, _ in sel.select(timeout):
                 if key.fileobj is sock:
                     msg, _payload, fds = recv(sock, maxfds=1)
                     if msg is None:
@@ -202,6 +218,9 @@ class Worker:
                     while os.read(rfd, 512) == 512:
                         pass
                     self.reap()
+            now = time.monotonic()
+            for sid in [sid for sid, at in self.park_wake.items() if at <= now]:
+                self._step_park(sid)
 
     def uid(self, sid: int) -> int:
         if self.local and self.rootless:
@@ -217,6 +236,7 @@ class Worker:
         try:
             if self.uid_pool is not None:
                 self.uid_locks[sid] = self.uid_pool.take()
+                self._tell_guard(f"take:{self.uid_locks[sid][0]}", self.uid_locks[sid][1])
             if self.cgroups is not None:
                 cg = self.cgroups.make(sid, self.limits["memory_mb"], self.limits["max_processes"], self.limits["cpus"])
             if self.local:
@@ -283,8 +303,14 @@ class Worker:
                 # A user namespace of its own, entered before RLIMIT_NPROC is lowered: the kernel
                 # then counts this session's processes apart from every other session's.
                 iso.enter_user_namespace(0, 0)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # under memory pressure the code dies first, never the worker
+        _write_oom_score(1000)  # under memory pressure the code dies first, then the worker
+        if self.local:
+            # /proc read-only from here on: the code cannot lower its oom_score_adj (rootless it
+            # owns the file; as root the worker's write also set 1000 as its floor). Rootless, the
+            # remount needs a mount namespace owned by the session's own user namespace.
+            if self.rootless:
+                iso.unshare(iso.CLONE_NEWNS)
+            iso.mount(None, "/proc", None, iso.MS_REMOUNT | iso.MS_BIND | iso.MS_RDONLY | iso.PROC_FLAGS)
         disk = lim["disk_mb"] << 20
         resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
         # 1, not 0: the kernel skips a piped core_pattern helper (which runs as host root) only at 1
@@ -320,34 +346,65 @@ class Worker:
         until its next cell. Leftover threads of the session's interpreter cannot be killed one by
         one: the session is killed instead (the host restarts it at the next cell), as it is when
         it cannot be stopped at all. Replies {"op": "parked", "sid", "procs": leftover processes
-        killed, "threads": leftover threads, and "failed": why, if it had to be killed}."""
-        pid, reply = self.sids.get(sid), {"op": "parked", "sid": sid, "procs": 0, "threads": 0}
-        if pid is not None:
-            try:
-                deadline = time.monotonic() + STOP_TIMEOUT_S
-                if self.cgroups is not None and self.cgroups.freezer is not None:
-                    self.stopped[sid] = "freezer"
-                    procs, own = park_frozen(self.cgroups, self.cg_fds.get(sid, []), pid, self.procfd, deadline)
-                else:
-                    self.stopped[sid] = "signal"
-                    procs, own = park_signalled(lambda: self.members(sid), pid, self.procfd, deadline)
-                threads = len(own) - (1 if pid in own else 0)  # its main thread gone: the others count
-                reply.update(procs=procs, threads=threads)
-                if threads:
-                    self.kill(sid)
-            except Exception as e:  # noqa: BLE001 - e.g. it did not freeze in time: it ends, nothing else
-                reply["failed"] = f"{type(e).__name__}: {e}"[:500]
-                self._kill_quietly(sid)
-        send(self.sock, reply)
+        killed, "threads": leftover threads, and "failed": why, if it had to be killed}. The park
+        runs in steps between the worker's other requests (_park.Park): it never delays them."""
+        pid = self.sids.get(sid)
+        if pid is None:
+            return send(self.sock, {"op": "parked", "sid": sid, "procs": 0, "threads": 0})
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        if self.cgroups is not None and self.cgroups.freezer is not None:
+            self.stopped[sid] = "freezer"
+            steps = park_frozen(self.cgroups, self.cg_fds.get(sid, []), pid, self.procfd, deadline)
+        else:
+            self.stopped[sid] = "signal"
+            steps = park_signalled(lambda: self.members(sid), pid, self.procfd, deadline)
+        self.parking[sid] = steps
+        self._step_park(sid)
+
+    def _step_park(self, sid: int) -> None:
+        steps, pid = self.parking.get(sid), self.sids.get(sid)
+        self.park_wake.pop(sid, None)
+        if steps is None:
+            return
+        reply = {"op": "parked", "sid": sid, "procs": 0, "threads": 0}
+        try:
+            self.park_wake[sid] = time.monotonic() + next(steps)
+            return  # not done: stepped again after that wait
+        except StopIteration as done:
+            procs, own = done.value
+            threads = len(own) - (1 if pid in own else 0)  # its main thread gone: the others count
+            reply.update(procs=procs, threads=threads)
+            del self.parking[sid]
+            send(self.sock, reply)
+            if threads:
+                self.kill(sid)
+        except Exception as e:  # noqa: BLE001 - e.g. it did not freeze in time: it ends, nothing else
+            reply["failed"] = f"{type(e).__name__}: {e}"[:500]
+            self.parking.pop(sid, None)
+            send(self.sock, reply)
+            self._kill_quietly(sid)
+
+    def _drop_park(self, sid: int, answer: bool) -> None:
+        """The session ends while its park is under way: stop stepping it (and, if it died by
+        itself, answer the park, so the host does not wait for it)."""
+        steps = self.parking.pop(sid, None)
+        self.park_wake.pop(sid, None)
+        if steps is not None:
+            steps.close()
+            if answer:
+                send(self.sock, {"op": "parked", "sid": sid, "procs": 0, "threads": 0})
 
     def resume(self, sid: int) -> None:
+        """Let the session run its next cell; answered at once, as the host starts the cell's
+        clock on the answer: time spent before it (behind other sessions' requests) is not the
+        cell's."""
         pid, how = self.sids.get(sid), self.stopped.pop(sid, None)
-        if pid is None:
-            return
-        if how == "freezer":
-            self.cgroups.thaw(self.cg_fds.get(sid, []))
-        elif how == "signal":
-            signal_quietly(pid, signal.SIGCONT)
+        if pid is not None:
+            if how == "freezer":
+                self.cgroups.thaw(self.cg_fds.get(sid, []))
+            elif how == "signal":
+                signal_quietly(pid, signal.SIGCONT)
+        send(self.sock, {"op": "resumed", "sid": sid})
 
     def members(self, sid: int) -> list[int]:
         """The session's processes (host pids), zombie leaders with live threads included."""
@@ -358,14 +415,30 @@ class Worker:
         return session_members_by_uid(self.procfd, self.uid(sid))
 
     def _free_uid(self, sid: int) -> None:
+        """Only once no process of the session lives (its pid 1 reaped: its namespace is empty)."""
         held = self.uid_locks.pop(sid, None)
         if held is not None:
             os.close(held[1])
+            self._tell_guard(f"free:{held[0]}")
+
+    def start_guard(self) -> None:
+        """(Re)start the guard (_cgroups.Cgroups.guard) and hand it every uid lock held now."""
+        self.guard = self.cgroups.guard()
+        for uid, fd in self.uid_locks.values():
+            self._tell_guard(f"take:{uid}", fd)
+
+    def _tell_guard(self, msg: str, fd: int = -1) -> None:
+        if self.guard is not None:
+            try:
+                socket.send_fds(self.guard[1], [msg.encode() + b" "], [fd] if fd >= 0 else [])
+            except OSError:
+                pass  # it died: restarted when reaped, with every lock held then
 
     def kill(self, sid: int) -> None:
         pid = self.sids.get(sid)
         if pid is None:
             return
+        self._drop_park(sid, answer=False)
         how = self.stopped.pop(sid, None)
         if self.local:
             signal_quietly(pid, signal.SIGKILL)  # pid 1 of its namespace: everything in it dies with it
@@ -390,10 +463,15 @@ class Worker:
                 return
             if pid == 0:
                 return
+            if self.guard is not None and pid == self.guard[0]:
+                self.guard[1].close()
+                self.start_guard()  # killed by someone: its duty outlives it
+                continue
             sid = self.pids.pop(pid, None)
             if sid is None:
                 continue  # an orphan reparented to us (docker: we are the container's init)
             del self.sids[sid]
+            self._drop_park(sid, answer=True)
             self.stopped.pop(sid, None)
             self.ns.pop(sid, None)
             self._free_uid(sid)  # pid 1 of its namespace is reaped last: no process of the uid is left

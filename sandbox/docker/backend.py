@@ -11,8 +11,8 @@ Guarantees (tests/sandbox/test_sandbox_docker.py runs them against a real engine
 - The same worker as the local backend runs inside as the container's init and forks one
   interpreter per session; wall time, output caps and statuses come from the same host-side code.
   Between cells it stops the session with SIGSTOP/SIGKILL over every process of the code's uid
-  until none can run (sandbox/_park.py). The image holds the same files as the local backend's
-  root (sandbox/_rootfs.py), so a cell finds the same programs and packages.
+  until none can run (sandbox/local/_park.py). The image holds the same files as the local
+  backend's root (sandbox/local/_rootfs.py), so a cell finds the same programs and packages.
 - Reuse: when a session ends (or its interpreter dies) a reaper running as the code's uid SIGKILLs
   every process of that uid and empties /tmp, /dev/shm, /dev/mqueue and the SysV IPC tables, then
   the container goes back to a warm pool of `docker.warm`. A container whose worker died is
@@ -34,14 +34,21 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from ._client import Proc, WorkerClient, new_stats
-from ._session import ProcSession, Slots
-from ._uids import UidPool
-from .base import ExecResult, SandboxError
-from .config import SandboxConfig
-from .docker.build import code_hash
+from ..base import SANDBOX_BACKENDS, SandboxBase, SandboxError
+from ..config import DockerConfig, SandboxConfig
+from ..local._client import Proc, WorkerClient, new_stats
+from ..local._session import ProcSession
+from ..local._uids import UidPool
+from ..slots import Slots
 
-WORKER_OVERHEAD_MB = 128  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
+WORKER_OVERHEAD_MB = 128
+CONTAINER_MOUNTS = ("/tmp",)  # what the container mounts over the image where files could be
+
+
+def _under(path: str, mount: str) -> bool:
+    return os.path.realpath(path).startswith(mount + "/") or os.path.abspath(path).startswith(
+        mount + "/"
+    )  # the preloaded worker (numpy, sympy) lives in the same memory cgroup
 
 
 class _Container:
@@ -74,8 +81,12 @@ class _Lease:
             await self.sandbox._release(c, self.last)
 
 
-class DockerSandbox:
+@SANDBOX_BACKENDS.register("docker", config=DockerConfig)
+class DockerSandbox(SandboxBase):
+    """The local backend's worker as the init of one container per session (sandbox/local/)."""
+
     def __init__(self, cfg: SandboxConfig | None = None):
+        super().__init__()
         self.cfg = cfg or SandboxConfig(backend="docker")
         self.limits = self.cfg.limits
         self.slots = Slots(self.cfg.workers, self.cfg.queue_size, self.cfg.queue_timeout_s)
@@ -91,15 +102,17 @@ class DockerSandbox:
         self.closed = False
         self.stats = new_stats()  # tampering and leftovers, counted over the sandbox's life
         self.uids: UidPool | None = None  # each container's code runs as its own host uid
-        self.info: dict = {}
         self.label = f"{os.getpid()}-{id(self):x}"  # finds every container of ours at close
+        self.hidden: dict = {}  # read-only binds of image files the container's /tmp would hide
 
     async def _call(self, fn, *args, **kwargs):
         """The docker SDK blocks: run it off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
     async def start(self) -> None:
-        import docker
+        import docker  # here, not at import: the registry loads this module to read the names
+
+        from .build import code_hash  # reads the root file system's module (importlib.metadata)
 
         image = self.cfg.docker.image
         try:
@@ -128,6 +141,7 @@ class DockerSandbox:
                 f"`python -m sandbox.docker.build --packages {' '.join(sorted(set(self.cfg.preload)))}`"
             )
         self.dir = tempfile.mkdtemp(prefix="stare-docker-")
+        self.hidden = await asyncio.get_running_loop().run_in_executor(None, self._hidden_binds)
         self.uids = UidPool()
         self.info = {
             "backend": "docker",
@@ -172,7 +186,7 @@ class DockerSandbox:
                 nano_cpus=int(self.cfg.docker.cpus * 1e9),
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.disk_mb}m,uid={uid},gid={uid},mode=0700"},
                 shm_size=f"{lim.disk_mb}m",
-                volumes={ctl: {"bind": "/ctl", "mode": "rw"}},
+                volumes={ctl: {"bind": "/ctl", "mode": "rw"}, **self.hidden},
                 cap_drop=["ALL"],
                 cap_add=["SETUID", "SETGID", "KILL"],
                 security_opt=["no-new-privileges"],
@@ -213,6 +227,31 @@ class DockerSandbox:
                 os.close(uid_lock)
             raise
         return c
+
+    def _hidden_binds(self) -> dict:
+        """The image keeps the interpreter at its host path; where that path lies under a mount
+        the container makes itself (its tmpfs /tmp: a checkout or virtualenv under /tmp), the
+        image's copy is hidden. The same files are then bound read-only from the local backend's
+        root file system tree (the very set the image holds, sandbox/local/_rootfs.py), so the
+        interpreter and its packages are where the image expects them, wherever the project lives."""
+        from ..local import _rootfs
+
+        covered = [p for p in CONTAINER_MOUNTS if _under(sys.executable, p) or _under(sys.prefix, p)]
+        if not covered:
+            return {}
+        try:
+            tree = _rootfs.cached_tree(list(self.cfg.preload), self.cfg.rootfs_cache, _rootfs.default_cache_dir())
+        except OSError as e:
+            raise SandboxError(
+                f"the interpreter lives under {covered[0]}, which the container covers, and its files cannot be "
+                f"prepared to bind there ({e}): set sandbox.rootfs_cache to a writable directory, or install "
+                "the project outside /tmp"
+            ) from None
+        binds = {}
+        for mount in covered:
+            for name in os.listdir(tree + mount):
+                binds[f"{tree}{mount}/{name}"] = {"bind": f"{mount}/{name}", "mode": "ro"}
+        return binds
 
     def _fill(self) -> None:
         if not self.closed and (self.filling is None or self.filling.done()):
@@ -298,10 +337,6 @@ class DockerSandbox:
         lease = _Lease(self)
         return ProcSession(lease.spawn, self.slots, self.limits, stateless, on_close=lease.release)
 
-    async def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        async with self.session(stateless=True) as s:
-            return await s.run(code, timeout)
-
     async def close(self) -> None:
         self.closed = True
         for c in list(self.live):  # ends every wait on these workers at once; they exit on EOF
@@ -325,10 +360,3 @@ class DockerSandbox:
         if self.uids is not None:
             self.uids.close()
             self.uids = None
-
-    async def __aenter__(self) -> DockerSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import socket
 import time
+from typing import Iterator
 
-from _procfs import cgroup_mounts, cgroup_paths, freezer_state, int_list, keyed_counter, read_at
+try:
+    from ._procfs import cgroup_mounts, cgroup_paths, freezer_state, int_list, keyed_counter, read_at
+except ImportError:  # in the worker, which imports its siblings by name
+    from _procfs import cgroup_mounts, cgroup_paths, freezer_state, int_list, keyed_counter, read_at
 
 CPU_PERIOD_US = 100_000
 
@@ -136,53 +142,49 @@ class Cgroups:
             raise
         return fds
 
-    def guard(self) -> None:
-        """Fork a process that thaws every session group of this worker once the worker is gone.
-        A worker killed while sessions are frozen sends them SIGKILL (PDEATHSIG), which cgroup v1
-        holds until they thaw: without the guard they would stay, frozen, until the next worker
-        on the host removes stale groups (v2 delivers it to frozen tasks by itself)."""
-        if self.freezer is None or self.freezer_v2:
-            return
-        parent = self.parents[self.freezer]
-        r, w = os.pipe()
-        if os.fork() == 0:
+    def guard(self) -> tuple[int, socket.socket]:
+        """Fork the guard: a small process that outlives the worker. When the worker is gone (any
+        cause: its end of the socket closes) it kills every process of every session group of
+        this worker, frozen or running, and only then gives their uids back: the worker sends it
+        each uid lock it takes (SCM_RIGHTS) and tells it when one is free, so the guard holds a
+        copy of every lock of a session that may still have a process. Returns (pid, socket)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
             try:
                 os.setsid()  # outside the worker's process group: a kill of that group spares it
+                ours.close()
+                keep = sorted({theirs.fileno(), *self.parents})
                 low = 0
-                for keep in sorted((r, parent)):
-                    os.closerange(low, keep)
-                    low = keep + 1
+                for fd in keep:
+                    os.closerange(low, fd)
+                    low = fd + 1
                 os.closerange(low, 1 << 20)
-                while os.read(r, 1):  # b"" once every copy of the write end is closed: the worker died
-                    pass
-                for sub in os.listdir(parent):
-                    try:
-                        fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=parent)
-                        _write_at(fd, "freezer.state", "THAWED")
-                    except OSError:
-                        pass
+                _guard_loop(theirs, list(self.parents))
             finally:
                 os._exit(0)
-        os.close(r)
-        self.guard_fd = w  # inheritable by nothing: O_CLOEXEC, and sessions close their fds
+        theirs.close()
+        return pid, ours
 
     def _freezer_fd(self, fds: list[int]) -> int | None:
         return fds[self.freezer] if self.freezer is not None and len(fds) > self.freezer else None
 
-    def freeze(self, fds: list[int], timeout: float) -> None:
-        """Stop every task of the session, threads and tasks forked meanwhile included; returns
-        once the kernel says the group is frozen, else raises TimeoutError."""
+    def freeze(self, fds: list[int], deadline: float) -> Iterator[float]:
+        """Stop every task of the session, threads and tasks forked meanwhile included. A step of
+        the worker's park (_park.py): yields how long to wait before looking again, returns once
+        the kernel says the group is frozen, raises TimeoutError past `deadline`."""
         fd = self._freezer_fd(fds)
         if self.freezer_v2:
             _write_at(fd, "cgroup.freeze", "1")
         else:
             _write_at(fd, "freezer.state", "FROZEN")
-        deadline, pause = time.monotonic() + timeout, 0.00005
+        pause = 0.00005
         while not self._frozen(fd):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the session's cgroup did not freeze within {timeout:g}s")
-            # yield the CPU: the session's tasks must run to reach the freezer (2 cores, many jobs)
-            time.sleep(pause)
+                raise TimeoutError("the session's cgroup did not freeze in time")
+            # the session's tasks must run to reach the freezer (2 cores, many jobs): wait, and
+            # let the worker serve other sessions meanwhile
+            yield pause
             pause = min(pause * 2, 0.002)
 
     def _frozen(self, fd: int) -> bool:
@@ -251,25 +253,112 @@ class Cgroups:
             os.close(gfd)
 
 
+def _guard_loop(sock: socket.socket, parents: list[int]) -> None:
+    held: dict[int, int] = {}  # uid -> a copy of its lock fd
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 1)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            break  # the worker is gone
+        for line in msg.decode(errors="replace").split():
+            if line.startswith("take:") and fds:
+                held[int(line[5:])] = fds.pop(0)
+            elif line.startswith("free:") and int(line[5:]) in held:
+                os.close(held.pop(int(line[5:])))
+        for fd in fds:
+            os.close(fd)
+    kill_groups(parents)  # before the uids go back: no process of a released uid may live
+    for fd in held.values():
+        os.close(fd)
+
+
+def _session_groups(parent: int) -> list[int]:
+    out = []
+    for sub in os.listdir(parent):
+        if sub.startswith("s") and sub[1:].isdigit():
+            try:
+                out.append(os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent))
+            except OSError:
+                pass
+    return out
+
+
+def kill_groups(parents: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL every process of every session group below `parents` (the groups of one worker, in
+    each hierarchy), thaw the frozen ones (cgroup v1 holds a frozen task's SIGKILL until it thaws),
+    and wait until the groups are empty, then remove them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        groups = [(p, g) for p in parents for g in _session_groups(p)]
+        alive = False
+        for _, g in groups:
+            try:
+                _write_at(g, "cgroup.kill", "1")  # v2 (Linux >= 5.14): every task at once
+            except OSError:
+                pass
+            for pid in int_list(read_at(g, "cgroup.procs", 1 << 22) or b""):
+                alive = True
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                try:
+                    _write_at(g, name, value)
+                except OSError:
+                    pass
+            os.close(g)
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.005)
+    for p in parents:
+        for sub in os.listdir(p):
+            if sub.startswith("s") and sub[1:].isdigit():
+                try:
+                    os.rmdir(sub, dir_fd=p)
+                except OSError:
+                    pass
+
+
+def kill_worker_groups(name: str) -> None:
+    """From the host, after its worker `name` (stare-sandbox-<pid>) is gone: kill what is left of
+    its sessions in case its guard died too (a no-op when the guard did its work)."""
+    try:
+        mounts, own = _mounts_and_own()
+    except OSError:
+        return
+    parents = []
+    for ctrl, path in own.items():
+        if ctrl in mounts:
+            try:
+                parents.append(os.open(os.path.join(mounts[ctrl] + path, name), os.O_RDONLY | os.O_DIRECTORY))
+            except OSError:
+                pass
+    try:
+        if parents:
+            kill_groups(parents)
+    finally:
+        for fd in parents:
+            os.close(fd)
+
+
 def _remove_stale(d: str) -> None:
-    """Remove the groups of workers that are gone. A session its worker left frozen (killed while
-    idle) holds the SIGKILL its worker's death sent it until it thaws (cgroup v1): thaw it first."""
+    """Remove the groups of workers that are gone, killing every process still in them first (a
+    worker and its guard both killed leave their sessions running, or frozen holding the SIGKILL
+    of their worker's death until they thaw)."""
     for old in os.listdir(d):
         pid = old.rpartition("-")[2]
         if old.startswith("stare-sandbox-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            for sub in os.listdir(os.path.join(d, old)):
-                if sub.startswith("s") and sub[1:].isdigit():
-                    path = os.path.join(d, old, sub)
-                    for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
-                        try:
-                            with open(os.path.join(path, name), "w") as f:
-                                f.write(value)
-                        except OSError:
-                            pass
-                    for _ in range(50):  # the thawed tasks die at once; their group empties after
-                        if _rmdir_quietly(path):
-                            break
-                        time.sleep(0.001)
+            try:
+                fd = os.open(os.path.join(d, old), os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            try:
+                kill_groups([fd], timeout=2.0)
+            finally:
+                os.close(fd)
             _rmdir_quietly(os.path.join(d, old))
 
 

@@ -1,6 +1,6 @@
 """Kernel isolation primitives for the local backend, via ctypes (stdlib only; runs in the worker).
 
-Namespaces (mount, pid, net, ipc, uts), the read-only root (the tree of sandbox/_rootfs.py), the
+Namespaces (mount, pid, net, ipc, uts), the read-only root (the tree of sandbox/local/_rootfs.py), the
 session's private mounts, timers, and an optional seccomp filter through libseccomp (cgroups:
 _cgroups.py). Every function raises OSError when the kernel refuses; the worker turns that into
 an infrastructure failure.
@@ -24,8 +24,9 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
+PROC_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC  # of every proc we mount (kept locked on a remount)
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 4, 38, 22, 2
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, AT_RECURSIVE, AT_FDCWD = 0x1, 0x2, 0x4, 0x8000, -100
@@ -48,7 +49,7 @@ def _syscall(name: str, *args) -> int:
         raise OSError(
             errno.ENOSYS,
             f"the local sandbox knows the system call numbers of {sorted(SYSCALLS)} only, "
-            f"not {arch}: add them to SYSCALLS in sandbox/_isolation.py, or use sandbox.backend=docker",
+            f"not {arch}: add them to SYSCALLS in sandbox/local/_isolation.py, or use sandbox.backend=docker",
         )
     return _libc.syscall(ctypes.c_long(table[name]), *args)
 
@@ -138,7 +139,7 @@ def bind_ro(src: str, dst: str, mountinfo: int = -1) -> None:
 
 
 def build_root(tree: str, rootless: bool = False) -> None:
-    """Enter a private mount namespace whose root is `tree` (sandbox/_rootfs.py: the same file set
+    """Enter a private mount namespace whose root is `tree` (sandbox/local/_rootfs.py: the same file set
     as the Docker image), read-only, with a minimal /dev. Called once by the worker, after
     everything it reads from the host; each session then adds its own /tmp, /proc and namespaces.
     Rootless, the new root also gets a proc of the worker's pid namespace: inside a user namespace
@@ -238,6 +239,9 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 1, 4, 7
+
+
 class _ArgCmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
 
@@ -258,7 +262,7 @@ class Seccomp:
 
     ALLOW, ERRNO = 0x7FFF0000, 0x00050000
 
-    def __init__(self, block_network: bool):
+    def __init__(self, block_network: bool, deny_shared_memory: bool = False):
         name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
         lib = ctypes.CDLL(name, use_errno=True)  # OSError when absent: the caller skips seccomp
         lib.seccomp_init.restype = ctypes.c_void_p
@@ -275,11 +279,21 @@ class Seccomp:
             raise OSError("seccomp_init failed")
         for call in _DENY:
             self._rule(call, errno.EPERM)
-        self._rule("clone", errno.EPERM, _ArgCmp(0, 7, CLONE_NEWUSER, CLONE_NEWUSER))  # no user namespaces
+        self._rule(
+            "clone", errno.EPERM, _ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
+        )  # no user namespaces
         self._rule("clone3", errno.ENOSYS)  # flags are behind a pointer; libc falls back to clone
+        # The worker's hold on its cells: the parent-death signal (a session outliving its worker
+        # would run with no time limit and no owner) and non-dumpable (a dumpable process owns its
+        # /proc files, oom_score_adj among them). Both were set before the filter was loaded.
+        for option in (PR_SET_PDEATHSIG, PR_SET_DUMPABLE):
+            self._rule("prctl", errno.EPERM, _ArgCmp(0, SCMP_CMP_EQ, option, 0))
+        if deny_shared_memory:
+            for call in ("shmget", "memfd_create"):
+                self._rule(call, errno.EPERM)
         if block_network:  # only AF_UNIX (1) sockets: the namespace already has no network; belt and braces
             for call in ("socket", "socketpair"):  # any other family may autoload a kernel module
-                self._rule(call, errno.EAFNOSUPPORT, _ArgCmp(0, 1, 1, 0))
+                self._rule(call, errno.EAFNOSUPPORT, _ArgCmp(0, SCMP_CMP_NE, 1, 0))
         # compile once to BPF: seccomp_load() would recompile it in every session (~1 ms)
         r, w = os.pipe()
         try:
