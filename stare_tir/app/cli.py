@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from sandbox.base import SANDBOX_BACKENDS
 from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
 
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
@@ -370,7 +371,7 @@ EVAL_ALIASES = (
     Alias(
         "--sglang-url", ("rollout.sglang.urls",), "SGLang server/router URL (repeat or comma-separate)", convert=_urls
     ),
-    Alias("--sandbox", ("sandbox.backend",), "where the model's code runs", choices=("local", "docker", "e2b")),
+    Alias("--sandbox", ("sandbox.backend",), "where the model's code runs", choices=SANDBOX_BACKENDS.names()),
     # The env's per-call timeout and the sandbox's hard limit: the shorter one wins, so set both.
     Alias(
         "--sandbox-timeout",

@@ -187,7 +187,7 @@ def check_sandbox(cfg: SandboxConfig, timeout_s: float = 120.0) -> dict:
         async with make_sandbox(cfg) as box:
             async with box.session() as session:
                 result = await session.run("print(6 * 7)")
-            return dict(getattr(box, "info", {}) or {}), result
+            return dict(box.info or {}), result
 
     try:
         info, result = asyncio.run(asyncio.wait_for(one_cell(), timeout_s))

@@ -223,7 +223,7 @@ def run_eval(cfg: EvalRunConfig, run_dir: str | None = None) -> dict[str, Any]:
                 "model_fingerprint": identity["model"],
                 "run_dir": run_dir,
                 "backend": cfg.backend,
-                "sandbox": getattr(parts.engine.sandbox, "info", {}),
+                "sandbox": (parts.engine.sandbox.info if parts.engine.sandbox is not None else {}),
                 "grader": cfg.env.grader,
             },
             equivalent=grader_equivalence(cfg.env.grader, finer_decimals=cfg.env.grade_finer_decimals),

@@ -68,7 +68,9 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
     parts = build_components(
         cfg.model, cfg.trainer.backend, cfg.rollout, cfg.env, cfg.sandbox, model_path=model_path, tokenizer=tokenizer
     )
-    logger.info("sandbox isolation: {}", getattr(parts.engine.sandbox, "info", {}))  # not_enforced: what is weaker
+    logger.info(
+        "sandbox isolation: {}", (parts.engine.sandbox.info if parts.engine.sandbox is not None else {})
+    )  # not_enforced: what is weaker
     run = Run(
         cfg=cfg,
         run_dir=run_dir,
