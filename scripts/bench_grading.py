@@ -1,7 +1,7 @@
 """Compare envs.grading (the builtin grader) with Hugging Face math-verify on labelled cases.
 
 Both graders see exactly the same (response, gold) pairs: the project's labelled cases
-(tests/envs/grading_cases.py, grading_cases_kinds.py, grading_cases_round3.py), then, reported
+(tests/envs/grading_cases.py, grading_cases_kinds.py, grading_cases_prose_forms.py), then, reported
 apart, the held-out cases (grading_cases_heldout.py: written before the grader changes they
 score; their first, blind score is recorded in that file). For math-verify the gold is wrapped in $...$ as its documentation does and
 the whole response goes to its `parse` (its own extraction). Agreement = verdict equals the label;
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LABELLED = ("grading_cases", "grading_cases_kinds", "grading_cases_round3")
+LABELLED = ("grading_cases", "grading_cases_kinds", "grading_cases_prose_forms")
 HELD_OUT = ("grading_cases_heldout",)
 CLOSENESS_KINDS = ("closeness", "decimal_rule")
 
@@ -196,7 +196,7 @@ def main() -> None:
     )
 
     hang_max = 0.0
-    for mode in GRADERS:
+    for mode in GRADERS.names():
         g = Grader(mode, timeout_s=2.0, cache_size=0)
         g.grade(r"\boxed{\sqrt{8}}", r"2\sqrt{2}")  # start-up paid here, not in the bound
         for text in ADVERSARIAL:

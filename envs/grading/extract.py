@@ -25,19 +25,19 @@ The steps, in order:
    5", "the answer is not $5$") states no answer;
    else the response itself when it is a bare answer (one short line with at most two words, or
    one display-math block);
-   else the conclusion of a worked solution (`envs.extract_prose`: the last math span of a
+   else the conclusion of a worked solution (`envs.grading.extract_prose`: the last math span of a
    concluding sentence, or one number in a short or concluding last sentence).
 With `boxed_only`, step 3 keeps only \\boxed{}/\\fbox{} answers (inside <answer> or not).
 
 Option letters with their values, labelled values and the like are not decided here: extraction
-returns the text ("C. x = 42"), and `envs.equivalence` compares it with the gold.
+returns the text ("C. x = 42"), and `envs.grading.equivalence` compares it with the gold.
 """
 
 from __future__ import annotations
 
 import re
 
-from envs.extract_prose import answer_in_prose, join_spans, math_spans
+from envs.grading.extract_prose import answer_in_prose, join_spans, math_spans
 
 __all__ = ["extract_answer"]
 

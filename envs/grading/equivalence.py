@@ -1,11 +1,11 @@
 """Pure-Python answer equivalence: normalization, exact numbers, and structured answers.
 
 `envs.grading` compares two extracted answers in three steps; the first two live here and need
-no sympy: normalize both as LaTeX text (`envs.normalize.normalize_answer`), then parse them into a
-light structure (`envs.structure.parse_structure`) and compare item by item
-(`envs.structure.compare_structures`) with scalar/relation comparators. The comparators here
+no sympy: normalize both as LaTeX text (`envs.grading.normalize.normalize_answer`), then parse them into a
+light structure (`envs.grading.structure.parse_structure`) and compare item by item
+(`envs.grading.structure.compare_structures`) with scalar/relation comparators. The comparators here
 (`fast_scalar_eq`, `fast_relation_eq`) decide plain numbers exactly (`fractions.Fraction`) and
-raise `NeedSymbolic` when algebra is needed; `envs/_symbolic.py` supplies sympy comparators for the
+raise `NeedSymbolic` when algebra is needed; `envs/grading/_symbolic.py` supplies sympy comparators for the
 same structure walk, inside the grading worker process.
 """
 
@@ -15,10 +15,10 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from envs.forms import base_numerals_equal, clock_seconds, words_number
-from envs.normalize import _match_brace, _squash, normalize_answer
-from envs.numbers import Num, numbers_equal, parse_number
-from envs.structure import (
+from envs.grading.forms import base_numerals_equal, clock_seconds, words_number
+from envs.grading.normalize import _match_brace, _squash, normalize_answer
+from envs.grading.numbers import Num, numbers_equal, parse_number
+from envs.grading.structure import (
     _CLOSE,
     _FLIP,
     _OPEN,
@@ -62,7 +62,7 @@ _PLAIN_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z\s'\-]*$")
 
 def fast_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool:
     """Scalar equivalence decidable without algebra; raises NeedSymbolic otherwise.
-    finer_decimals: the decimal rule's switch (`envs.numbers.numbers_equal`)."""
+    finer_decimals: the decimal rule's switch (`envs.grading.numbers.numbers_equal`)."""
     a, b = _squash(pred), _squash(gold)
     if a == b:
         return True

@@ -1,4 +1,4 @@
-"""Answers stated in prose, without a box or an answer line: the last step of `envs.extract`.
+"""Answers stated in prose, without a box or an answer line: the last step of `envs.grading.extract`.
 
     answer_in_prose(text) -> str | None
 

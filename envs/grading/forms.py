@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 
-from envs.normalize import normalize_answer
-from envs.numbers import Num, numbers_equal, parse_number
+from envs.grading.normalize import normalize_answer
+from envs.grading.numbers import Num, numbers_equal, parse_number
 
 __all__ = [
     "FUNCTION_HEAD_RE",

@@ -2,8 +2,8 @@
 
 `parse_structure` reads a normalized answer as nested tuples (scalar, tuple/interval, set, list,
 union, matrix, relation); `compare_structures` walks two of them with scalar and relation
-comparators supplied by the caller: the exact fast ones of `envs.equivalence`, or the sympy ones of
-`envs._symbolic` inside the grading worker. A comparator raises `NeedSymbolic` when it cannot
+comparators supplied by the caller: the exact fast ones of `envs.grading.equivalence`, or the sympy ones of
+`envs.grading._symbolic` inside the grading worker. A comparator raises `NeedSymbolic` when it cannot
 decide a part.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from envs.forms import FUNCTION_HEAD_RE
-from envs.normalize import _squash, normalize_answer
-from envs.numbers import parse_number
+from envs.grading.forms import FUNCTION_HEAD_RE
+from envs.grading.normalize import _squash, normalize_answer
+from envs.grading.numbers import parse_number
 
 
 class NeedSymbolic(Exception):
@@ -393,7 +393,7 @@ def _open_condition(node) -> bool:
 
 def solution_pair(p, g) -> bool:
     """Both answers read as conditions on (or values of) the same one variable, at least one of
-    them a condition: their solution sets over the reals can decide (`envs._solution_sets`)."""
+    them a condition: their solution sets over the reals can decide (`envs.grading._solution_sets`)."""
     kinds = ("rel", "list", "seq", "union", "set", "scalar")
     if p[0] not in kinds or g[0] not in kinds or not (_open_condition(p) or _open_condition(g)):
         return False

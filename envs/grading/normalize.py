@@ -2,14 +2,14 @@
 
 Delimiters, spacing commands, \\text{} and styling, \\left/\\right, degrees, percent and currency
 signs, thousands separators and trailing units go; what remains is compared as text by
-`envs.equivalence` and parsed into a structure by `envs.structure`.
+`envs.grading.equivalence` and parsed into a structure by `envs.grading.structure`.
 """
 
 from __future__ import annotations
 
 import re
 
-from envs.numbers import _THOUSANDS_RE
+from envs.grading.numbers import _THOUSANDS_RE
 
 
 def _match_brace(s: str, i: int) -> int:

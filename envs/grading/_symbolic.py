@@ -1,23 +1,23 @@
 """Symbolic answer comparison with sympy: runs in the grading worker process only.
 
 `envs.grading` sends (pred, gold) pairs that plain numbers cannot decide to its worker process
-(`python -m envs._grading_worker`), one JSON line each, and kills that process if it overruns its
+(`python -m envs.grading._worker`), one JSON line each, and kills that process if it overruns its
 time bound. Here the answers are converted from LaTeX to sympy by a small translator of our own (no
 eval of model text: every identifier of the translated text is checked against a whitelist and
-builtins are removed from the evaluation namespace), then compared exactly (`envs._exact`):
+builtins are removed from the evaluation namespace), then compared exactly (`envs.grading._exact`):
 
 - decimal literals inside an expression become exact rationals (10.5 -> 21/2); a scalar that is
-  a written decimal against an exact expression follows the decimal rule of `envs.numbers`
+  a written decimal against an exact expression follows the decimal rule of `envs.grading.numbers`
   (`decimal_matches_exact`), never a tolerance;
-- numbers and expressions: equal only with a proof that the difference is zero (`envs._exact`:
+- numbers and expressions: equal only with a proof that the difference is zero (`envs.grading._exact`:
   numerical evaluation only rejects);
 - relations: `a = b` vs `c = d` when a - b and c - d are proportional; inequalities when they are
   positively proportional with the same strictness;
 - conditions on one real variable (`x^2 = 4` vs `x = 2 or x = -2`, `|x| < 2` vs
-  `-2 < x and x < 2`): their solution sets over the reals (`envs._solution_sets`).
+  `-2 < x and x < 2`): their solution sets over the reals (`envs.grading._solution_sets`).
 
 A side our translator cannot read leaves the pair undecided (`Undecided`); the worker then asks
-the math-verify stage (`envs/_mv_stage.py`), whose "equal" is re-checked exactly before it counts.
+the math-verify stage (`envs/grading/_mv_stage.py`), whose "equal" is re-checked exactly before it counts.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
-from envs._exact import decimal_vs_expr, exprs_equal, proportional
-from envs._solution_sets import solution_sets_equal
-from envs.equivalence import (
+from envs.grading._exact import decimal_vs_expr, exprs_equal, proportional
+from envs.grading._solution_sets import solution_sets_equal
+from envs.grading.equivalence import (
     NeedSymbolic,
     Undecided,
     _match_brace,
@@ -42,7 +42,7 @@ from envs.equivalence import (
     fast_relation_eq,
     fast_scalar_eq,
 )
-from envs.numbers import parse_number
+from envs.grading.numbers import parse_number
 
 _FUNCS = {
     "sin": "sin",
