@@ -3,7 +3,11 @@
 Both graders see exactly the same (response, gold) pairs: the project's labelled cases
 (tests/envs/grading_cases.py, grading_cases_kinds.py, grading_cases_prose_forms.py), then, reported
 apart, the held-out cases (grading_cases_heldout.py: written before the grader changes they
-score; their first, blind score is recorded in that file). For math-verify the gold is wrapped in $...$ as its documentation does and
+score; their first, blind score is recorded in that file), then the phrasings set
+(grading_cases_phrasings.py: right answers phrased the ways a strict reader misses, such as
+chat-template tails, the Minerva answer line, glued units, several boxes, damaged boxes, and unit
+traps), with its own agreement, false positives and speed ratio, both graders timed on its cases
+case by case in turn. For math-verify the gold is wrapped in $...$ as its documentation does and
 the whole response goes to its `parse` (its own extraction). Agreement = verdict equals the label;
 a false positive = "equal" on a pair labelled not equal. The per-kind table shows both graders
 on every kind; `kinds_below_math_verify` counts kinds where ours agrees less often, and
@@ -24,7 +28,9 @@ through our grader, in every mode; each call must return within its time bound p
 The last line is `RESULT agree_ours=N/M agree_math_verify=N/M false_pos_ours=K
 false_pos_math_verify=K kinds_below_math_verify=K closeness_false_pos=K heldout_agree_ours=N/M
 heldout_agree_math_verify=N/M heldout_false_pos_ours=K heldout_false_pos_math_verify=K
-speed_ratio=X int_mix_speed_ratio=Y hang_max_s=Z`.
+phrasings_agree_ours=N/M phrasings_agree_math_verify=N/M phrasings_false_pos_ours=K
+phrasings_false_pos_math_verify=K phrasings_speed_ratio=X speed_ratio=X int_mix_speed_ratio=Y
+hang_max_s=Z`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LABELLED = ("grading_cases", "grading_cases_kinds", "grading_cases_prose_forms")
 HELD_OUT = ("grading_cases_heldout",)
+PHRASINGS = ("grading_cases_phrasings",)
 CLOSENESS_KINDS = ("closeness", "decimal_rule")
 
 
@@ -104,6 +111,25 @@ def timed(fn, pairs, repeat: int) -> tuple[list[bool], float]:
         t0 = time.perf_counter()
         out = [fn(resp, gold) for gold, resp in pairs]
         best = min(best, time.perf_counter() - t0)
+    return out, best
+
+
+def interleaved(graders: dict, pairs, repeat: int) -> tuple[dict[str, list[bool]], dict[str, float]]:
+    """Verdicts and seconds of several graders on the same pairs, timed case by case in turn
+    (ours, then math-verify, on each case), so that a load change on a shared machine hits both
+    alike; per grader the best pass is kept."""
+    best = {name: float("inf") for name in graders}
+    out: dict[str, list[bool]] = {}
+    for _ in range(max(1, repeat)):
+        spent = dict.fromkeys(graders, 0.0)
+        verdicts: dict[str, list[bool]] = {name: [] for name in graders}
+        for gold, resp in pairs:
+            for name, fn in graders.items():
+                t0 = time.perf_counter()
+                verdicts[name].append(fn(resp, gold))
+                spent[name] += time.perf_counter() - t0
+        best = {name: min(best[name], spent[name]) for name in graders}
+        out = verdicts
     return out, best
 
 
@@ -179,8 +205,23 @@ def main() -> None:
     print("\n".join(held_lines))
     print(f"held-out kinds below math-verify: {held_below}")
 
+    phrasings = load_cases(PHRASINGS)
+    phr_pairs = [(c[0], c[1]) for c in phrasings]
+    phr_verdicts, phr_secs = interleaved(graders, phr_pairs, args.repeat)
+    phr_agree = {k: sum(v == c[2] for v, c in zip(vs, phrasings)) for k, vs in phr_verdicts.items()}
+    phr_fp = {k: sum(v and not c[2] for v, c in zip(vs, phrasings)) for k, vs in phr_verdicts.items()}
+    phr_lines, phr_below = per_kind_table(phrasings, phr_verdicts)
+    phr_ratio = phr_secs["math_verify"] / phr_secs["ours"]
+    print(f"\nphrasings cases={len(phrasings)} (not equal: {sum(1 for c in phrasings if not c[2])}):")
+    print("\n".join(phr_lines))
+    print(
+        f"phrasings kinds below math-verify: {phr_below}  calls/s: ours={len(phrasings) / phr_secs['ours']:.0f} "
+        f"math_verify={len(phrasings) / phr_secs['math_verify']:.0f}  ratio={phr_ratio:.1f}x"
+    )
+
     if args.show_disagreements:
-        for group, group_cases, group_verdicts in (("", cases, verdicts), ("held-out ", held, held_verdicts)):
+        groups = (("", cases, verdicts), ("held-out ", held, held_verdicts), ("phrasings ", phrasings, phr_verdicts))
+        for group, group_cases, group_verdicts in groups:
             for i, (gold, resp, label, cat) in enumerate(group_cases):
                 o, m = group_verdicts["ours"][i], group_verdicts["math_verify"][i]
                 if o != label or m != label:
@@ -216,6 +257,10 @@ def main() -> None:
         f"heldout_agree_ours={held_agree['ours']}/{len(held)} "
         f"heldout_agree_math_verify={held_agree['math_verify']}/{len(held)} "
         f"heldout_false_pos_ours={held_fp['ours']} heldout_false_pos_math_verify={held_fp['math_verify']} "
+        f"phrasings_agree_ours={phr_agree['ours']}/{len(phrasings)} "
+        f"phrasings_agree_math_verify={phr_agree['math_verify']}/{len(phrasings)} "
+        f"phrasings_false_pos_ours={phr_fp['ours']} phrasings_false_pos_math_verify={phr_fp['math_verify']} "
+        f"phrasings_speed_ratio={phr_ratio:.1f} "
         f"speed_ratio={secs['math_verify'] / secs['ours']:.2f} int_mix_speed_ratio={t_mv / t_ours:.1f} "
         f"hang_max_s={hang_max:.2f}"
     )

@@ -10,8 +10,9 @@
 The modules, by concept (the stages and their rules are documented in `grader`):
 - `grader`: the graders (builtin, boxed, math_verify), the result cache, the bounded worker process;
 - `extract`, `extract_prose`: where a response states its final answer;
-- `normalize`, `numbers`, `forms`, `structure`, `equivalence`: the in-process comparison (LaTeX
-  text, exact numbers and the decimal rule, forms such as bases and clock times, structured answers);
+- `normalize`, `numbers`, `units`, `forms`, `commutative`, `structure`, `equivalence`: the
+  in-process comparison (LaTeX text, exact numbers and the decimal rule, quantities with units,
+  forms such as bases and clock times, the order of commuting factors, structured answers);
 - `_worker`, `_symbolic`, `_solution_sets`, `_exact`, `_mv_stage`: the worker process (sympy,
   math-verify), never imported by this package.
 

@@ -63,6 +63,11 @@ _FUNCS = {
     "sqrt": "sqrt",
     "abs": "Abs",
 }
+# Function names as sympy prints them ("factorial(n)/factorial(n+1)", "Abs(x)"), read where an
+# answer is written in sympy's syntax rather than LaTeX.
+_SYMPY_FUNCS = {"factorial", "binomial", "Abs", "asin", "acos", "atan"}
+# Subscript characters that are not letters or digits, spelled out inside the symbol's name.
+_SUBSCRIPT_SIGNS = {"+": "Qp", "-": "Qm", ",": "Qc", "*": "Qt", "/": "Qd", "^": "Qe", "(": "Qo", ")": "Qx", "'": "Qi"}
 _GREEK = [
     "alpha",
     "beta",
@@ -269,7 +274,8 @@ def _to_py(s: str) -> str:
             out.append(f"**({_to_py(a)})")
         elif c == "_":
             a, i = _arg(s, i + 1)
-            sub = re.sub(r"[^A-Za-z0-9]", "", a)
+            # Operators stay in the name: a_{n+1} and a_{n-1} are two different symbols.
+            sub = re.sub(r"[^A-Za-z0-9]", lambda m: _SUBSCRIPT_SIGNS.get(m.group(0), ""), a)
             if not sub or not out or not re.search(r"[A-Za-z]$", out[-1]):
                 raise _Unsupported("subscript")
             out[-1] = out[-1] + "_" + sub
@@ -283,6 +289,8 @@ def _to_py(s: str) -> str:
             i += len(run)
             if run in _FUNCS and s[i : i + 1] == "(":
                 out.append(f" {_FUNCS[run]}")
+            elif run in _SYMPY_FUNCS and s[i : i + 1] == "(":  # sympy's own spelling: factorial(n)
+                out.append(f" {run}")
             elif run == "pi":
                 out.append(" pi ")
             elif run in _GREEK_IDENT:

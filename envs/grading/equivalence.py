@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
+from envs.grading.commutative import same_up_to_order
 from envs.grading.forms import base_numerals_equal, clock_seconds, words_number
 from envs.grading.normalize import _match_brace, _squash, normalize_answer
 from envs.grading.numbers import Num, numbers_equal, parse_number
@@ -41,6 +42,7 @@ __all__ = [
     "normalize_answer",
     "parse_number",
     "parse_structure",
+    "solution_count",
 ]
 
 _CHOICE_RE = re.compile(r"^\(?([A-Ea-e])\)?$")
@@ -92,6 +94,8 @@ def fast_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool
         return False
     if not a or not b:
         return False
+    if same_up_to_order(pred, gold):  # "\\sum_{k} a_k b_{n-k}" vs "\\sum_{k} b_{n-k} a_k"
+        return True
     raise NeedSymbolic(f"{pred!r} vs {gold!r}")
 
 
@@ -164,3 +168,18 @@ def compare_normalized(
     if undecided is not None:
         raise undecided
     return False
+
+
+_SEVERAL_RE = re.compile(r"[,;±]|\\pm|\\mp|\band\b|\bor\b|\\cup")
+
+
+def solution_count(gold: str) -> int:
+    """How many solutions a gold lists when it is a set or a list of values ("\\{2, 5\\}", "1, 4",
+    "\\pm 7"); 0 for anything else (a tuple is one answer, its order matters)."""
+    if len(gold) > MAX_STRUCT_CHARS or not _SEVERAL_RE.search(gold):
+        return 0  # (the common case: one value, decided without parsing)
+    try:
+        node = parse_structure(normalize_answer(gold))
+    except RecursionError:
+        return 0
+    return len(node[1]) if node[0] in ("set", "list") else 0

@@ -8,22 +8,35 @@
 Modes (`env.grader`; training and evaluation use the same one, summary.json records it; maj@N
 groups answers with the same one):
 - `builtin` (default): our extraction (`envs.grading.extract`), then the stages below, cheapest first.
+  Two readings depend on the gold: a gold that is a set of n solutions also accepts n boxes that
+  together state it ("The first root is \\boxed{-1}. The second root is \\boxed{3}.",
+  `envs.grading.extract.boxed_set`), and a gold that is an option letter also accepts a letter
+  stated in prose ("I think it's B", `envs.grading.extract.option_in_prose`).
 - `math_verify`: Hugging Face math-verify alone (its extraction and comparison, as papers grade),
   run in the same killable worker; for numbers comparable with published ones.
 - `boxed`: like builtin, but only a \\boxed{}/\\fbox{} answer counts (no prose, no bare answers).
 
 The builtin stages:
+0. Units (`envs.grading.units`): when both answers are a number with a unit, they are equal only
+   when they state the same quantity ("10 m" = "1000 cm", "36 km/h" = "10 m/s"; "10 m" is not
+   "10 cm", "5 kg" is not "5 g", "12 cm^2" is not "12 cm"); this verdict is final. A unit on one
+   side only is dropped ("0.8 V" against "0.8").
 1. Both answers are normalized as LaTeX text (`envs.grading.normalize`: delimiters, spacing commands,
    \\text{}, \\left/\\right, degrees (inside a trig function: radians), percent and currency signs,
-   thousands separators, trailing units, superscript digits) and compared as strings. A percent
-   against a plain rate compares as its value / 100 ("25\\%" = "0.25", both ways; `envs.grading.forms`).
+   thousands separators, trailing units, superscript digits) and compared as strings. The percent
+   convention: a percent equals the number it writes ("25\\%" = "25", as MATH golds often drop
+   the sign) and the rate it names ("25\\%" = "0.25", both ways; `envs.grading.forms`), and nothing
+   else ("25\\%" is not "2.5"; "0.25" is not "25").
 2. Both are parsed into a light structure (scalar, tuple/interval, set, list, labelled values,
    union, matrix, relation, option letter; `envs.grading.structure`) and compared item by item, in any
    order for sets and lists of solutions ("p=5,q=2;p=7,q=2" = "(5,2),(7,2)", "\\pm 3" = "3, -3").
    Plain numbers (integers, decimals, a/b, \\frac, mixed numbers, scientific notation) are compared
    exactly with `fractions.Fraction`, in this process, without sympy; so are the forms of
-   `envs.grading.forms` (numerals in a base, clock times, numbers in words, "f(x) =" against "y ="). This
-   decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
+   `envs.grading.forms` (numerals in a base, clock times, numbers in words, "f(x) =" against "y ="),
+   formulas that differ only in the order of commuting factors and terms (`envs.grading.commutative`:
+   "\\sum_{k=0}^{n} a_k b_{n-k}" = "\\sum_{k=0}^{n} b_{n-k} a_k"), an operation stated with its value
+   against the value ("\\lim_{x\\to0} f(x) = 1", "\\det M = 3", "\\frac{d}{dx}x^3 = 3x^2"), and a sum of
+   written matrices against the matrix it evaluates to. This decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
    are final.
 3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices, an
    equation or inequality against its solutions) sends the pair to a worker process
@@ -60,6 +73,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -76,9 +90,11 @@ from envs.grading.equivalence import (
     fast_relation_eq,
     fast_scalar_eq,
     normalize_answer,
+    solution_count,
 )
-from envs.grading.extract import extract_answer
+from envs.grading.extract import boxed_set, extract_answer, option_in_prose
 from envs.grading.forms import percent_rate_equal
+from envs.grading.units import compare_quantities
 from sandbox.registry import Registry
 
 __all__ = ["GRADERS", "GradeResult", "Grader", "answers_equivalent", "get_grader", "grade_answer"]
@@ -108,6 +124,9 @@ def answers_equivalent(pred: str, gold: str, *, timeout_s: float | None = None) 
 GRADERS: Registry[type] = Registry("grader")
 
 
+_OPTION_LETTER_RE = re.compile(r"\(?[A-E]\)?")
+
+
 @GRADERS.register("builtin")
 class BuiltinGrading:
     """Our extraction (`envs.grading.extract`), then the builtin stages, cheapest first."""
@@ -117,10 +136,19 @@ class BuiltinGrading:
 
     def check(self, grader: Grader, response: str, gold: str, timeout_s: float | None) -> tuple[bool, str, str | None]:
         pred = extract_answer(response, boxed_only=self.boxed_only)
+        if pred is None and not self.boxed_only and _OPTION_LETTER_RE.fullmatch(gold.strip()):
+            pred = option_in_prose(response)  # a letter gold: "I think it's B" states B
         if pred is None:
             return False, "none", None
         gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
         verdict, stage = grader._equivalent(pred, gold_ans or gold, timeout_s)
+        if not verdict and stage != "timeout":
+            # A gold set of n solutions, answered in n boxes that other text separates ("The
+            # first root is \\boxed{-1}. The second root is \\boxed{3}."): the boxes are the set.
+            joined = boxed_set(response, solution_count(gold_ans or gold))
+            if joined is not None and joined != pred:
+                verdict, stage = grader._equivalent(joined, gold_ans or gold, timeout_s)
+                pred = joined if verdict else pred
         return verdict, stage, pred
 
     def equivalent(self, grader: Grader, pred: str, gold: str, timeout_s: float | None) -> bool:
@@ -337,6 +365,11 @@ class Grader:
         if len(pred) + len(gold) > MAX_ANSWER_CHARS:  # junk, not an answer: spare the regex passes
             return pred.split() == gold.split(), "fast"
         try:
+            # Both state a unit: the same quantity, or not equal ("10 m", "10 cm"); a unit on one
+            # side only is dropped ("0.8 V" against "0.8": golds often omit units).
+            units, pred, gold = compare_quantities(pred, gold, finer_decimals=self.finer_decimals)
+            if units is not None:
+                return units, "fast"
             if percent_rate_equal(pred, gold, finer_decimals=self.finer_decimals):
                 return True, "fast"  # "25\\%" vs a plain rate "0.25" (the signs are gone after normalizing)
             p, g = normalize_answer(pred), normalize_answer(gold)
