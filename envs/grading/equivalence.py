@@ -17,6 +17,7 @@ from fractions import Fraction
 
 from envs.grading.commutative import same_up_to_order
 from envs.grading.forms import base_numerals_equal, clock_seconds, words_number
+from envs.grading.latex_expr import numerically_different
 from envs.grading.normalize import _match_brace, _squash, normalize_answer
 from envs.grading.numbers import Num, numbers_equal, parse_number
 from envs.grading.structure import (
@@ -96,6 +97,8 @@ def fast_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool
         return False
     if same_up_to_order(pred, gold):  # "\\sum_{k} a_k b_{n-k}" vs "\\sum_{k} b_{n-k} a_k"
         return True
+    if numerically_different(pred, gold):  # values that differ: not equal, without the worker
+        return False
     raise NeedSymbolic(f"{pred!r} vs {gold!r}")
 
 

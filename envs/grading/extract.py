@@ -230,23 +230,14 @@ def _option_stated_correct(text: str) -> str | None:
     return None if _ANCHOR_HEDGE_RE.search(text[sentence_start : m.start()]) else m.group(1)
 
 
-def _outside(text: str, spans: list[tuple[int, int, str]]) -> str:
-    """The text with its math spans cut out."""
-    out, last = [], 0
-    for a, b, _ in spans:
-        out.append(text[last:a])
-        last = b
-    return " ".join(out + [text[last:]])
-
-
 def _is_bare_answer(text: str) -> bool:
     """A short one-line answer ("42", "$\\frac{1}{2}$", "x = 3") rather than prose."""
     if "\n" in text.strip() or len(text) > 120 or re.search(r"\\(?:boxed|fbox)", text):
         return False  # (a \boxed left here is unclosed: a truncated response, not an answer)
     t = re.sub(r"\\text\{[^{}]*\}", " ", text)
     spans = math_spans(t)
-    if spans and re.search(r"[a-zA-Z]{2,}", _outside(t, spans)):
-        return False  # "So $\\int_0^1 x^2\\,dx = \\frac{1}{3}$.": prose around math, read as prose
+    if spans and re.search(r"[a-zA-Z]{2,}", t[: spans[0][0]]):
+        return False  # "So $\\int_0^1 x^2\\,dx = \\frac{1}{3}$.": words before the math, read as prose
     words = [w for w in _WORD_RE.findall(t) if w.lower() not in _MATH_WORDS]
     return len(words) <= 2 and not re.search(r"[a-zA-Z]\.\s+[A-Z]", t)
 

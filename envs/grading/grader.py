@@ -36,9 +36,11 @@ The builtin stages:
    formulas that differ only in the order of commuting factors and terms (`envs.grading.commutative`:
    "\\sum_{k=0}^{n} a_k b_{n-k}" = "\\sum_{k=0}^{n} b_{n-k} a_k"), an operation stated with its value
    against the value ("\\lim_{x\\to0} f(x) = 1", "\\det M = 3", "\\frac{d}{dx}x^3 = 3x^2"), and a sum of
-   written matrices against the matrix it evaluates to. This decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
+   written matrices against the matrix it evaluates to. Two expressions whose complex-float values
+   clearly differ at a random point are not equal (`envs.grading.latex_expr`: an evaluation that
+   only rejects; equality is never decided by values). This decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
    are final.
-3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices, an
+3. Only a part step 2 cannot decide (a scalar needing algebra to be proved equal, an expression of matrices, an
    equation or inequality against its solutions) sends the pair to a worker process
    (`envs/grading/_worker.py`): step 2 again with sympy scalars (our own LaTeX translator,
    `envs.grading._symbolic`), conditions on one variable compared by their solution sets

@@ -16,6 +16,7 @@ from envs.grading.commutative import canonical, same_up_to_order
 from envs.grading.equivalence import normalize_answer, parse_structure, solution_count
 from envs.grading.extract import boxed_set, extract_answer, option_in_prose
 from envs.grading.extract_prose import glued_number
+from envs.grading.latex_expr import numerically_different
 from envs.grading.structure import _matrix_sum
 from envs.grading.units import quantities_equal, read_quantity, unit_after, without_unit
 
@@ -289,6 +290,39 @@ def test_a_matrix_sum_is_evaluated():
     assert _matrix_sum("\\begin{pmatrix}1&2\\end{pmatrix}+\\begin{pmatrix}1\\end{pmatrix}") is None
     assert _matrix_sum("\\begin{pmatrix}1\\end{pmatrix}x\\begin{pmatrix}1\\end{pmatrix}") is None
     assert _matrix_sum("\\begin{pmatrix}1\\end{pmatrix}") is None
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("x^2+2x-1", "x^2+2x+1"),
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{\\sqrt{3}}{2}"),
+        ("\\sqrt{x^2}", "x"),  # differs at a negative point
+        ("\\log(x^2)", "2\\log x"),
+        ("a_{n+1}", "a_{n-1}"),
+        ("0.333", "\\frac{1}{3}"),  # a short decimal is not the exact value (the decimal rule)
+    ],
+)
+def test_numerically_different_rejects(a, b):
+    assert numerically_different(a, b)
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("\\sin^2 x+\\cos^2 x", "1"),
+        ("2\\sin x\\cos x", "sin(2*x)"),
+        ("(x+1)^2", "x^2+2x+1"),
+        ("factorial(n)/factorial(n+1)", "\\frac{1}{n+1}"),
+        ("e^{i\\pi}", "-1"),
+        ("0.333333333333", "\\frac{1}{3}"),  # 12 digits: left to the decimal rule in the worker
+        ("9^{9^{9^{9}}}", "1"),  # overflows: undecided, never a hang
+        ("100000000!", "5"),  # factorial notation: undecided
+        ("\\int_0^1 x dx", "\\frac12"),  # not translated: undecided
+    ],
+)
+def test_numerically_different_never_rejects_an_equal_or_unreadable_pair(a, b):
+    assert not numerically_different(a, b)
 
 
 def test_a_subscript_keeps_its_operators(grader):
