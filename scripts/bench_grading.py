@@ -6,17 +6,19 @@ apart, the held-out cases (grading_cases_heldout.py: written before the grader c
 score; their first, blind score is recorded in that file), then the phrasings set
 (grading_cases_phrasings.py: right answers phrased the ways a strict reader misses, such as
 chat-template tails, the Minerva answer line, glued units, several boxes, damaged boxes, and unit
-traps), with its own agreement, false positives and speed ratio, both graders timed on its cases
-case by case in turn. For math-verify the gold is wrapped in $...$ as its documentation does and
-the whole response goes to its `parse` (its own extraction). Agreement = verdict equals the label;
+traps), with its own agreement, false positives and speed ratio. For math-verify the gold is
+wrapped in $...$ as its documentation does and the whole response goes to its `parse` (its own
+extraction). Agreement = verdict equals the label;
 a false positive = "equal" on a pair labelled not equal. The per-kind table shows both graders
 on every kind; `kinds_below_math_verify` counts kinds where ours agrees less often, and
 `closeness_false_pos` counts our false positives on the kinds where a lenient grader accepts a
 merely close value (closeness, decimal_rule).
 
-Speed, measured in this run, one grader after the other, after one warm-up call each (imports,
-sympy, our worker start), best of --repeat passes, our result cache off:
-- over all labelled cases (many need algebra: our worker process answers those);
+Speed, measured in this run after one warm-up call each (imports, sympy, our worker start), best
+of --repeat passes, our result cache off, the two graders timed case by case in turn (a load
+change on a shared machine hits both alike):
+- over all labelled cases, and over the phrasings set (many need algebra: our worker process
+  answers those);
 - over an integer-heavy mix shaped like DAPO rewards (integer golds; responses with reasoning
   text ending in \\boxed{n} or "Answer: n", right or wrong, some formatted "1,000" / "12.0" /
   "x = 5", a few without an answer), which is what RL grades at every step.
@@ -105,15 +107,6 @@ ADVERSARIAL = [
 ]
 
 
-def timed(fn, pairs, repeat: int) -> tuple[list[bool], float]:
-    best, out = float("inf"), []
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        out = [fn(resp, gold) for gold, resp in pairs]
-        best = min(best, time.perf_counter() - t0)
-    return out, best
-
-
 def interleaved(graders: dict, pairs, repeat: int) -> tuple[dict[str, list[bool]], dict[str, float]]:
     """Verdicts and seconds of several graders on the same pairs, timed case by case in turn
     (ours, then math-verify, on each case), so that a load change on a shared machine hits both
@@ -181,9 +174,7 @@ def main() -> None:
         fn(r"\boxed{\sqrt{2}}", "2^{1/2}")
 
     pairs = [(c[0], c[1]) for c in cases]
-    verdicts, secs = {}, {}
-    for name, fn in graders.items():
-        verdicts[name], secs[name] = timed(fn, pairs, args.repeat)
+    verdicts, secs = interleaved(graders, pairs, args.repeat)
     agree = {k: sum(v == c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
     false_pos = {k: sum(v and not c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
     closeness_fp = sum(v and not c[2] and c[3] in CLOSENESS_KINDS for v, c in zip(verdicts["ours"], cases))
@@ -228,8 +219,9 @@ def main() -> None:
                     print(f"{group}[{cat}] label={label} ours={o} math_verify={m} gold={gold!r} resp={resp[-90:]!r}")
 
     mix = dapo_mix()
-    mix_ours, t_ours = timed(graders["ours"], mix, args.repeat)
-    mix_mv, t_mv = timed(mv, mix, args.repeat)
+    mix_verdicts, mix_secs = interleaved(graders, mix, args.repeat)
+    mix_ours, mix_mv = mix_verdicts["ours"], mix_verdicts["math_verify"]
+    t_ours, t_mv = mix_secs["ours"], mix_secs["math_verify"]
     same = sum(a == b for a, b in zip(mix_ours, mix_mv))
     print(
         f"integer mix: {len(mix)} responses  calls/s: ours={len(mix) / t_ours:.0f} "
