@@ -15,8 +15,8 @@ on every kind; `kinds_below_math_verify` counts kinds where ours agrees less oft
 merely close value (closeness, decimal_rule).
 
 Speed, measured in this run after one warm-up call each (imports, sympy, our worker start), best
-of --repeat passes, our result cache off, the two graders timed case by case in turn (a load
-change on a shared machine hits both alike):
+of --repeat passes, our result cache off, the two graders' passes alternating (a load change on
+a shared machine hits both alike):
 - over all labelled cases, and over the phrasings set (many need algebra: our worker process
   answers those);
 - over an integer-heavy mix shaped like DAPO rewards (integer golds; responses with reasoning
@@ -108,21 +108,17 @@ ADVERSARIAL = [
 
 
 def interleaved(graders: dict, pairs, repeat: int) -> tuple[dict[str, list[bool]], dict[str, float]]:
-    """Verdicts and seconds of several graders on the same pairs, timed case by case in turn
-    (ours, then math-verify, on each case), so that a load change on a shared machine hits both
-    alike; per grader the best pass is kept."""
+    """Verdicts and seconds of several graders on the same pairs, in alternating passes (ours over
+    all pairs, then math-verify over all pairs, `repeat` times), so that a load change on a shared
+    machine hits both alike while each grader runs its cases back to back, as RL grades a batch;
+    per grader the best pass is kept."""
     best = {name: float("inf") for name in graders}
     out: dict[str, list[bool]] = {}
     for _ in range(max(1, repeat)):
-        spent = dict.fromkeys(graders, 0.0)
-        verdicts: dict[str, list[bool]] = {name: [] for name in graders}
-        for gold, resp in pairs:
-            for name, fn in graders.items():
-                t0 = time.perf_counter()
-                verdicts[name].append(fn(resp, gold))
-                spent[name] += time.perf_counter() - t0
-        best = {name: min(best[name], spent[name]) for name in graders}
-        out = verdicts
+        for name, fn in graders.items():
+            t0 = time.perf_counter()
+            out[name] = [fn(resp, gold) for gold, resp in pairs]
+            best[name] = min(best[name], time.perf_counter() - t0)
     return out, best
 
 

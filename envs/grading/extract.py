@@ -250,9 +250,12 @@ def _strip_template(response: str) -> str:
         return response
     # A token written inside code (print('<|im_end|>')) is program text, not the chat template.
     code = [(m.start(), m.end()) for m in _CODE_SPAN_RE.finditer(response)]
+    think_end = response.rfind("</think>")
     for m in _SPECIAL_RE.finditer(response):
         if any(a <= m.start() < b for a, b in code):
             continue
+        if m.group(0).startswith("\n") and m.start() < think_end:
+            continue  # "User: ..." quoted while thinking is no turn of its own
         if response[: m.start()].strip():
             return response[: m.start()]
     return response

@@ -79,6 +79,11 @@ def test_turn_text_after_the_answer_is_dropped(response, expected):
     assert extract_answer(response) == expected
 
 
+def test_a_speaker_line_while_thinking_ends_nothing():
+    response = "<think>The task reads:\nUser: find x with 2x = 10.\nSo x = 5.</think>\nThe answer is $5$."
+    assert extract_answer(response) == "5"
+
+
 def test_a_speaker_line_needs_text_before_it():
     # "User:" opening the response ends nothing: the answer after it is read.
     assert extract_answer("User: the problem.\nThe answer is $5$.") == "5"
