@@ -13,8 +13,10 @@ months and years, whose length varies, compare only with themselves.
 
 Where only one side states a unit, or a unit is not read, nothing is decided here: the other
 comparisons drop a trailing unit ("7 cm" against a gold "7" is 7, as golds often omit units).
-A glued single letter ("6m") is a variable, not a unit, unless it is spaced ("6 m"); the prose
-reader of `envs.grading.extract_prose` spaces the units it finds in sentences ("3.5m²" -> "3.5 m²").
+A glued single letter ("6m") is a variable, not a unit, unless it is spaced ("6 m"); other single
+letters than m, s, h, g, l ("2 t", "3 L", "5 N") are units only inside \\text{} or \\mathrm{}
+("0.8 \\mathrm{V}"). The prose reader of `envs.grading.extract_prose` spaces the units it finds in
+sentences ("3.5m²" -> "3.5 m²").
 Percent signs are not units here (the percent convention is `envs.grading.forms`').
 """
 
@@ -215,6 +217,9 @@ class Quantity:
 _WRAPPER_RE = re.compile(r"\\(?:text|textrm|mathrm|mbox|operatorname|rm)\s*\{([^{}]*)\}")
 _SPACING_RE = re.compile(r"\\[,;:! ]|~|\\q?quad(?![a-zA-Z])")
 # The unit starts at the first letter after the number that is not part of a command ("3\\pi m").
+# Single letters read as units when spaced from the number without \\text{}: those an answer
+# writes as units far more often than as variables ("5 m", "3 s", "2 h", "4 g", "1 l").
+_PLAIN_LETTER_UNITS = frozenset("mshgl")
 _STARTS_WITH_NUMBER_RE = re.compile(r"\s*\$?\s*[-+]?\s*[\d.]")
 _LETTER_RE = re.compile(r"[a-zA-Zµμ]")
 _NUM_PART = r"(?:\\[a-zA-Z]+|[^a-zA-Zµμ\\])"
@@ -227,6 +232,7 @@ def read_quantity(text: str) -> Quantity | None:
     if "%" in text or len(text) > 100 or not _STARTS_WITH_NUMBER_RE.match(text) or not _LETTER_RE.search(text):
         return None  # (the common case, decided before any rewriting: "42", "x = 5", "\\frac{1}{2}")
     t = text.replace("$", "")
+    wrapped = bool(_WRAPPER_RE.search(t))
     for _ in range(3):
         t = _WRAPPER_RE.sub(r" \1 ", t)
     t = _SPACING_RE.sub(" ", t)
@@ -237,8 +243,9 @@ def read_quantity(text: str) -> Quantity | None:
     if not m:
         return None
     unit = m.group("unit").strip()
-    if not m.group("sep") and re.fullmatch(r"[a-zA-Zµμ](?:\^\d)?", unit):
-        return None  # "6m", "2x^2": a variable, not a unit
+    letter = re.fullmatch(r"([a-zA-Zµμ])(?:\^\d)?", unit)
+    if letter and (not m.group("sep") or (letter.group(1) not in _PLAIN_LETTER_UNITS and not wrapped)):
+        return None  # "6m", "2x^2", "2 t", "3 L": a variable, not a unit ("0.8 \\mathrm{V}" is one)
     read = read_unit(unit)
     if read is None:
         return None

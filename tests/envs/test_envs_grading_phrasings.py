@@ -143,6 +143,8 @@ def test_glued_number_reads_only_known_units():
         ("9.8 meters per second", "9.8", (("L", 1), ("T", -1)), Fraction(1)),
         ("3\\pi m", "3\\pi", (("L", 1),), Fraction(1)),
         ("2 hours", "2", (("T", 1),), Fraction(3600)),
+        ("0.8 \\mathrm{~V}", "0.8", (("V", 1),), Fraction(1)),  # a letter in \\mathrm is a unit
+        ("5\\text{ N}", "5", (("N", 1),), Fraction(1)),
     ],
 )
 def test_read_quantity(text, number, dim, scale):
@@ -150,7 +152,9 @@ def test_read_quantity(text, number, dim, scale):
     assert q is not None and (q.number, q.dim, q.scale) == (number, dim, scale)
 
 
-@pytest.mark.parametrize("text", ["6m", "2x^2", "25\\%", "5 apples", "x = 3 m", "10", "\\frac{1}{2}"])
+@pytest.mark.parametrize(
+    "text", ["6m", "2x^2", "25\\%", "5 apples", "x = 3 m", "10", "\\frac{1}{2}", "2 t", "3 L", "5 N", "2 A"]
+)
 def test_read_quantity_refuses_what_is_no_quantity(text):
     assert read_quantity(text) is None
 
@@ -179,8 +183,15 @@ def test_quantities_equal(pred, gold, expected):
     assert quantities_equal(pred, gold) is expected
 
 
+def test_a_letter_that_may_be_a_variable_is_kept(grader):
+    assert not grader.equivalent("2 t", "2")
+    assert not grader.equivalent("5 N", "5")
+    assert grader.equivalent("0.8 \\mathrm{~V}", "0.8")
+
+
 def test_without_unit_drops_the_one_sided_unit():
-    assert without_unit("0.8 V", "0.8") == ("0.8", "0.8")
+    assert without_unit("0.8 \\mathrm{V}", "0.8") == ("0.8", "0.8")
+    assert without_unit("2 t", "2") == ("2 t", "2")  # "t" spaced, not in \\text: a variable
     assert without_unit("7", "7 \\text{ cm}") == ("7", "7")
     assert without_unit("10 m", "10 cm") == ("10 m", "10 cm")
 
