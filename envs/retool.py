@@ -98,9 +98,9 @@ class RetoolConfig:
     # "builtin" = our extraction + exact numbers + sympy + math-verify guarded by an exact re-check
     # (recall at least math-verify's, no float tolerance); "math_verify" = Hugging Face math-verify
     # alone, for numbers comparable with papers that grade with it; "boxed" = builtin, but only a
-    # \boxed{} answer counts. See envs/grading.py.
+    # \boxed{} answer counts. The names are those of `envs.grading.GRADERS`. See envs/grading/grader.py.
     grader: str = "builtin"
-    # The decimal rule of the builtin and boxed graders (envs/grading.py): true accepts a decimal
+    # The decimal rule of the builtin and boxed graders (envs/grading/grader.py): true accepts a decimal
     # that states more digits than a rounded decimal gold and rounds to it ("27.3912" for "27.39",
     # as a grader of a "round to two decimals" problem would); false demands the gold's value.
     grade_finer_decimals: bool = True
@@ -118,8 +118,7 @@ class RetoolConfig:
             raise ValueError(f"format_penalty={self.format_penalty!r}: must be >= 0")
         if self.grade_timeout_s <= 0:
             raise ValueError(f"grade_timeout_s={self.grade_timeout_s!r}: must be > 0")
-        if self.grader not in GRADERS:
-            raise ValueError(f"grader={self.grader!r}: must be one of {list(GRADERS)}")
+        GRADERS.check(self.grader, "env.grader")
         if self.prompt not in PROMPTS:
             raise ValueError(f"prompt={self.prompt!r}: must be one of {sorted(PROMPTS)}")
         if "{problem}" not in self.user_template:

@@ -1,18 +1,24 @@
 """Compare envs.grading (the builtin grader) with Hugging Face math-verify on labelled cases.
 
 Both graders see exactly the same (response, gold) pairs: the project's labelled cases
-(tests/envs/grading_cases.py, grading_cases_kinds.py, grading_cases_round3.py), then, reported
+(tests/envs/grading_cases.py, grading_cases_kinds.py, grading_cases_prose_forms.py), then, reported
 apart, the held-out cases (grading_cases_heldout.py: written before the grader changes they
-score; their first, blind score is recorded in that file). For math-verify the gold is wrapped in $...$ as its documentation does and
-the whole response goes to its `parse` (its own extraction). Agreement = verdict equals the label;
+score; their first, blind score is recorded in that file), then the phrasings set
+(grading_cases_phrasings.py: right answers phrased the ways a strict reader misses, such as
+chat-template tails, the Minerva answer line, glued units, several boxes, damaged boxes, and unit
+traps), with its own agreement, false positives and speed ratio. For math-verify the gold is
+wrapped in $...$ as its documentation does and the whole response goes to its `parse` (its own
+extraction). Agreement = verdict equals the label;
 a false positive = "equal" on a pair labelled not equal. The per-kind table shows both graders
 on every kind; `kinds_below_math_verify` counts kinds where ours agrees less often, and
 `closeness_false_pos` counts our false positives on the kinds where a lenient grader accepts a
 merely close value (closeness, decimal_rule).
 
-Speed, measured in this run, one grader after the other, after one warm-up call each (imports,
-sympy, our worker start), best of --repeat passes, our result cache off:
-- over all labelled cases (many need algebra: our worker process answers those);
+Speed, measured in this run after one warm-up call each (imports, sympy, our worker start), best
+of --repeat passes, our result cache off, the two graders' passes alternating (a load change on
+a shared machine hits both alike):
+- over all labelled cases, and over the phrasings set (many need algebra: our worker process
+  answers those);
 - over an integer-heavy mix shaped like DAPO rewards (integer golds; responses with reasoning
   text ending in \\boxed{n} or "Answer: n", right or wrong, some formatted "1,000" / "12.0" /
   "x = 5", a few without an answer), which is what RL grades at every step.
@@ -24,7 +30,9 @@ through our grader, in every mode; each call must return within its time bound p
 The last line is `RESULT agree_ours=N/M agree_math_verify=N/M false_pos_ours=K
 false_pos_math_verify=K kinds_below_math_verify=K closeness_false_pos=K heldout_agree_ours=N/M
 heldout_agree_math_verify=N/M heldout_false_pos_ours=K heldout_false_pos_math_verify=K
-speed_ratio=X int_mix_speed_ratio=Y hang_max_s=Z`.
+phrasings_agree_ours=N/M phrasings_agree_math_verify=N/M phrasings_false_pos_ours=K
+phrasings_false_pos_math_verify=K phrasings_speed_ratio=X speed_ratio=X int_mix_speed_ratio=Y
+hang_max_s=Z`.
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LABELLED = ("grading_cases", "grading_cases_kinds", "grading_cases_round3")
+LABELLED = ("grading_cases", "grading_cases_kinds", "grading_cases_prose_forms")
 HELD_OUT = ("grading_cases_heldout",)
+PHRASINGS = ("grading_cases_phrasings",)
 CLOSENESS_KINDS = ("closeness", "decimal_rule")
 
 
@@ -98,12 +107,18 @@ ADVERSARIAL = [
 ]
 
 
-def timed(fn, pairs, repeat: int) -> tuple[list[bool], float]:
-    best, out = float("inf"), []
+def interleaved(graders: dict, pairs, repeat: int) -> tuple[dict[str, list[bool]], dict[str, float]]:
+    """Verdicts and seconds of several graders on the same pairs, in alternating passes (ours over
+    all pairs, then math-verify over all pairs, `repeat` times), so that a load change on a shared
+    machine hits both alike while each grader runs its cases back to back, as RL grades a batch;
+    per grader the best pass is kept."""
+    best = {name: float("inf") for name in graders}
+    out: dict[str, list[bool]] = {}
     for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        out = [fn(resp, gold) for gold, resp in pairs]
-        best = min(best, time.perf_counter() - t0)
+        for name, fn in graders.items():
+            t0 = time.perf_counter()
+            out[name] = [fn(resp, gold) for gold, resp in pairs]
+            best[name] = min(best[name], time.perf_counter() - t0)
     return out, best
 
 
@@ -155,9 +170,7 @@ def main() -> None:
         fn(r"\boxed{\sqrt{2}}", "2^{1/2}")
 
     pairs = [(c[0], c[1]) for c in cases]
-    verdicts, secs = {}, {}
-    for name, fn in graders.items():
-        verdicts[name], secs[name] = timed(fn, pairs, args.repeat)
+    verdicts, secs = interleaved(graders, pairs, args.repeat)
     agree = {k: sum(v == c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
     false_pos = {k: sum(v and not c[2] for v, c in zip(vs, cases)) for k, vs in verdicts.items()}
     closeness_fp = sum(v and not c[2] and c[3] in CLOSENESS_KINDS for v, c in zip(verdicts["ours"], cases))
@@ -179,16 +192,32 @@ def main() -> None:
     print("\n".join(held_lines))
     print(f"held-out kinds below math-verify: {held_below}")
 
+    phrasings = load_cases(PHRASINGS)
+    phr_pairs = [(c[0], c[1]) for c in phrasings]
+    phr_verdicts, phr_secs = interleaved(graders, phr_pairs, args.repeat)
+    phr_agree = {k: sum(v == c[2] for v, c in zip(vs, phrasings)) for k, vs in phr_verdicts.items()}
+    phr_fp = {k: sum(v and not c[2] for v, c in zip(vs, phrasings)) for k, vs in phr_verdicts.items()}
+    phr_lines, phr_below = per_kind_table(phrasings, phr_verdicts)
+    phr_ratio = phr_secs["math_verify"] / phr_secs["ours"]
+    print(f"\nphrasings cases={len(phrasings)} (not equal: {sum(1 for c in phrasings if not c[2])}):")
+    print("\n".join(phr_lines))
+    print(
+        f"phrasings kinds below math-verify: {phr_below}  calls/s: ours={len(phrasings) / phr_secs['ours']:.0f} "
+        f"math_verify={len(phrasings) / phr_secs['math_verify']:.0f}  ratio={phr_ratio:.1f}x"
+    )
+
     if args.show_disagreements:
-        for group, group_cases, group_verdicts in (("", cases, verdicts), ("held-out ", held, held_verdicts)):
+        groups = (("", cases, verdicts), ("held-out ", held, held_verdicts), ("phrasings ", phrasings, phr_verdicts))
+        for group, group_cases, group_verdicts in groups:
             for i, (gold, resp, label, cat) in enumerate(group_cases):
                 o, m = group_verdicts["ours"][i], group_verdicts["math_verify"][i]
                 if o != label or m != label:
                     print(f"{group}[{cat}] label={label} ours={o} math_verify={m} gold={gold!r} resp={resp[-90:]!r}")
 
     mix = dapo_mix()
-    mix_ours, t_ours = timed(graders["ours"], mix, args.repeat)
-    mix_mv, t_mv = timed(mv, mix, args.repeat)
+    mix_verdicts, mix_secs = interleaved(graders, mix, args.repeat)
+    mix_ours, mix_mv = mix_verdicts["ours"], mix_verdicts["math_verify"]
+    t_ours, t_mv = mix_secs["ours"], mix_secs["math_verify"]
     same = sum(a == b for a, b in zip(mix_ours, mix_mv))
     print(
         f"integer mix: {len(mix)} responses  calls/s: ours={len(mix) / t_ours:.0f} "
@@ -196,7 +225,7 @@ def main() -> None:
     )
 
     hang_max = 0.0
-    for mode in GRADERS:
+    for mode in GRADERS.names():
         g = Grader(mode, timeout_s=2.0, cache_size=0)
         g.grade(r"\boxed{\sqrt{8}}", r"2\sqrt{2}")  # start-up paid here, not in the bound
         for text in ADVERSARIAL:
@@ -216,6 +245,10 @@ def main() -> None:
         f"heldout_agree_ours={held_agree['ours']}/{len(held)} "
         f"heldout_agree_math_verify={held_agree['math_verify']}/{len(held)} "
         f"heldout_false_pos_ours={held_fp['ours']} heldout_false_pos_math_verify={held_fp['math_verify']} "
+        f"phrasings_agree_ours={phr_agree['ours']}/{len(phrasings)} "
+        f"phrasings_agree_math_verify={phr_agree['math_verify']}/{len(phrasings)} "
+        f"phrasings_false_pos_ours={phr_fp['ours']} phrasings_false_pos_math_verify={phr_fp['math_verify']} "
+        f"phrasings_speed_ratio={phr_ratio:.1f} "
         f"speed_ratio={secs['math_verify'] / secs['ours']:.2f} int_mix_speed_ratio={t_mv / t_ours:.1f} "
         f"hang_max_s={hang_max:.2f}"
     )

@@ -1,9 +1,9 @@
-"""Held-out grading cases for the kinds of issue 28, written before the grader changes they score
-and not used to tune them: `scripts/bench_grading.py` grades them in a separate line, and
-tests/envs/test_envs_grading_round3.py only checks that none of them is a false positive (a miss
-here is reported, not hidden by editing the label).
+"""Held-out grading cases for the kinds of grading_cases_prose_forms.py, written before the grader
+changes they score and not used to tune them: `scripts/bench_grading.py` grades them in a separate
+line, and tests/envs/test_envs_grading_prose_forms.py only checks that none of them is a false
+positive (a miss here is reported, not hidden by editing the label).
 
-Their first and only blind grading (issue 28, once the development cases passed): builtin
+Their first and only blind grading (once the development cases passed): builtin
 150/154 with 0 false positives, math-verify 123/154 with 9. The four misses ("option E is
 correct"; "gives $2a = 26$, so $a = 13$" read as "2a = 26"; "9:15 \\text{ PM}" read as "9:15";
 "\\cos 2\\theta" read as cos(2)*theta) were bugs of general rules, fixed with new development
@@ -11,7 +11,7 @@ cases of the same shapes; since then these cases are no longer unseen, and a sco
 not an independent one.
 
 Each case is (gold, response, label, kind); the label is what a careful human grader says. Styles
-differ on purpose from the development cases (grading_cases_round3.py): GSM8K rationales with
+differ on purpose from the development cases (grading_cases_prose_forms.py): GSM8K rationales with
 <<calculator>> marks, Minerva-style closing lines, multiple-choice sentences in English and
 Chinese, R1-style <think> blocks, OlympiadBench-style multi-part answers, physics constants.
 """

@@ -1,5 +1,5 @@
-"""envs.grading on the answer kinds of issue 14: per-kind labelled cases, the decimal rule, the
-guard on math-verify's verdicts, the three grader modes, hang bounds and the env's metrics."""
+"""envs.grading on the answer kinds a grader used to miss: per-kind labelled cases, the decimal
+rule, the guard on math-verify's verdicts, the three grader modes, hang bounds and the env's metrics."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.extract import extract_answer
 from envs.grading import GRADERS, Grader
-from envs.numbers import decimal_matches_exact, numbers_equal, parse_number
+from envs.grading.extract import extract_answer
+from envs.grading.numbers import decimal_matches_exact, numbers_equal, parse_number
 
 _spec = importlib.util.spec_from_file_location(
     "grading_cases_kinds", Path(__file__).with_name("grading_cases_kinds.py")
@@ -148,13 +148,31 @@ def test_math_verify_mode_grades_like_math_verify():
 
 
 def test_unknown_grader_is_a_clear_error():
-    with pytest.raises(ValueError, match="must be one of"):
+    with pytest.raises(ValueError, match="unknown grader; choose one of builtin, math_verify, boxed"):
         Grader("sympy")
     from envs.retool import RetoolConfig
 
-    with pytest.raises(ValueError, match="grader='strict'"):
+    with pytest.raises(ValueError, match="env.grader='strict': unknown grader"):
         RetoolConfig(grader="strict")
-    assert set(GRADERS) == {"builtin", "math_verify", "boxed"}
+    assert set(GRADERS.names()) == {"builtin", "math_verify", "boxed"}
+
+
+def test_a_registered_grader_is_selectable_by_its_name_alone():
+    """The config's allowed names are the registry's: a grader added at run time is accepted."""
+    from envs.grading.grader import BuiltinGrading
+    from envs.retool import RetoolConfig
+
+    class FirstWordGrading(BuiltinGrading):
+        def check(self, grader, response, gold, timeout_s):
+            pred = response.split()[0]
+            return pred == gold, "fast", pred
+
+    with GRADERS.temporarily("first_word", FirstWordGrading):
+        assert RetoolConfig(grader="first_word").grader == "first_word"
+        g = Grader("first_word", symbolic=False)
+        assert g.grade("7 apples", "7") and not g.grade("\\boxed{7}", "7")
+    with pytest.raises(ValueError, match="unknown grader"):
+        RetoolConfig(grader="first_word")
 
 
 # ----------------------------------------------------------------------------- bounds

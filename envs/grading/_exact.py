@@ -10,7 +10,7 @@ Numerical evaluation only rejects. "Equal" needs a proof that the difference d =
   (a cheap filter: sqrt(x^2) = x fails at a negative point), then d must be exactly zero at four
   such points (each value a constant proved zero as above: identity testing with exact
   arithmetic), or simplify(d) must be 0.
-- a decimal against an exact value: the decimal rule (`envs.numbers.decimal_matches_exact`), where
+- a decimal against an exact value: the decimal rule (`envs.grading.numbers.decimal_matches_exact`), where
   "the value itself" needs a rational value; an irrational one is never a decimal's exact value.
 """
 
@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import sympy
 
-from envs.numbers import FULL_PRECISION_DIGITS, Num, decimal_matches_exact, rounds_to
+from envs.grading.numbers import FULL_PRECISION_DIGITS, Num, decimal_matches_exact, rounds_to
 
 _X = sympy.Symbol("_x")
 _PRIMES = (11, 13, 17, 19, 23, 29, 31, 37)

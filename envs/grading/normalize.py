@@ -2,14 +2,14 @@
 
 Delimiters, spacing commands, \\text{} and styling, \\left/\\right, degrees, percent and currency
 signs, thousands separators and trailing units go; what remains is compared as text by
-`envs.equivalence` and parsed into a structure by `envs.structure`.
+`envs.grading.equivalence` and parsed into a structure by `envs.grading.structure`.
 """
 
 from __future__ import annotations
 
 import re
 
-from envs.numbers import _THOUSANDS_RE
+from envs.grading.numbers import _THOUSANDS_RE
 
 
 def _match_brace(s: str, i: int) -> int:
@@ -104,7 +104,7 @@ _SUPERSCRIPT_RE = re.compile(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
 def normalize_answer(s: str) -> str:
     """Canonical LaTeX-ish text of an answer: no delimiters, styling, units or separators."""
     s = s.strip()
-    s = s.replace("\n", " ")
+    s = s.replace("\n", " ").replace("±", "\\pm ").replace("∓", "\\mp ")
     s = _SUPERSCRIPT_RE.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", s)  # 10⁴, m²
     s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
     # "17\text{ any text}": words in \text after a value are a comment, not part of it.
@@ -143,7 +143,7 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", "", s, flags=re.IGNORECASE)
     s = s.replace("%", "")
     s = re.sub(r"\s+", " ", s).strip()
-    s = re.sub(r"^(?:[a-zA-Z]\s*)?\\in\s*", "", s)  # "x \in [0, 1)" -> "[0, 1)"
+    s = re.sub(r"^(?:[a-zA-Z]\s*)?\\in(?![a-zA-Z])\s*", "", s)  # "x \in [0, 1)" -> "[0, 1)"; not \int
     s = s.rstrip(" .;,")
     m = _UNIT_TAIL_RE.match(s)
     if m and _is_unit_tail(m.group(1), m.group(2), m.group(3)):

@@ -10,7 +10,7 @@ structure, and accepts only when both agree. What the re-check demands:
 
 - numbers and expressions: exact (`_symbolic.exprs_equal`, sign-aware random points, then
   simplify); a float math-verify parsed counts as the decimal it prints as, judged by the decimal
-  rule of `envs.equivalence` (never by a tolerance);
+  rule of `envs.grading.equivalence` (never by a tolerance);
 - matrices (after evaluating matrix expressions): same shape, entries exact;
 - sets / tuples / intervals / unions: same kind, items exact (sets unordered, tuples in order,
   intervals with the same open/closed ends);
@@ -29,8 +29,8 @@ import re
 import sympy
 from sympy.matrices import MatrixBase
 
-from envs._exact import decimal_vs_expr, exprs_equal, proportional
-from envs.numbers import numbers_equal, parse_number
+from envs.grading._exact import decimal_vs_expr, exprs_equal, proportional
+from envs.grading.numbers import numbers_equal, parse_number
 
 logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every parse failure
 
@@ -90,7 +90,7 @@ def _symbols(obj) -> set[str] | None:
 
 def guarded_equal(pred: str, gold: str, *, finer_decimals: bool = True) -> bool:
     """math-verify's verdict on two extracted answers, confirmed by our exact re-check
-    (`finer_decimals`: the decimal rule's switch, `envs.numbers.numbers_equal`)."""
+    (`finer_decimals`: the decimal rule's switch, `envs.grading.numbers.numbers_equal`)."""
     if len(pred) + len(gold) > 600 or _SKIP_RE.search(pred) or _SKIP_RE.search(gold):
         return False
     g, p = gold_parse(gold), _parse_answer(pred)

@@ -1,4 +1,4 @@
-"""Answers stated in prose, without a box or an answer line: the last step of `envs.extract`.
+"""Answers stated in prose, without a box or an answer line: the last step of `envs.grading.extract`.
 
     answer_in_prose(text) -> str | None
 
@@ -18,7 +18,8 @@ response that hedges, asks, states the task, or stops before concluding. So:
    response is one short sentence holding it ("The meeting starts at 15:00."), or when the last
    sentence opens with a conclusion word (so, thus, therefore, hence, in total, ...) and ends
    with its period; the sentence must hold one number, or end its numbers with "= n"
-   ("So she has 20 - 5 = 15 apples left." -> "15").
+   ("So she has 20 - 5 = 15 apples left." -> "15"). A unit glued to the number stays with it,
+   spaced ("so each box weighs 18kg." -> "18 kg"); a currency sign or code goes ("2,500.75€").
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from __future__ import annotations
 import functools
 import re
 
-__all__ = ["answer_in_prose", "join_spans", "math_spans"]
+from envs.grading.units import UNIT_SYMBOL_RE, unit_after
+
+__all__ = ["answer_in_prose", "glued_number", "join_spans", "math_spans"]
 
 # Math delimiters; `\$` (an escaped dollar, a currency sign inside math) never opens or closes.
 # Each delimiter pair as an alternative; lengths are bounded, so an unclosed delimiter scans a
@@ -75,10 +78,29 @@ _CONCLUSION_RE = re.compile(
 )
 # A plain number in prose: a clock time, a fraction, a decimal or integer (thousands separators),
 # a percentage.
+# A unit or currency glued on ("18kg", "3.5m²", "60km/h", "2,500.75€", "1,200USD") belongs to the
+# number: the unit is kept, spaced ("3.5 m²": `envs.grading.units` compares it), the currency goes.
+_GLUED = rf"(?:(?P<unit>{UNIT_SYMBOL_RE.pattern})|(?:USD|EUR|GBP|JPY|CNY|RMB)(?![A-Za-z])|[€£¥₹])?"
 _NUMBER_RE = re.compile(
-    r"(?<![\w.^_])(?:\d{1,2}:\d{2}(?::\d{2})?(?:\s*[AaPp]\.?[Mm]\b\.?)?"
-    r"|[-+]?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*%|\s*percent\b)?)(?![\w^_])"
+    r"(?<![\w.^_])(?P<num>\d{1,2}:\d{2}(?::\d{2})?(?:\s*[AaPp]\.?[Mm]\b\.?)?"
+    r"|[-+]?[$€£¥₹]?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*%|\s*percent\b)?)" + _GLUED + r"(?![\w^_])"
 )
+_GLUED_NUMBER_RE = re.compile(r"\s*[$€£¥₹]?(?P<num>[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)" + _GLUED + r"\s*")
+
+
+def number_text(m: re.Match) -> str:
+    """A matched prose number as an answer: the number, and its unit spaced ("3.5 m²")."""
+    num = m.group("num").strip().replace("$", "").lstrip("€£¥₹")
+    return f"{num} {m.group('unit')}" if m.group("unit") else num
+
+
+def glued_number(text: str) -> str | None:
+    """ "7.2m/s" -> "7.2 m/s", "2,500.75€" -> "2,500.75": a number with a glued unit or currency
+    (text outside math, where a letter after a number is a unit); None for anything else."""
+    m = _GLUED_NUMBER_RE.fullmatch(text)
+    return number_text(m) if m else None
+
+
 _SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?=\s|$)|[.!?。！？](?=\s)|[!?。！？]$|\n\s*\n|\n")
 _CONNECTOR_RE = re.compile(r"(?:\s|,|;|\\(?:text|mbox)\{\s*(?:and|or)\s*\}|\band\b|\bor\b)*")
 _LONE_NAME_RE = re.compile(r"^\s*(?:\\(?!pi\b|infty\b)[a-zA-Z]+|[a-zA-Z]{1,3})(?:_\{?\w+\}?)?'*\s*$")
@@ -173,7 +195,11 @@ def _from_numbers(text: str) -> str | None:
         return None
     if len(numbers) > 1 and not re.fullmatch(r"\s*=\s*", last[numbers[-2].end() : numbers[-1].start()]):
         return None  # several numbers, and the last one is not the result of "... = n"
-    return numbers[-1].group(0).strip().replace("$", "")
+    last_number = numbers[-1]
+    text_after = last[last_number.end() :]
+    unit = unit_after(text_after) if not last_number.group("unit") and text_after[:1].isspace() else None
+    # "The distance is 5 miles.": a unit in words stays with the number ("5 km" is not 5 miles)
+    return f"{number_text(last_number)} {unit}" if unit else number_text(last_number)
 
 
 def answer_in_prose(text: str) -> str | None:

@@ -2,13 +2,13 @@
 
 `x^2 = 4` and `x = 2 or x = -2` state the same thing; so do `|x| < 2`, `-2 < x and x < 2` and
 `(-2, 2)`. When both answers read as conditions on (or values of) the same single variable and
-one of them is more than a plain assignment (`envs.structure.solution_pair` decides), each is
+one of them is more than a plain assignment (`envs.grading.structure.solution_pair` decides), each is
 turned into a subset of the reals:
 - a relation or a chain (`a < x <= b`): sympy's `solveset` over the reals, chains intersected;
 - a list: "and" intersects; "or" unites; a comma list unites only equations and values;
 - an interval `(a, b]`, a union of them, a set `\\{1, 2\\}`, a value: themselves.
 The two subsets are then compared exactly, piece by piece: the same finite points and the same
-intervals (same open/closed ends), every endpoint and point equal by `envs._exact.exprs_equal`.
+intervals (same open/closed ends), every endpoint and point equal by `envs.grading._exact.exprs_equal`.
 A set sympy cannot write as intervals and points (a condition set) decides nothing: not equal.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import sympy
 
-from envs._exact import exprs_equal
-from envs.structure import leaf_texts
+from envs.grading._exact import exprs_equal
+from envs.grading.structure import leaf_texts
 
 _RELATIONS = {"=": sympy.Eq, "!=": sympy.Ne, "<": sympy.Lt, ">": sympy.Gt, "<=": sympy.Le, ">=": sympy.Ge}
 _INFINITIES = {"\\infty": sympy.oo, "+\\infty": sympy.oo, "-\\infty": -sympy.oo}

@@ -1,11 +1,11 @@
 """Pure-Python answer equivalence: normalization, exact numbers, and structured answers.
 
 `envs.grading` compares two extracted answers in three steps; the first two live here and need
-no sympy: normalize both as LaTeX text (`envs.normalize.normalize_answer`), then parse them into a
-light structure (`envs.structure.parse_structure`) and compare item by item
-(`envs.structure.compare_structures`) with scalar/relation comparators. The comparators here
+no sympy: normalize both as LaTeX text (`envs.grading.normalize.normalize_answer`), then parse them into a
+light structure (`envs.grading.structure.parse_structure`) and compare item by item
+(`envs.grading.structure.compare_structures`) with scalar/relation comparators. The comparators here
 (`fast_scalar_eq`, `fast_relation_eq`) decide plain numbers exactly (`fractions.Fraction`) and
-raise `NeedSymbolic` when algebra is needed; `envs/_symbolic.py` supplies sympy comparators for the
+raise `NeedSymbolic` when algebra is needed; `envs/grading/_symbolic.py` supplies sympy comparators for the
 same structure walk, inside the grading worker process.
 """
 
@@ -15,10 +15,12 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from envs.forms import base_numerals_equal, clock_seconds, words_number
-from envs.normalize import _match_brace, _squash, normalize_answer
-from envs.numbers import Num, numbers_equal, parse_number
-from envs.structure import (
+from envs.grading.commutative import same_up_to_order
+from envs.grading.forms import base_numerals_equal, clock_seconds, words_number
+from envs.grading.latex_expr import numerically_different
+from envs.grading.normalize import _match_brace, _squash, normalize_answer
+from envs.grading.numbers import Num, numbers_equal, parse_number
+from envs.grading.structure import (
     _CLOSE,
     _FLIP,
     _OPEN,
@@ -41,6 +43,7 @@ __all__ = [
     "normalize_answer",
     "parse_number",
     "parse_structure",
+    "solution_count",
 ]
 
 _CHOICE_RE = re.compile(r"^\(?([A-Ea-e])\)?$")
@@ -62,7 +65,7 @@ _PLAIN_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z\s'\-]*$")
 
 def fast_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool:
     """Scalar equivalence decidable without algebra; raises NeedSymbolic otherwise.
-    finer_decimals: the decimal rule's switch (`envs.numbers.numbers_equal`)."""
+    finer_decimals: the decimal rule's switch (`envs.grading.numbers.numbers_equal`)."""
     a, b = _squash(pred), _squash(gold)
     if a == b:
         return True
@@ -91,6 +94,10 @@ def fast_scalar_eq(pred: str, gold: str, *, finer_decimals: bool = True) -> bool
     if (wa and len(a) > 2 and nb is not None) or (wb and len(b) > 2 and na is not None):
         return False
     if not a or not b:
+        return False
+    if same_up_to_order(pred, gold):  # "\\sum_{k} a_k b_{n-k}" vs "\\sum_{k} b_{n-k} a_k"
+        return True
+    if numerically_different(pred, gold):  # values that differ: not equal, without the worker
         return False
     raise NeedSymbolic(f"{pred!r} vs {gold!r}")
 
@@ -164,3 +171,18 @@ def compare_normalized(
     if undecided is not None:
         raise undecided
     return False
+
+
+_SEVERAL_RE = re.compile(r"[,;±]|\\pm|\\mp|\band\b|\bor\b|\\cup")
+
+
+def solution_count(gold: str) -> int:
+    """How many solutions a gold lists when it is a set or a list of values ("\\{2, 5\\}", "1, 4",
+    "\\pm 7"); 0 for anything else (a tuple is one answer, its order matters)."""
+    if len(gold) > MAX_STRUCT_CHARS or not _SEVERAL_RE.search(gold):
+        return 0  # (the common case: one value, decided without parsing)
+    try:
+        node = parse_structure(normalize_answer(gold))
+    except RecursionError:
+        return 0
+    return len(node[1]) if node[0] in ("set", "list") else 0

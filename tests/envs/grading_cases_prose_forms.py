@@ -1,6 +1,6 @@
-"""Labelled grading cases for the kinds of issue 28: where an answer is read from, several answers,
-answers equal by form, and exact values that are merely close. Shared by
-tests/envs/test_envs_grading_round3.py and scripts/bench_grading.py.
+"""Labelled grading cases for where an answer is read from, several answers, answers equal by form,
+and exact values that are merely close. Shared by tests/envs/test_envs_grading_prose_forms.py and
+scripts/bench_grading.py.
 
 Each case is (gold, response, label, kind), written here, with at least as many not-equal pairs as
 equal pairs per kind. The label is what a careful human grader says about the mathematics (not

@@ -5,8 +5,11 @@
 
 The steps, in order:
 1. Chat-template leftovers end the response: text from the first special token that follows
-   some text (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end_of_text|>`,
-   `</s>`), outside code blocks, is dropped ("... is $42$.<|im_start|>user ..." -> "... is $42$.").
+   some text (any `<|...|>` such as `<|im_start|>`, `<|im_end|>`, `<|eot_id|>`, `<|user|>`;
+   `<｜end▁of▁sentence｜>`, `<end_of_turn>`, `</s>`, `[INST]`) or from a line that opens another
+   speaker's turn ("User:", "Human:", "Assistant:", "### Instruction:"), outside code blocks, is
+   dropped ("... is $42$.<|im_start|>user ..." -> "... is $42$."): a hallucinated next turn is
+   not the model's answer to this problem.
 2. Reasoning blocks: when the response closes a `<think>` block, only the text after the last
    `</think>` is searched. The thinking is searched only when nothing follows it: a \\boxed{5}
    while thinking is not the final answer of "<think>... \\boxed{5}</think> Let me verify this."
@@ -25,24 +28,33 @@ The steps, in order:
    5", "the answer is not $5$") states no answer;
    else the response itself when it is a bare answer (one short line with at most two words, or
    one display-math block);
-   else the conclusion of a worked solution (`envs.extract_prose`: the last math span of a
+   else the conclusion of a worked solution (`envs.grading.extract_prose`: the last math span of a
    concluding sentence, or one number in a short or concluding last sentence).
 With `boxed_only`, step 3 keeps only \\boxed{}/\\fbox{} answers (inside <answer> or not).
 
 Option letters with their values, labelled values and the like are not decided here: extraction
-returns the text ("C. x = 42"), and `envs.equivalence` compares it with the gold.
+returns the text ("C. x = 42"), and `envs.grading.equivalence` compares it with the gold.
 """
 
 from __future__ import annotations
 
 import re
 
-from envs.extract_prose import answer_in_prose, join_spans, math_spans
+from envs.grading.extract_prose import answer_in_prose, glued_number, join_spans, math_spans
+from envs.grading.units import unit_after
 
-__all__ = ["extract_answer"]
+__all__ = ["boxed_set", "extract_answer", "option_in_prose"]
 
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
-_SPECIAL_RE = re.compile(r"<\|(?:im_start|im_end|endoftext|eot_id|end_of_text)\|>|</s>")
+# A box, also damaged the ways a reader still sees one: "\\beginboxed{42}", "boxed {77}" (no
+# backslash, before a brace), a box glyph or \\Box before a brace ("□{15}").
+_BOXED_RE = re.compile(r"\\(?:begin)?(?:boxed|fbox)\s*|(?:(?<![\\a-zA-Z])boxed|[□☐▢▭⬜]|\\Box(?![a-zA-Z]))\s*(?=\{)")
+# Where a response's own turn ends: a chat-template token (`<|im_end|>`, `<|eot_id|>`, `<|user|>`,
+# any `<|...|>`; DeepSeek's `<｜end▁of▁sentence｜>`; Gemma's `<end_of_turn>`; `</s>`, `[INST]`), or a
+# line that opens another speaker's turn ("User:", "Human:", "### Instruction:").
+_SPECIAL_RE = re.compile(
+    r"<\|[^<>|\s]{1,40}\|>|<｜[^<>｜\s]{1,40}｜>|<(?:start|end)_of_turn>|</s>|<s>|\[/?INST\]"
+    r"|\n[ \t]*(?:#{1,4}[ \t]*)?(?:User|USER|Human|HUMAN|Assistant|ASSISTANT|Instruction|Question)[ \t]*:"
+)
 
 
 def _brace_pairs(text: str) -> dict[int, int]:
@@ -70,7 +82,7 @@ def _find_boxed(text: str) -> list[tuple[int, int, str]]:
             if k < 0:
                 continue
             found.append((m.start(), k + 1, text[j + 1 : k]))
-        else:  # "\\boxed 5" form: the next token
+        elif text[m.start()] == "\\":  # "\\boxed 5" form: the next token
             t = re.match(r"[^\s$.,;]+", text[j : j + 200])
             if t:
                 found.append((m.start(), j + t.end(), t.group(0)))
@@ -145,6 +157,7 @@ _OPTION_CORRECT_RE = re.compile(
 )
 _NEGATION_RE = re.compile(r"\bnot\b|n't\b|\bnever\b|\bno\s+longer\b", re.IGNORECASE)
 _NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*%?)\s+[A-Za-z][A-Za-z' -]*")
+_MINERVA_CLOSE_RE = re.compile(r"\s*\.?\s*I\s+hope\s+it\s+is\s+correct\W*$", re.IGNORECASE)
 _SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
 
 
@@ -167,6 +180,7 @@ def _from_final_line(text: str) -> str | None:
     if display and display.group(2).strip():  # "\[\n9\n\]": display math over several lines
         return display.group(2).strip()
     rest = tail.split("\n")[0].strip()
+    rest = _MINERVA_CLOSE_RE.sub("", rest)  # "... is $12$. I hope it is correct." (also glued: "4.I hope")
     boxed = _last_boxed(rest)
     if boxed is not None:
         return boxed
@@ -196,9 +210,13 @@ def _from_final_line(text: str) -> str | None:
     math = _first_span_run(sentence)
     ans = math if math is not None else sentence
     ans = ans.strip().strip("*").strip()
+    glued = glued_number(ans) if math is None else None
+    if glued is not None:  # "7.2m/s" -> "7.2 m/s"
+        return glued
     words = _NUMBER_THEN_WORDS_RE.fullmatch(ans)
-    if math is None and words:  # "12 apples": the number (units are the comparison's business)
-        ans = words.group(1)
+    if math is None and words:  # "12 apples": the number; "5 miles": the number and its unit
+        unit = unit_after(ans[words.end(1) :])
+        ans = f"{words.group(1).strip()} {unit}" if unit else words.group(1)
     return ans or None
 
 
@@ -217,6 +235,9 @@ def _is_bare_answer(text: str) -> bool:
     if "\n" in text.strip() or len(text) > 120 or re.search(r"\\(?:boxed|fbox)", text):
         return False  # (a \boxed left here is unclosed: a truncated response, not an answer)
     t = re.sub(r"\\text\{[^{}]*\}", " ", text)
+    spans = math_spans(t)
+    if spans and re.search(r"[a-zA-Z]{2,}", t[: spans[0][0]]):
+        return False  # "So $\\int_0^1 x^2\\,dx = \\frac{1}{3}$.": words before the math, read as prose
     words = [w for w in _WORD_RE.findall(t) if w.lower() not in _MATH_WORDS]
     return len(words) <= 2 and not re.search(r"[a-zA-Z]\.\s+[A-Z]", t)
 
@@ -225,16 +246,65 @@ _CODE_SPAN_RE = re.compile(r"<code>.*?(?:</code>|$)|```.*?(?:```|$)", re.DOTALL)
 
 
 def _strip_template(response: str) -> str:
-    if "<|" not in response and "</s>" not in response:
+    if "<" not in response and "[" not in response and ":" not in response:
         return response
     # A token written inside code (print('<|im_end|>')) is program text, not the chat template.
     code = [(m.start(), m.end()) for m in _CODE_SPAN_RE.finditer(response)]
+    think_end = response.rfind("</think>")
     for m in _SPECIAL_RE.finditer(response):
         if any(a <= m.start() < b for a, b in code):
             continue
+        if m.group(0).startswith("\n") and m.start() < think_end:
+            continue  # "User: ..." quoted while thinking is no turn of its own
         if response[: m.start()].strip():
             return response[: m.start()]
     return response
+
+
+_LAST_LINE_NUMBER_RE = re.compile(
+    r"[*$\s]*(?:\\\(|\\\[)?\s*([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|[-+]?\\[dt]?frac\{\d+\}\{\d+\})\s*(?:\\\)|\\\])?[*$\s]*"
+)
+
+
+def _last_line_number(text: str) -> str | None:
+    """A number alone on the last line after some working ("... so 15 times 7.\n\n105"); not a
+    list marker ("3."), not the output of code (a response ending in code concluded nothing)."""
+    body = _CODE_SPAN_RE.sub("\n<code>\n", text).rstrip()
+    lines = [line for line in body.split("\n") if line.strip()]
+    if len(lines) < 2:
+        return None
+    m = _LAST_LINE_NUMBER_RE.fullmatch(lines[-1])
+    return m.group(1) if m else None
+
+
+# An option letter stated in prose: "I think it's B", "so I'd go with B", "I choose (D)".
+_OPTION_IN_PROSE_RE = re.compile(
+    r"\b(?:it'?s|it\s+is|is|go(?:ing)?\s+with|choose|chose|pick|select|option|choice|answer)\s*:?\s*"
+    r"(?:\*\*)?\(?([A-E])\)?(?:\*\*)?(?=[\s.,!;:]|$)"
+)
+
+
+def option_in_prose(response: str) -> str | None:
+    """The option letter the last sentence of a response states, for a gold that is a letter
+    ("Option A fails and C is too large. I think it's B." -> "B"); None when that sentence
+    hedges or negates ("Maybe it's B", "It is not B") or names no letter."""
+    text = _strip_template(response)
+    close = text.rfind("</think>")
+    if close >= 0 and text[close + len("</think>") :].strip():
+        text = text[close + len("</think>") :]
+    tail = text[-2000:]
+    matches = list(_OPTION_IN_PROSE_RE.finditer(tail))
+    if not matches:
+        return None
+    m = matches[-1]
+    sentence_start = max(tail.rfind(c, 0, m.start()) for c in ".!?\n。") + 1
+    before = tail[sentence_start : m.start()]
+    after = tail[m.end() :]
+    if _ANCHOR_HEDGE_RE.search(before) or _NEGATION_RE.search(before + m.group(0)) or len(after.strip()) > 80:
+        return None
+    if _MORE_OPTIONS_RE.match(after):
+        return None  # "B and C": several options
+    return m.group(1)
 
 
 def _extract_in(text: str, boxed_only: bool) -> str | None:
@@ -263,6 +333,9 @@ def _extract_in(text: str, boxed_only: bool) -> str | None:
         return stripped
     if _BOXED_RE.search(text):  # a \boxed{ left unclosed: a truncated response concluded nothing
         return None
+    last = _last_line_number(text)
+    if last is not None:
+        return last
     return answer_in_prose(text)
 
 
@@ -279,3 +352,35 @@ def extract_answer(response: str, *, boxed_only: bool = False) -> str | None:
             return answer  # text after the thinking, without an answer: the thinking's is not final
         text = text[:close]
     return _extract_in(text, boxed_only)
+
+
+# Words between two boxes that take the earlier one back ("\\boxed{5}, but actually \\boxed{7}").
+_CORRECTION_RE = re.compile(
+    r"\b(?:but|however|actually|instead|wait|wrong|mistake|no|not|correct(?:ion|ed)?|re-?check|"
+    r"final(?:ly)?|in\s+the\s+end|rather|hmm|oops|sorry)\b",
+    re.IGNORECASE,
+)
+
+
+def boxed_set(response: str, n: int) -> str | None:
+    """The last `n` boxes of a response as one answer ("The first root is \\boxed{-1}. The second
+    root is \\boxed{3}." -> "-1, 3"), for a gold that is a set of `n` solutions: each box one
+    value, the boxes distinct, and no text between them that takes one back (a correction, a
+    doubt) or runs longer than a sentence. None when they do not form such an answer."""
+    if n < 2:
+        return None
+    text = _strip_template(response)
+    close = text.rfind("</think>")
+    if close >= 0 and text[close + len("</think>") :].strip():
+        text = text[close + len("</think>") :]
+    boxes = _find_boxed(text)[-n:]
+    if len(boxes) < n:
+        return None
+    values = [b[2].strip() for b in boxes]
+    if len(set(values)) < n or any("," in v or ";" in v or not v for v in values):
+        return None
+    for a, b in zip(boxes, boxes[1:]):
+        between = text[a[1] : b[0]]
+        if len(between) > 200 or _CORRECTION_RE.search(between) or _ANCHOR_HEDGE_RE.search(between):
+            return None
+    return ", ".join(values)

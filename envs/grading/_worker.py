@@ -1,9 +1,9 @@
-"""The grading worker process: `python -m envs._grading_worker`, started by `envs.grading`.
+"""The grading worker process: `python -m envs.grading._worker`, started by `envs.grading`.
 
 It reads one JSON request per line and answers {"equal": bool, "stage": str}:
 - builtin/boxed requests {"pred", "gold" (normalized), "pred_raw", "gold_raw", "finer_decimals",
-  "timeout"}: our sympy comparison (`envs._symbolic`); when that cannot read a side, math-verify
-  guarded by our exact re-check (`envs._mv_stage`);
+  "timeout"}: our sympy comparison (`envs.grading._symbolic`); when that cannot read a side, math-verify
+  guarded by our exact re-check (`envs.grading._mv_stage`);
 - math_verify requests {"mode": "math_verify", "response", "gold_raw", "timeout"}: math-verify
   alone, its extraction and its verdict; the reply adds "pred", the answer it extracted;
 - {"mode": "math_verify_pair", "pred", "gold_raw"}: math-verify's comparison of two extracted
@@ -19,7 +19,7 @@ import json
 import signal
 import sys
 
-from envs._symbolic import symbolic_equivalent
+from envs.grading._symbolic import symbolic_equivalent
 
 
 def _judge(req: dict, mv) -> dict:
@@ -61,7 +61,7 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _on_alarm)
     out, sys.stdout = sys.stdout, sys.stderr  # stray prints (warnings) must not corrupt the protocol
     try:
-        from envs import _mv_stage as mv  # (math-verify loads here, in the worker only)
+        from envs.grading import _mv_stage as mv  # (math-verify loads here, in the worker only)
 
         mv.warm()
     except ImportError:

@@ -2,8 +2,8 @@
 
 `parse_structure` reads a normalized answer as nested tuples (scalar, tuple/interval, set, list,
 union, matrix, relation); `compare_structures` walks two of them with scalar and relation
-comparators supplied by the caller: the exact fast ones of `envs.equivalence`, or the sympy ones of
-`envs._symbolic` inside the grading worker. A comparator raises `NeedSymbolic` when it cannot
+comparators supplied by the caller: the exact fast ones of `envs.grading.equivalence`, or the sympy ones of
+`envs.grading._symbolic` inside the grading worker. A comparator raises `NeedSymbolic` when it cannot
 decide a part.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from envs.forms import FUNCTION_HEAD_RE
-from envs.normalize import _squash, normalize_answer
-from envs.numbers import parse_number
+from envs.grading.forms import FUNCTION_HEAD_RE
+from envs.grading.normalize import _squash, normalize_answer
+from envs.grading.numbers import parse_number
 
 
 class NeedSymbolic(Exception):
@@ -67,6 +67,7 @@ def _wrapped(s: str) -> bool:
 
 _LIST_SEP = re.compile(r"\s*(?:,|;|\band\b|\bor\b)\s*")
 _COMMA = re.compile(r"\s*,\s*")
+_SEMI = re.compile(r"\s*;\s*")
 _MATRIX_RE = re.compile(r"^\\begin\{([pbvBV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
 # A label on the left of "=": a name (x, x_1, AB, \\alpha, f(x)), a ratio of names (V_1:V_2), a
 # quotient of names (\\frac{NO}{BO}), |AB|, \\angle ABC, or a tuple of names ((p,q,r)). Never
@@ -103,6 +104,9 @@ def parse_structure(s: str):
         parts = _split_top(s, re.compile(r"\s*\\cup\s*"))
         if len(parts) > 1:
             return ("union", [parse_structure(p) for p in parts])
+    summed = _matrix_sum(s) if s.count("\\begin{") > 1 else None
+    if summed is not None:  # "A + B" of written matrices: the matrix it evaluates to
+        return summed
     m = _MATRIX_RE.match(s[1:-1].strip() if s[:1] in "([" and _wrapped(s) else s)
     if m:
         rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip() and "\\hline" not in r]
@@ -111,9 +115,9 @@ def parse_structure(s: str):
         return ("set", [])
     if s.startswith("\\{") and s.endswith("\\}") and _wrapped(s[1:-2] + "}"):
         inner = s[2:-2]
-        return ("set", _items(_split_top(inner, _COMMA)) if inner.strip() else [])
+        return ("set", _items(_item_texts(inner)) if inner.strip() else [])
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and _wrapped(s):
-        parts = _split_top(s[1:-1], _COMMA)
+        parts = _item_texts(s[1:-1])
         if len(parts) > 1:
             return ("seq", s[0], s[-1], [parse_structure(p) for p in parts])
     pm = _split_top(s, re.compile(r"\\(?:pm|mp)(?![a-zA-Z])"))
@@ -121,6 +125,53 @@ def parse_structure(s: str):
         a, b = pm[0].strip(), pm[1].strip()
         return ("set", [("scalar", f"{a}+{b}" if a else b), ("scalar", f"{a}-{b}" if a else f"-{b}")], "pm")
     return ("scalar", s)
+
+
+_WRITTEN_MATRIX_RE = re.compile(r"\\begin\{([pbvBV]?matrix|smallmatrix)\}(.*?)\\end\{\1\}", re.DOTALL)
+
+
+def _matrix_rows(body: str) -> list[list[str]]:
+    rows = [r for r in re.split(r"\\\\", body) if r.strip() and "\\hline" not in r]
+    return [[c.strip() for c in r.split("&")] for r in rows]
+
+
+def _matrix_sum(s: str):
+    """A sum or difference of written matrices of one shape ("\\begin{pmatrix}1&2\\end{pmatrix} +
+    \\begin{pmatrix}3&4\\end{pmatrix}") as the matrix it evaluates to, entry by entry: exact
+    numbers added exactly, other entries as the written sum; None for anything else."""
+    found = list(_WRITTEN_MATRIX_RE.finditer(s))
+    signs, pos = [], 0
+    for k, m in enumerate(found):
+        gap = s[pos : m.start()].strip()
+        if gap not in (("", "+", "-") if k == 0 else ("+", "-")):
+            return None
+        signs.append(-1 if gap == "-" else 1)
+        pos = m.end()
+    if len(found) < 2 or s[pos:].strip():
+        return None
+    matrices = [_matrix_rows(m.group(2)) for m in found]
+    shape = [len(r) for r in matrices[0]]
+    if any([len(r) for r in mat] != shape for mat in matrices):
+        return None
+    rows = []
+    for i, width in enumerate(shape):
+        row = []
+        for j in range(width):
+            cells = [mat[i][j] for mat in matrices]
+            nums = [parse_number(c) for c in cells]
+            if all(n is not None for n in nums):
+                row.append(str(sum(sg * n.value for sg, n in zip(signs, nums))))
+            else:
+                row.append("".join(f"{'-' if sg < 0 else '+'}({c})" for sg, c in zip(signs, cells)).lstrip("+"))
+        rows.append(row)
+    return ("matrix", rows)
+
+
+def _item_texts(inner: str) -> list[str]:
+    """The items of a tuple or set: comma-separated, or semicolon-separated when no comma
+    separates them ("(0;1;2)", "\\{3; 1; 2\\}", as written where the comma is a decimal sign)."""
+    parts = _split_top(inner, _COMMA)
+    return _split_top(inner, _SEMI) if len(parts) == 1 else parts
 
 
 def _items(parts: list[str]) -> list:
@@ -162,14 +213,25 @@ def _as_interval(node):
     return ("seq", "(" if lo_open else "[", ")" if hi_open else "]", [("scalar", lo), ("scalar", hi)])
 
 
+# A left side that is an operation to carry out, whose value the right side states: a limit, a
+# sum, a product, an integral, a derivative, a determinant, an extremum, an expectation
+# ("\\lim_{x\\to0} f(x) = 1", "\\frac{d}{dx}x^3 = 3x^2", "\\det M = 3", "E[X] = 2").
+_OPERATION_LHS_RE = re.compile(
+    r"^\\(?:lim|det|sum|prod|int|iint|iiint|oint|max|min|sup|inf|gcd|lcm|Pr)(?![a-zA-Z])"
+    r"|^\\frac\{\s*(?:d|\\partial)\s*(?:\^\{?\d\}?)?\s*\}\s*\{\s*(?:d|\\partial)\s*[a-zA-Z]"
+    r"|^(?:E|Var|Cov|P)\s*\["
+)
+
+
 def _is_assignment(node) -> bool:
-    """ "x = 3", "AB = 4", a chain "x = 5+5+1 = 11", or "\\sqrt{4} = 2" (a constant then its value)."""
+    """ "x = 3", "AB = 4", a chain "x = 5+5+1 = 11", "\\sqrt{4} = 2" (a constant then its value), or
+    an operation then its value ("\\lim_{x\\to0} f(x) = 1", `_OPERATION_LHS_RE`)."""
     if node[0] != "rel" or any(o != "=" for o in node[2]):
         return False
     lhs = node[1][0]
     return (
         len(node[1]) >= 3
-        or bool(_VAR_LHS_RE.match(lhs) or FUNCTION_HEAD_RE.match(_squash(lhs)))
+        or bool(_VAR_LHS_RE.match(lhs) or FUNCTION_HEAD_RE.match(_squash(lhs)) or _OPERATION_LHS_RE.match(lhs))
         or (
             len(node[1]) == 2
             and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs))
@@ -385,6 +447,8 @@ def _open_condition(node) -> bool:
     """More than values or plain assignments: an equation to solve, an inequality, a conjunction."""
     kind = node[0]
     if kind == "rel":
+        if _OPERATION_LHS_RE.match(node[1][0]) and all(o == "=" for o in node[2]):
+            return False  # "\\lim_{x\\to0} f(x) = 1" states a value, not a condition on x
         return any(o != "=" for o in node[2]) or not _VAR_LHS_RE.match(node[1][0]) or len(node[1]) > 2
     if kind == "list":
         return node[2] == "and" or any(_open_condition(it) for it in node[1])
@@ -393,7 +457,7 @@ def _open_condition(node) -> bool:
 
 def solution_pair(p, g) -> bool:
     """Both answers read as conditions on (or values of) the same one variable, at least one of
-    them a condition: their solution sets over the reals can decide (`envs._solution_sets`)."""
+    them a condition: their solution sets over the reals can decide (`envs.grading._solution_sets`)."""
     kinds = ("rel", "list", "seq", "union", "set", "scalar")
     if p[0] not in kinds or g[0] not in kinds or not (_open_condition(p) or _open_condition(g)):
         return False

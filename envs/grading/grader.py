@@ -2,36 +2,51 @@
 
     grade_answer(response, gold, mode="builtin") -> bool   # extract the final answer, compare
     Grader(mode).check(response, gold) -> GradeResult       # verdict + answer + seconds + timeout
-    extract_answer(response) -> str | None                 # envs.extract (documented there)
+    extract_answer(response) -> str | None                 # envs.grading.extract (documented there)
     answers_equivalent(pred, gold) -> bool                 # compare two extracted answers
 
 Modes (`env.grader`; training and evaluation use the same one, summary.json records it; maj@N
 groups answers with the same one):
-- `builtin` (default): our extraction (`envs.extract`), then the stages below, cheapest first.
+- `builtin` (default): our extraction (`envs.grading.extract`), then the stages below, cheapest first.
+  Two readings depend on the gold: a gold that is a set of n solutions also accepts n boxes that
+  together state it ("The first root is \\boxed{-1}. The second root is \\boxed{3}.",
+  `envs.grading.extract.boxed_set`), and a gold that is an option letter also accepts a letter
+  stated in prose ("I think it's B", `envs.grading.extract.option_in_prose`).
 - `math_verify`: Hugging Face math-verify alone (its extraction and comparison, as papers grade),
   run in the same killable worker; for numbers comparable with published ones.
 - `boxed`: like builtin, but only a \\boxed{}/\\fbox{} answer counts (no prose, no bare answers).
 
 The builtin stages:
-1. Both answers are normalized as LaTeX text (`envs.normalize`: delimiters, spacing commands,
+0. Units (`envs.grading.units`): when both answers are a number with a unit, they are equal only
+   when they state the same quantity ("10 m" = "1000 cm", "36 km/h" = "10 m/s"; "10 m" is not
+   "10 cm", "5 kg" is not "5 g", "12 cm^2" is not "12 cm"); this verdict is final. A unit on one
+   side only is dropped ("0.8 V" against "0.8").
+1. Both answers are normalized as LaTeX text (`envs.grading.normalize`: delimiters, spacing commands,
    \\text{}, \\left/\\right, degrees (inside a trig function: radians), percent and currency signs,
-   thousands separators, trailing units, superscript digits) and compared as strings. A percent
-   against a plain rate compares as its value / 100 ("25\\%" = "0.25", both ways; `envs.forms`).
+   thousands separators, trailing units, superscript digits) and compared as strings. The percent
+   convention: a percent equals the number it writes ("25\\%" = "25", as MATH golds often drop
+   the sign) and the rate it names ("25\\%" = "0.25", both ways; `envs.grading.forms`), and nothing
+   else ("25\\%" is not "2.5"; "0.25" is not "25").
 2. Both are parsed into a light structure (scalar, tuple/interval, set, list, labelled values,
-   union, matrix, relation, option letter; `envs.structure`) and compared item by item, in any
+   union, matrix, relation, option letter; `envs.grading.structure`) and compared item by item, in any
    order for sets and lists of solutions ("p=5,q=2;p=7,q=2" = "(5,2),(7,2)", "\\pm 3" = "3, -3").
    Plain numbers (integers, decimals, a/b, \\frac, mixed numbers, scientific notation) are compared
    exactly with `fractions.Fraction`, in this process, without sympy; so are the forms of
-   `envs.forms` (numerals in a base, clock times, numbers in words, "f(x) =" against "y ="). This
-   decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
+   `envs.grading.forms` (numerals in a base, clock times, numbers in words, "f(x) =" against "y ="),
+   formulas that differ only in the order of commuting factors and terms (`envs.grading.commutative`:
+   "\\sum_{k=0}^{n} a_k b_{n-k}" = "\\sum_{k=0}^{n} b_{n-k} a_k"), an operation stated with its value
+   against the value ("\\lim_{x\\to0} f(x) = 1", "\\det M = 3", "\\frac{d}{dx}x^3 = 3x^2"), and a sum of
+   written matrices against the matrix it evaluates to. Two expressions whose complex-float values
+   clearly differ at a random point are not equal (`envs.grading.latex_expr`: an evaluation that
+   only rejects; equality is never decided by values). This decides most answers (every DAPO and AIME answer is an integer); its "equal" and "not equal"
    are final.
-3. Only a part step 2 cannot decide (a scalar needing algebra, an expression of matrices, an
+3. Only a part step 2 cannot decide (a scalar needing algebra to be proved equal, an expression of matrices, an
    equation or inequality against its solutions) sends the pair to a worker process
-   (`envs/_grading_worker.py`): step 2 again with sympy scalars (our own LaTeX translator,
-   `envs._symbolic`), conditions on one variable compared by their solution sets
-   (`envs._solution_sets`); when our translator cannot read a side, math-verify parses both
+   (`envs/grading/_worker.py`): step 2 again with sympy scalars (our own LaTeX translator,
+   `envs.grading._symbolic`), conditions on one variable compared by their solution sets
+   (`envs.grading._solution_sets`); when our translator cannot read a side, math-verify parses both
    answers and its "equal" counts only after our exact re-check of the objects it parsed
-   (`envs/_mv_stage.py`). Every "equal" of this stage is exact (`envs._exact`): numerical
+   (`envs/grading/_mv_stage.py`). Every "equal" of this stage is exact (`envs.grading._exact`): numerical
    evaluation only rejects, equality needs a proof (a zero difference after sympy's
    simplifications, exact values at random rational points), so two different exact values are
    never accepted for being close ("99999999/10^8" is not "99999998/99999999"; 2^{1/2^{1000}} is
@@ -40,7 +55,7 @@ The builtin stages:
    thread, even inside C code; a timed-out call counts as "not equal" and as a timeout in
    `Grader.stats` and in `GradeResult.timed_out`.
 
-The decimal rule (`envs.numbers.numbers_equal`): two exact forms compare exactly. Two decimals
+The decimal rule (`envs.grading.numbers.numbers_equal`): two exact forms compare exactly. Two decimals
 are equal when their values are ("1.60" = "1.6"), or, by default, when the prediction states more
 digits and rounds to a gold of two or more decimals (a gold rounded to "27.39" accepts
 "27.3912", not "27.4"; "6.02e23" accepts "6.022e23"; a gold "0.5" is exact and does not accept
@@ -51,7 +66,7 @@ convention: the gold is the value, and "27.3912" is not "27.39". A decimal again
 states at least 12 significant digits (a calculator or float print): "0.0833333333333333" is 1/12,
 while "0.333" is not 1/3, "1.4142" is not \\sqrt{2}, and the truncation "0.666666666666666" is not 2/3.
 
-This module, `envs.extract` and `envs.equivalence` never import sympy, math-verify or torch:
+This module, `envs.grading.extract` and `envs.grading.equivalence` never import sympy, math-verify or torch:
 `import envs.grading` is fast.
 """
 
@@ -60,6 +75,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -70,33 +86,20 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from envs.equivalence import (
+from envs.grading.equivalence import (
     NeedSymbolic,
     compare_normalized,
     fast_relation_eq,
     fast_scalar_eq,
     normalize_answer,
-    parse_number,
+    solution_count,
 )
-from envs.extract import extract_answer
-from envs.forms import percent_rate_equal
+from envs.grading.extract import boxed_set, extract_answer, option_in_prose
+from envs.grading.forms import percent_rate_equal
+from envs.grading.units import compare_quantities
+from sandbox.registry import Registry
 
-__all__ = [
-    "GRADERS",
-    "GradeResult",
-    "Grader",
-    "answers_equivalent",
-    "extract_answer",
-    "get_grader",
-    "grade_answer",
-    "normalize_answer",
-    "parse_number",
-]
-
-# ----------------------------------------------------------------------------- modes
-
-# env.grader: which grader scores rewards and evaluations (one setting for both).
-GRADERS = ("builtin", "math_verify", "boxed")
+__all__ = ["GRADERS", "GradeResult", "Grader", "answers_equivalent", "get_grader", "grade_answer"]
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,69 @@ def answers_equivalent(pred: str, gold: str, *, timeout_s: float | None = None) 
     return get_grader("builtin").equivalent(pred, gold, timeout_s=timeout_s)
 
 
+# ----------------------------------------------------------------------------- the graders
+
+# env.grader: which grader scores rewards and evaluations (one setting for both). Each entry is
+# a class whose `check` grades a response and whose `equivalent` compares two extracted answers
+# (maj@N groups answers with it); both run on the `Grader` that holds the cache and the worker.
+GRADERS: Registry[type] = Registry("grader")
+
+
+_OPTION_LETTER_RE = re.compile(r"\(?[A-E]\)?")
+
+
+@GRADERS.register("builtin")
+class BuiltinGrading:
+    """Our extraction (`envs.grading.extract`), then the builtin stages, cheapest first."""
+
+    boxed_only = False
+    needs: tuple[str, str] | None = None  # (module, pip requirement) this grader cannot run without
+
+    def check(self, grader: Grader, response: str, gold: str, timeout_s: float | None) -> tuple[bool, str, str | None]:
+        pred = extract_answer(response, boxed_only=self.boxed_only)
+        if pred is None and not self.boxed_only and _OPTION_LETTER_RE.fullmatch(gold.strip()):
+            pred = option_in_prose(response)  # a letter gold: "I think it's B" states B
+        if pred is None:
+            return False, "none", None
+        gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
+        verdict, stage = grader._equivalent(pred, gold_ans or gold, timeout_s)
+        if not verdict and stage != "timeout":
+            # A gold set of n solutions, answered in n boxes that other text separates ("The
+            # first root is \\boxed{-1}. The second root is \\boxed{3}."): the boxes are the set.
+            joined = boxed_set(response, solution_count(gold_ans or gold))
+            if joined is not None and joined != pred:
+                verdict, stage = grader._equivalent(joined, gold_ans or gold, timeout_s)
+                pred = joined if verdict else pred
+        return verdict, stage, pred
+
+    def equivalent(self, grader: Grader, pred: str, gold: str, timeout_s: float | None) -> bool:
+        return grader._equivalent(pred, gold, timeout_s)[0]
+
+
+@GRADERS.register("math_verify")
+class MathVerifyGrading:
+    """Hugging Face math-verify alone (its extraction and comparison, as papers grade), in the worker."""
+
+    needs: tuple[str, str] | None = ("math_verify", "math-verify>=0.9,<0.10")
+
+    def check(self, grader: Grader, response: str, gold: str, timeout_s: float | None) -> tuple[bool, str, str | None]:
+        reply = grader._ask_worker({"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s)
+        return reply["equal"], reply["stage"], reply.get("pred")
+
+    def equivalent(self, grader: Grader, pred: str, gold: str, timeout_s: float | None) -> bool:
+        return grader._ask_worker({"mode": "math_verify_pair", "pred": pred, "gold_raw": gold}, timeout_s)["equal"]
+
+
+@GRADERS.register("boxed")
+class BoxedGrading(BuiltinGrading):
+    """Like builtin, but only a \\boxed{}/\\fbox{} answer counts (no prose, no bare answers)."""
+
+    boxed_only = True
+
+
 # ----------------------------------------------------------------------------- worker
 
-_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+_PKG_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding the envs package
 
 
 class _SymbolicWorker:
@@ -134,7 +197,7 @@ class _SymbolicWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_PARENT + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "envs._grading_worker"],
+            [sys.executable, "-u", "-m", "envs.grading._worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -217,7 +280,7 @@ MAX_ANSWER_CHARS = 20000  # longer answer pairs are compared as whitespace-split
 class Grader:
     """Answer grader (one of GRADERS) with a bounded worker stage and a small result cache.
 
-    mode: "builtin" | "math_verify" | "boxed" (module docstring).
+    mode: a name of GRADERS: "builtin" | "math_verify" | "boxed" (module docstring).
     timeout_s: hard wall-clock bound of the worker stage of one call (the worker is killed past it).
     symbolic: False compares with numbers and strings only (no worker process; builtin/boxed only).
     cache_size: remembered (pred, gold) verdicts; GRPO groups repeat the same answers a lot.
@@ -236,17 +299,16 @@ class Grader:
         startup_timeout_s: float = 60.0,
         finer_decimals: bool = True,
     ) -> None:
-        if mode not in GRADERS:
-            raise ValueError(f"grader={mode!r}: must be one of {list(GRADERS)}")
+        GRADERS.check(mode, "grader")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be > 0")
-        if mode == "math_verify":
+        self._grading = GRADERS.get(mode)()
+        if self._grading.needs is not None:
             import importlib.util
 
-            if importlib.util.find_spec("math_verify") is None:
-                raise ImportError(
-                    "grader='math_verify' needs the math-verify package: pip install 'math-verify>=0.9,<0.10'"
-                )
+            module, requirement = self._grading.needs
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(f"grader={mode!r} needs the {module} package: pip install '{requirement}'")
         self.mode = mode
         self.timeout_s = timeout_s
         self.symbolic = symbolic
@@ -262,16 +324,7 @@ class Grader:
     def check(self, response: str, gold: str, *, timeout_s: float | None = None) -> GradeResult:
         """Grade one response; never raises, never hangs past the time bound."""
         t0 = time.perf_counter()
-        if self.mode == "math_verify":  # its extraction and its verdict
-            reply = self._ask_worker({"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s)
-            verdict, stage, pred = reply["equal"], reply["stage"], reply.get("pred")
-        else:
-            pred = extract_answer(response, boxed_only=self.mode == "boxed")
-            if pred is None:
-                verdict, stage = False, "none"
-            else:
-                gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
-                verdict, stage = self._equivalent(pred, gold_ans or gold, timeout_s)
+        verdict, stage, pred = self._grading.check(self, response, gold, timeout_s)
         seconds = time.perf_counter() - t0
         with self._lock:
             self.stats["seconds"] += seconds
@@ -283,9 +336,7 @@ class Grader:
     def equivalent(self, pred: str, gold: str, *, timeout_s: float | None = None) -> bool:
         """This grader's comparison of two extracted answers (maj@N groups answers with it):
         math-verify's own for `math_verify`, the builtin stages for `builtin` and `boxed`."""
-        if self.mode == "math_verify":
-            return self._ask_worker({"mode": "math_verify_pair", "pred": pred, "gold_raw": gold}, timeout_s)["equal"]
-        return self._equivalent(pred, gold, timeout_s)[0]
+        return self._grading.equivalent(self, pred, gold, timeout_s)
 
     def close(self) -> None:
         with self._lock:
@@ -316,6 +367,11 @@ class Grader:
         if len(pred) + len(gold) > MAX_ANSWER_CHARS:  # junk, not an answer: spare the regex passes
             return pred.split() == gold.split(), "fast"
         try:
+            # Both state a unit: the same quantity, or not equal ("10 m", "10 cm"); a unit on one
+            # side only is dropped ("0.8 V" against "0.8": golds often omit units).
+            units, pred, gold = compare_quantities(pred, gold, finer_decimals=self.finer_decimals)
+            if units is not None:
+                return units, "fast"
             if percent_rate_equal(pred, gold, finer_decimals=self.finer_decimals):
                 return True, "fast"  # "25\\%" vs a plain rate "0.25" (the signs are gone after normalizing)
             p, g = normalize_answer(pred), normalize_answer(gold)
@@ -350,18 +406,18 @@ class Grader:
         return verdict, stage
 
 
-_GRADERS: dict[tuple[str, bool], Grader] = {}  # one per setting and process: its worker is a process resource
-_GRADERS_LOCK = threading.Lock()
+_INSTANCES: dict[tuple[str, bool], Grader] = {}  # one per setting and process: its worker is a process resource
+_INSTANCES_LOCK = threading.Lock()
 
 
 def get_grader(mode: str = "builtin", *, finer_decimals: bool = True) -> Grader:
     """The process-wide grader of `mode` and decimal rule (created on first use, closed at exit)."""
     key = (mode, bool(finer_decimals))
-    with _GRADERS_LOCK:
-        if key not in _GRADERS:
-            _GRADERS[key] = Grader(mode, finer_decimals=finer_decimals)
-            atexit.register(_GRADERS[key].close)
-        return _GRADERS[key]
+    with _INSTANCES_LOCK:
+        if key not in _INSTANCES:
+            _INSTANCES[key] = Grader(mode, finer_decimals=finer_decimals)
+            atexit.register(_INSTANCES[key].close)
+        return _INSTANCES[key]
 
 
 def grade_answer(

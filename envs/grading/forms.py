@@ -12,7 +12,8 @@ comparisons; where a form applies, its verdict is exact:
   strictly between 0 and 1 in size) that is its value / 100, both ways, under the decimal rule;
   "28\\%" against "28" is decided elsewhere (the percent sign dropped, as MATH golds often omit
   it), "0.28" against "28" is not equal, and "2" against "200%" is not decided here (a gold "2"
-  may mean 2%).
+  may mean 2%). This is the whole percent convention: a percent equals the number it writes and
+  the rate it names, nothing else ("25\\%" is not "2.5", "0.25" is not "2.5\\%").
 - `FUNCTION_HEAD_RE`: "y", "f(x)", "g(t)", "f^{-1}(x)": a left side that names a function, so
   "f(x) = 2x+3" and "y = 2x+3" compare by their right sides.
 """
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 import re
 
-from envs.normalize import normalize_answer
-from envs.numbers import Num, numbers_equal, parse_number
+from envs.grading.normalize import normalize_answer
+from envs.grading.numbers import Num, numbers_equal, parse_number
 
 __all__ = [
     "FUNCTION_HEAD_RE",

@@ -1,5 +1,5 @@
-"""envs.grading on the kinds of issue 28: where answers are read from, several answers, answers
-equal by form, exact values that are merely close, and the decimal rule's switch."""
+"""envs.grading on where answers are read from, several answers, answers equal by form, exact
+values that are merely close, and the decimal rule's switch."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.extract import extract_answer
-from envs.forms import base_numeral, clock_seconds, percent_rate_equal, words_number
 from envs.grading import Grader, get_grader
-from envs.numbers import numbers_equal, parse_number
+from envs.grading.extract import extract_answer
+from envs.grading.forms import base_numeral, clock_seconds, percent_rate_equal, words_number
+from envs.grading.numbers import numbers_equal, parse_number
 
 
 def _load(name: str) -> list[tuple[str, str, bool, str]]:
@@ -23,8 +23,8 @@ def _load(name: str) -> list[tuple[str, str, bool, str]]:
     return mod.CASES
 
 
-CASES = _load("grading_cases_round3")
-ISSUE_KINDS = {
+CASES = _load("grading_cases_prose_forms")
+KINDS = {
     "prose_span",
     "answer_is",
     "gsm8k",
@@ -46,7 +46,7 @@ ISSUE_KINDS = {
     "closeness",
 }
 
-pytestmark = pytest.mark.xdist_group("grading_round3")  # one worker process serves the module
+pytestmark = pytest.mark.xdist_group("grading_prose_forms")  # one worker process serves the module
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +56,15 @@ def grader():
     g.close()
 
 
-def test_every_kind_of_the_issue_has_cases_and_more_negatives():
+def test_every_kind_has_cases_and_more_negatives():
     count = collections.Counter((kind, label) for _, _, label, kind in CASES)
-    assert {kind for *_, kind in CASES} == ISSUE_KINDS
-    for kind in ISSUE_KINDS:
+    assert {kind for *_, kind in CASES} == KINDS
+    for kind in KINDS:
         assert count[(kind, False)] >= count[(kind, True)] > 0, kind
 
 
 @pytest.mark.parametrize("gold,response,label,kind", CASES, ids=[f"{c[3]}-{i}" for i, c in enumerate(CASES)])
-def test_round3_case(grader, gold, response, label, kind):
+def test_prose_forms_case(grader, gold, response, label, kind):
     assert grader.grade(response, gold) is label
 
 
@@ -212,7 +212,7 @@ def test_percent_against_a_plain_rate(pred, gold, equal):
 def test_exact_comparison_never_accepts_a_close_value():
     import sympy
 
-    from envs._exact import const_is_zero, exprs_equal, proportional
+    from envs.grading._exact import const_is_zero, exprs_equal, proportional
 
     x = sympy.Symbol("x")
     tiny_root = sympy.Pow(2, sympy.Rational(1, 2**1000))
@@ -233,7 +233,7 @@ def test_exact_comparison_never_accepts_a_close_value():
 def test_a_decimal_equals_an_irrational_value_only_as_its_full_precision_rounding():
     import sympy
 
-    from envs._exact import decimal_vs_expr
+    from envs.grading._exact import decimal_vs_expr
 
     assert decimal_vs_expr(parse_number("1.41421356237310"), sympy.sqrt(2))
     assert not decimal_vs_expr(parse_number("1.41421356237309"), sympy.sqrt(2))  # a truncation
