@@ -20,7 +20,7 @@ setup: $(BIN)/.installed
 # (sglang's metadata asks for a CUDA torch and CUDA kernels); torch is the local CPU build.
 # The .pth file imports the shims in tools/sglang_cpu at interpreter start (no installed file is
 # edited); the last line proves the server's modules import, and the router's (sglang-router, a
-# pinned Rust wheel that runs on CPU: the router tests and scripts/bench_sglang.py).
+# pinned Rust wheel that runs on CPU: the router tests and scripts/bench/bench_sglang.py).
 SGL_VENV := .venv-sglang
 SGL_BIN := $(SGL_VENV)/bin
 
