@@ -38,12 +38,17 @@ $(SGL_VENV)/.shims: $(SGL_VENV)/.installed tools/sglang_cpu/sglang_cpu_shims.py
 
 sglang-cpu: $(SGL_VENV)/.shims
 
+# `make train` continues the run in runs/tiny_cpu when it has a checkpoint, starts it when the
+# directory is free, and refuses otherwise (`--resume auto`). ARGS passes more, e.g.
+# `make train ARGS="trainer.run_dir=runs/mine algo.name=grpo_ds"`.
+ARGS ?=
 train: setup
-	$(BIN)/python scripts/train_tir.py
+	$(BIN)/python scripts/train_tir.py --resume auto $(ARGS)
 
 # One torch thread per test worker: two workers on two cores must not oversubscribe them.
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
+# The virtual environments only: runs/ holds your runs (delete one with rm -rf runs/NAME).
 clean:
-	rm -rf $(VENV) $(SGL_VENV) runs
+	rm -rf $(VENV) $(SGL_VENV)

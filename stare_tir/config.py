@@ -13,6 +13,7 @@ dotted key, the bad value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -110,7 +111,7 @@ def from_dict(schema: type[T], data: dict, prefix: str = "") -> T:
         where = prefix or schema.__name__
         raise ConfigError(
             f"unknown key {prefix + '.' if prefix else ''}{unknown[0]!s} in {where}; "
-            f"valid keys: {', '.join(sorted(fields))}"
+            f"{_did_you_mean(unknown[0], fields, prefix)}valid keys: {', '.join(sorted(fields))}"
         )
     kwargs = {}
     for name, value in data.items():
@@ -244,6 +245,12 @@ def _merge(base: dict, update: dict) -> None:
             base[key] = value
 
 
+def _did_you_mean(key: str, valid: Any, prefix: str) -> str:
+    """'did you mean `trainer.steps`? ' for the closest valid key, or '' when none is close."""
+    near = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
+    return f"did you mean `{prefix + '.' if prefix else ''}{near[0]}`? " if near else ""
+
+
 def _check_path(schema: Any, keys: list[str]) -> None:
     """Reject an override of a key that does not exist before touching the tree."""
     tp = schema
@@ -260,7 +267,8 @@ def _check_path(schema: Any, keys: list[str]) -> None:
             raise ConfigError(f"override {dotted!r}: {'.'.join(keys[:i])} is not a section")
         hints = typing.get_type_hints(tp)
         if key not in hints:
-            raise ConfigError(f"unknown key {dotted!r}; valid keys here: {', '.join(sorted(hints))}")
+            near = _did_you_mean(key, hints, ".".join(keys[:i]))
+            raise ConfigError(f"unknown key {dotted!r}; {near}valid keys here: {', '.join(sorted(hints))}")
         tp = hints[key]
 
 

@@ -154,6 +154,9 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
     import matplotlib.pyplot as plt
 
     runs = [(Path(d).name, read_metrics(d)) for d in run_dirs]
+    # Two runs that drew the same curve must not look like one: each run its own dash pattern
+    # (over the colour cycle); sparse series (evaluations) get markers, so 3 points read as 3.
+    dashes = ["-", "--", "-.", ":"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     gate_opens = [(name, first_gate_step(rows)) for name, rows in runs]
     for ax, (keys, title) in zip(axes.flat, PLOT_PANELS):
@@ -168,7 +171,7 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
                     color="black" if len(runs) == 1 else f"C{i}",
                     label=f"{name}: gate opens (step {step})",
                 )
-        for name, rows in runs:
+        for run_no, (name, rows) in enumerate(runs):
             for key in keys:
                 pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
                 if not pts:
@@ -179,7 +182,11 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
                     for i, y in enumerate(ys):
                         acc += y
                         ys[i] = acc / (i + 1)
-                ax.plot(xs, ys, label=f"{name} {key}" if len(keys) > 1 else name)
+                style = {"ls": dashes[run_no % len(dashes)] if len(runs) > 1 else "-"}
+                if len(xs) <= 20 or key == "eval/acc":
+                    style["marker"] = "o"
+                    style["ms"] = 4
+                ax.plot(xs, ys, label=f"{name} {key}" if len(keys) > 1 else name, **style)
             if keys == ("entropy/batch",):
                 targets = [r["entropy/target"] for r in rows if isinstance(r.get("entropy/target"), (int, float))]
                 if targets:

@@ -1,6 +1,6 @@
 """One command-line convention for every entry point: a config file plus dotted KEY=VALUE overrides.
 
-    stare-train [--config FILE] [--resume [--accept-changes] | --overwrite] [--print-config] [--debug] [KEY=VALUE ...]
+    stare-train [--config FILE] [--resume [auto] [--accept-changes] | --overwrite] [--print-config] [--debug] [KEY=VALUE ...]
     stare-sft   [--config FILE] [--overwrite] [--print-config] [--debug] [KEY=VALUE ...]
     stare-eval  [--config FILE] [--print-config] [--debug] [flag aliases] [KEY=VALUE ...]
 
@@ -108,9 +108,14 @@ def build_parser(
     if resume:
         p.add_argument(
             "--resume",
-            action="store_true",
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="auto",
             help="continue the run in trainer.run_dir from its latest checkpoint, with its own config.yaml as "
-            "the base (KEY=VALUE overrides that change it are shown and must be accepted)",
+            "the base (KEY=VALUE overrides that change it are shown and must be accepted). `--resume auto` "
+            "(requeued or preempted jobs): resume if there is a checkpoint, start if the directory is free, "
+            "refuse otherwise",
         )
         p.add_argument(
             "--accept-changes",
@@ -138,6 +143,18 @@ def build_parser(
         )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     return p
+
+
+def parse_train_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_intermixed_args, with `--resume KEY=VALUE` read as `--resume` then an override (the
+    optional value of --resume is only `auto`)."""
+    args = parser.parse_intermixed_args(argv)
+    if isinstance(getattr(args, "resume", None), str) and args.resume != "auto":
+        if "=" not in args.resume:
+            parser.error(f"--resume {args.resume}: the only value --resume takes is `auto`")
+        args.overrides.insert(0, args.resume)
+        args.resume = True
+    return args
 
 
 def _dest(a: Alias) -> str:
@@ -183,7 +200,8 @@ def run_cli(
     except errors as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [type(e).__name__]:  # several problems: one line each
+            print(f"error: {line}", file=sys.stderr)
         print("(rerun with --debug for the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
@@ -197,6 +215,28 @@ def _load(schema: type, args: argparse.Namespace, extra: Sequence[str] = (), def
     from stare_tir.config import load_config
 
     return load_config(schema, args.config, [*extra, *args.overrides], default_base=default)
+
+
+def _load_collecting(
+    schema: type, args: argparse.Namespace, extra: Sequence[str] = (), default: str | None = None
+) -> tuple[Any, list[str]]:
+    """The config without the overrides that name no key, and one line per such override: the
+    start-up checks then run on the rest, so every problem of a command is reported at once. A
+    config that still does not load raises its ConfigError."""
+    from stare_tir.config import ConfigError, _check_path, load_config, parse_override
+
+    good, problems = [], []
+    for text in [*extra, *args.overrides]:
+        try:
+            _check_path(schema, parse_override(text)[0])
+        except ConfigError as e:
+            problems.append(str(e))
+            continue
+        good.append(text)
+    try:
+        return load_config(schema, args.config, good, default_base=default), problems
+    except ConfigError as e:
+        raise ConfigError("\n".join([*problems, str(e)])) from None
 
 
 def _print_config(cfg: Any) -> None:
@@ -225,12 +265,20 @@ def train_main(argv: list[str] | None = None) -> int:
         resume=True,
         overwrite=True,
     )
-    args = parser.parse_intermixed_args(argv)
+    args = parse_train_args(parser, argv)
     run_dir: list[str] = []  # where the run is, for the Ctrl-C message
 
     def main(args: argparse.Namespace) -> int:
-        cfg = _load(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
+        cfg, problems = _load_collecting(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
+        if args.resume == "auto":  # a requeued job: continue the run if it has a checkpoint, else start
+            from stare_tir.app.run_dir import auto_resume
+
+            args.resume = auto_resume(Path(cfg.trainer.run_dir))
+            if args.resume and args.overwrite:
+                raise _config_error("--resume auto and --overwrite contradict each other: pass one of them")
         if args.resume:
+            if problems:
+                raise _config_error("\n".join(problems))
             from stare_tir.app.run_dir import ask_on_terminal, resume_config
 
             cfg = resume_config(
@@ -244,12 +292,14 @@ def train_main(argv: list[str] | None = None) -> int:
         elif args.accept_changes:
             raise _config_error("--accept-changes only applies with --resume")
         if args.print_config:
+            if problems:
+                raise _config_error("\n".join(problems))
             _print_config(cfg)
             return 0
         run_dir.append(cfg.trainer.run_dir)
         from stare_tir.app.pipeline import run_pipeline
 
-        run_pipeline(cfg, resume=args.resume, overwrite=args.overwrite)
+        run_pipeline(cfg, resume=args.resume, overwrite=args.overwrite, problems=problems)
         return 0
 
     def interrupted(e: KeyboardInterrupt) -> str:

@@ -122,11 +122,28 @@ def sft_output(cfg: TrainConfig) -> Path:
 
 
 def check_sft_traces(cfg: TrainConfig) -> None:
-    if cfg.sft.enabled and cfg.sft.traces != "arithmetic" and not Path(cfg.sft.traces).is_file():
+    """The traces file exists and every row has the shape SFT needs, before any model loads."""
+    if not cfg.sft.enabled or cfg.sft.traces == "arithmetic":
+        return
+    if not Path(cfg.sft.traces).is_file():
         raise StartupError(
             f"sft.traces={cfg.sft.traces!r}: no such JSONL file (use 'arithmetic' for the "
             'synthetic task, or a path to {"messages": [...]} rows)'
         )
+    from stare_tir.sft.train import check_record, load_records
+
+    try:
+        rows = load_records(cfg.sft.traces)
+    except (ValueError, OSError) as e:
+        raise StartupError(f"sft.traces={cfg.sft.traces!r}: {e}") from None
+    for n, row in enumerate(rows, 1):
+        try:
+            check_record(row)
+        except ValueError as e:
+            raise StartupError(
+                f"sft.traces={cfg.sft.traces!r}: row {n}: {e}; fix or remove that row "
+                '(each row: {"messages": [..., {"role": "assistant", "content": ...}]} or {"text": ...})'
+            ) from None
 
 
 def _sibling_output(run_dir: Path, key_path: str, key: str) -> Path | None:

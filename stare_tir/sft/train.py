@@ -46,6 +46,28 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def check_record(record: Any) -> None:
+    """The shape `encode_record` needs, checked without a tokenizer (start-up checks run this on
+    every row before a model loads): a ValueError naming what is wrong."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected an object with 'messages' or 'text', got {type(record).__name__}")
+    if "messages" in record:
+        msgs = record["messages"]
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise ValueError("messages: expected a non-empty list of {role, content} objects")
+        if msgs[-1].get("role") != "assistant":
+            raise ValueError(
+                f"messages: the last message must have role 'assistant' (it has role {msgs[-1].get('role')!r})"
+            )
+        if not isinstance(msgs[-1].get("content"), str):
+            raise ValueError("messages: the last (assistant) message has no text content")
+    elif "text" in record:
+        if not isinstance(record["text"], str):
+            raise ValueError("text: expected a string")
+    else:
+        raise ValueError(f"record has neither 'messages' nor 'text' (keys: {sorted(record)})")
+
+
 def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajectory:
     """One JSONL row -> a Trajectory (prompt_ids, response_ids, loss_mask) as RL would build it.
 
@@ -60,10 +82,9 @@ def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajector
     from stare_tir.rollout.trajectory import Trajectory
 
     eos = tokenizer.eos_token_id
+    check_record(record)
     if "messages" in record:
         msgs = record["messages"]
-        if not msgs or msgs[-1].get("role") != "assistant":
-            raise ValueError("messages: the last message must have role 'assistant'")
         prompt_text = tokenizer.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
         prompt_ids, response, end_with_eos = _encode(tokenizer, prompt_text), msgs[-1]["content"], True
     elif "text" in record:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from stare_tir.sft import stage as cold_start
 from stare_tir.app.preflight import StartupError
 from stare_tir.config import resolve_config
 from stare_tir.model import ModelConfig, model_fingerprint, resolve_model_path
+from stare_tir.sft import stage as cold_start
 from stare_tir.sft.stage import KEY_FILE, digest, sft_inputs, sft_stage
 from stare_tir.train_config import TrainConfig
 
