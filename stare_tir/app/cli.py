@@ -376,15 +376,23 @@ def sft_main(argv: list[str] | None = None) -> int:
         setup_run_logging(out.parent)
         _, summary = sft_stage(cfg, resolve_model_path(cfg.model), Path(cfg.trainer.run_dir), overwrite=args.overwrite)
         if summary.get("rank", 0) == 0 and not summary.get("reused"):
+            resumed = f" resumed_from={summary['resumed_from']}" if summary.get("resumed_from") else ""
             print(
                 f"RESULT steps={summary['steps']} first_loss={summary['first_loss']:.4f} "
-                f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={out}"
+                f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={out}{resumed}"
             )
         elif summary.get("reused"):
             print(f"RESULT reused={summary['from']} key={summary['key']}")
         return 0
 
-    return run_cli(main, args, lambda e: "interrupted during SFT; nothing was saved to sft.output")
+    return run_cli(
+        main,
+        args,
+        lambda e: (
+            "interrupted during SFT; nothing was saved to sft.output: the same command continues from the "
+            "last SFT checkpoint (every sft.train.save_every steps)"
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,7 +444,7 @@ def eval_parser() -> argparse.ArgumentParser:
         "stare-eval",
         "Evaluate a tool-integrated reasoning model on AIME and other math benchmarks, with "
         "tool calls. model.path may be a training run directory (its final/ model with its env, rollout "
-        "and data settings); eval.datasets may name arithmetic (the training task's held-out split). "
+        "and data settings) or one of its checkpoints (RUN/checkpoints/step_N, exported to RUN/hf/step_N first); eval.datasets may name arithmetic (the training task's held-out split). "
         "Writes <out_dir>/<dataset>.jsonl, summary.json and config.yaml; out_dir defaults to one "
         "directory per model and settings, and rerunning resumes there.",
         EvalRunConfig,
@@ -467,9 +475,14 @@ def eval_main(argv: list[str] | None = None) -> int:
             return 0
         from envs.data import load_problems
         from stare_tir.app.preflight import StartupError, check_backend, check_hub_dataset, check_model, check_sandbox
-        from stare_tir.eval.command import TRAINING_TASK, run_eval
+        from stare_tir.eval.command import TRAINING_TASK, checkpoint_of_run, run_eval
 
         model_arg = next((o.split("=", 1)[1] for o in reversed(given) if o.startswith("model.path=")), "")
+        ckpt = checkpoint_of_run(model_arg) if model_arg else None
+        if ckpt is not None and not (Path(cfg.model.path) / "config.json").is_file():
+            from stare_tir.app.export import export_checkpoint
+
+            export_checkpoint(ckpt.parent.parent, int(ckpt.name.removeprefix("step_")), cfg.model.path)
         check_model(cfg.model)
         check_backend(cfg.backend, cfg.rollout.sglang, key="backend")
         for name in cfg.eval.datasets:  # a missing or malformed dataset fails before the model loads
@@ -482,7 +495,12 @@ def eval_main(argv: list[str] | None = None) -> int:
                 raise StartupError(f"eval.datasets: {name!r}: {e}") from None
         check_sandbox(cfg.sandbox)
         out_dir.append(cfg.out_dir or "its output directory")
-        run_eval(cfg, run_dir=model_arg if model_arg and is_run_dir(model_arg) else None)
+        run = (
+            str(ckpt.parent.parent)
+            if ckpt is not None
+            else (model_arg if model_arg and is_run_dir(model_arg) else None)
+        )
+        run_eval(cfg, run_dir=run)
         return 0
 
     return run_cli(
