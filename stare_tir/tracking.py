@@ -49,7 +49,7 @@ def setup_run_logging(run_dir: str | Path, rank: int | None = None, fresh: bool 
     lines go to their files alone (N ranks would print every line N times)."""
     if rank is None:
         rank = int(os.environ.get("RANK", "0"))
-    if rank != 0:
+    if rank != 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched rank, not a test of one
         try:
             logger.remove(0)  # loguru's default stderr sink
         except ValueError:
@@ -234,11 +234,20 @@ class PlainProgress:
     every PROGRESS_INTERVAL_S seconds and one at the end: `sft: 120/300 (40%), 2.1 it/s, eta 86 s, loss=0.43`."""
 
     def __init__(
-        self, total: int | None, desc: str, unit: str = "it", initial: int = 0, interval_s: float | None = None
+        self,
+        total: int | None,
+        desc: str,
+        unit: str = "it",
+        initial: int = 0,
+        interval_s: float | None = None,
+        leave: bool = True,
     ):
         import time
 
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        # leave=False (a bar inside a step, e.g. one rollout batch): a final line only when the
+        # bar lasted long enough to print periodic ones, not one more line per batch.
+        self.leave, self._printed = leave, False
         self._start_n, self._interval = initial, PROGRESS_INTERVAL_S if interval_s is None else interval_s
         self._t0 = self._last = time.monotonic()
         self._postfix: dict[str, Any] = {}
@@ -249,7 +258,7 @@ class PlainProgress:
         self.n += n
         now = time.monotonic()
         if now - self._last >= self._interval:
-            self._last = now
+            self._last, self._printed = now, True
             logger.info(self.line())
 
     def set_postfix(self, **kwargs: Any) -> None:
@@ -268,7 +277,7 @@ class PlainProgress:
         return ", ".join(p for p in parts if p)
 
     def close(self) -> None:
-        if self.n != self._start_n:
+        if self.n != self._start_n and (self.leave or self._printed):
             logger.info(self.line() + " (done)" if self.total and self.n >= self.total else self.line())
         self._start_n = self.n  # closed: a second close prints nothing
 
@@ -290,7 +299,7 @@ def progress(
         from tqdm import tqdm
 
         return tqdm(total=total, desc=desc, unit=unit, initial=initial, leave=leave, dynamic_ncols=True)
-    bar = PlainProgress(total, desc, unit, initial)
+    bar = PlainProgress(total, desc, unit, initial, leave=leave)
     if not enabled:
         bar.update = lambda n=1: setattr(bar, "n", bar.n + n)  # type: ignore[method-assign]
         bar.close = lambda: None  # type: ignore[method-assign]

@@ -25,7 +25,11 @@ with progress(3, "sft", "batch") as bar:
 
 def run_rank(tmp_path: Path, rank: int) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path), str(rank)], capture_output=True, text=True, timeout=60, env=ENV
+        [sys.executable, "-c", SCRIPT, str(tmp_path), str(rank)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**ENV, "RANK": str(rank), "WORLD_SIZE": "2"},
     )
 
 

@@ -247,3 +247,29 @@ def test_kill_9_then_the_same_command_with_resume_auto_continues(tmp_path):
     assert "resum" in (run_dir / "train.log").read_text().lower(), saved
     # A third time, the run is finished and checkpointed: it resumes (and ends) again, no refusal.
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+
+
+def test_rl_from_a_hub_model_with_sft_off_says_so(monkeypatch):
+    """The 7B configs ship model.path=Qwen/Qwen2.5-7B with SFT off: left as shipped, RL would start
+    on the base model without a word."""
+    from loguru import logger
+
+    from stare_tir.app import pipeline
+    from stare_tir.config import load_config
+    from stare_tir.train_config import TrainConfig
+
+    for name in ("check_model", "check_trackers", "check_backend", "check_sandbox", "check_sft_traces", "check_data"):
+        monkeypatch.setattr(pipeline, name, lambda *a: None)  # no hub, no servers: only the warning is under test
+    monkeypatch.setattr(pipeline, "check_registry_names", lambda *a: None)
+    monkeypatch.setattr(pipeline, "check_sync_dir", lambda *a: None)
+    monkeypatch.setattr(pipeline, "check_router", lambda *a: None)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    try:
+        cfg = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_stare.yaml")
+        assert pipeline.preflight_problems(cfg) == []
+        cfg_local = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_stare.yaml", ["model.path=tiny"])
+        pipeline.preflight_problems(cfg_local)
+    finally:
+        logger.remove(sink)
+    assert len(lines) == 1 and "model.path='Qwen/Qwen2.5-7B'" in lines[0] and "sft.enabled=true" in lines[0]

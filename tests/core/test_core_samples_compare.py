@@ -80,3 +80,48 @@ def test_compare_reads_every_dataset_of_an_evaluation_directory(tmp_path):
     assert "aime24: avg@N" in r.stdout and "0.250" in r.stdout and "aime25: avg@N" in r.stdout and "0.125" in r.stdout
     r = compare(str(tmp_path / "nothing"))
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1
+
+
+def test_samples_go_to_wandb_as_a_table_and_only_at_step_1_and_every_nth(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from stare_tir.rollout.trajectory import Trajectory
+    from stare_tir.tracking import MetricsLog
+    from stare_tir.trainer.samples import write_samples
+
+    logged = []
+    fake = SimpleNamespace(
+        init=lambda **kw: SimpleNamespace(log=lambda row, step: logged.append((step, row)), finish=lambda: None),
+        Table=lambda columns, data: {"columns": columns, "data": data},
+    )
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    tok = SimpleNamespace(decode=lambda ids, skip_special_tokens=False: " ".join(map(str, ids)))
+    trajs = []
+    for group in range(3):
+        for k in range(2):
+            t = Trajectory(prompt_ids=[1, 2], problem_id=f"p{group}", group_id=group, reward=1.0 if k else -1.0)
+            t.append([5, 6], [0.0, 0.0], "model", weight_versions=[(0, 2, "v3")])
+            t.info["correct"] = bool(k)
+            trajs.append(t)
+    log = MetricsLog(tmp_path, wandb_project="p", run_name="r", wandb_id="x")
+    assert write_samples(tmp_path, 2, trajs, tok, every=5, log=log) is None  # neither step 1 nor a 5th
+    path = write_samples(tmp_path, 5, trajs, tok, every=5, n=4, log=log)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["problem_id"] for r in rows] == ["p0", "p1", "p2", "p0"]  # one per prompt first
+    assert rows[0]["weight_version"] == "v3" and rows[0]["text"] == "5 6"
+    step, row = logged[-1]
+    assert step == 5 and row["samples"]["columns"][:3] == ["step", "problem_id", "reward"]
+    assert len(row["samples"]["data"]) == 4
+    assert write_samples(tmp_path, 1, trajs, tok, every=5) is not None  # the first step is always kept
+    assert write_samples(tmp_path, 5, trajs, tok, every=5, rank=1) is None  # rank 0 writes
+
+
+def test_stare_env_prints_versions_and_devices():
+    r = subprocess.run(
+        [sys.executable, "-m", "stare_tir.app.env_info"], capture_output=True, text=True, timeout=120, env=ENV
+    )
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines()]
+    for name in ("python", "torch", "deepspeed", "transformers", "sglang"):
+        assert name in names
+    assert "cuda" in r.stdout
