@@ -43,3 +43,30 @@ def test_progress_in_a_file_is_plain_lines_and_only_rank_0_prints(tmp_path):
     r1 = run_rank(tmp_path, 1)
     assert r1.returncode == 0 and r1.stderr == "", r1.stderr  # rank 1: its file only
     assert "a log line" in (tmp_path / "train.rank1.log").read_text()
+
+
+def test_the_comparison_plot_tells_identical_runs_apart_and_marks_sparse_points(tmp_path, monkeypatch):
+    import json
+
+    import matplotlib.axes
+
+    from stare_tir.tracking import plot_runs
+
+    rows = [{"step": s, "entropy/batch": 0.5 - 0.01 * s, "reward/mean": 0.1 * s} for s in range(1, 31)]
+    rows += [{"step": s, "eval/acc": 0.2 + 0.1 * i} for i, s in enumerate((0, 10, 30))]
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = []
+    original = matplotlib.axes.Axes.plot
+
+    def plot(self, *args, **kwargs):
+        drawn.append((self.get_title(), kwargs))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp.png")
+    entropy = [kw for title, kw in drawn if kw.get("label") in ("a", "b") and "ls" in kw and kw.get("marker") is None]
+    assert len({kw["ls"] for kw in entropy}) == 2  # the same curve twice, two dash patterns
+    evals = [kw for _, kw in drawn if kw.get("marker") == "o"]
+    assert len(evals) >= 2  # 3 evaluations: 3 points, not a smooth line
