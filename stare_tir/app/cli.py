@@ -359,19 +359,26 @@ def sft_main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
 
     def main(args: argparse.Namespace) -> int:
-        cfg = _load(TrainConfig, args, alias_overrides(args, SFT_ALIASES), default=str(DEFAULT_TRAIN_CONFIG))
-        if args.print_config:
+        extra = alias_overrides(args, SFT_ALIASES)
+        cfg, problems = _load_collecting(TrainConfig, args, extra, default=str(DEFAULT_TRAIN_CONFIG))
+        if args.print_config and not problems:
             _print_config(cfg)
             return 0
-        from stare_tir.app.preflight import check_model, check_sandbox
+        from stare_tir.app.preflight import StartupError, check_model, check_sandbox
         from stare_tir.model import resolve_model_path
         from stare_tir.sft.stage import check_sft_traces, sft_output, sft_stage
         from stare_tir.tracking import setup_run_logging
 
-        check_model(cfg.model)
-        check_sft_traces(cfg)
+        checks = [(check_model, cfg.model), (check_sft_traces, cfg)]
         if cfg.sft.traces == "arithmetic":
-            check_sandbox(cfg.sandbox)  # the synthetic traces run their code
+            checks.append((check_sandbox, cfg.sandbox))  # the synthetic traces run their code
+        for check, arg in checks:  # every problem at once, one line each
+            try:
+                check(arg)
+            except StartupError as e:
+                problems.append(str(e))
+        if problems:
+            raise StartupError("\n".join(problems))
         out = sft_output(cfg)
         setup_run_logging(out.parent)
         _, summary = sft_stage(cfg, resolve_model_path(cfg.model), Path(cfg.trainer.run_dir), overwrite=args.overwrite)

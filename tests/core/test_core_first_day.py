@@ -273,3 +273,11 @@ def test_rl_from_a_hub_model_with_sft_off_says_so(monkeypatch):
     finally:
         logger.remove(sink)
     assert len(lines) == 1 and "model.path='Qwen/Qwen2.5-7B'" in lines[0] and "sft.enabled=true" in lines[0]
+
+
+def test_stare_sft_reports_every_problem_at_once(tmp_path):
+    r = run(SFT, "--model", "./no/model", "--data", str(tmp_path / "none.jsonl"), "sft.train.epochz=1", cwd=tmp_path)
+    assert r.returncode == 2
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 3 and "did you mean `sft.train.epochs`" in errors[0], r.stderr
+    assert "model.path='./no/model'" in errors[1] and "sft.traces=" in errors[2]
