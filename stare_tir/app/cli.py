@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -194,6 +195,8 @@ def run_cli(
     from stare_tir.learner.distributed import export_launch_env
 
     errors = _user_errors()
+    if not sys.stderr.isatty():  # a log file or a pipe: no redrawn bars from the HF libraries either
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         export_launch_env()  # srun/mpirun ranks -> RANK, WORLD_SIZE, ... before any per-rank file is named
         return main(args)
