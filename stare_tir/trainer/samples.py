@@ -85,9 +85,16 @@ def write_samples(
 
 
 def write_run_samples(run: Any, step: int, trajectories: Sequence[Any], every: int = 10, n: int = 4) -> Path | None:
-    """The RL loop's call: `write_run_samples(run, step, rolled)` after a step's rollouts."""
-    every = getattr(run.cfg.trainer, "samples_every", every)
+    """The RL loop's call: `write_run_samples(run, step, rolled)` after a step's rollouts. Samples
+    are a reading aid: failing to write them (a full disk, say) is logged, never ends the run."""
+    from loguru import logger
+
+    every = getattr(run.cfg.trainer, "samples_every", every)  # until TrainerConfig has the fields
     n = getattr(run.cfg.trainer, "samples_per_step", n)
-    return write_samples(
-        run.run_dir, step, trajectories, run.parts.tokenizer, every=every, n=n, rank=run.learner.rank, log=run.log
-    )
+    try:
+        return write_samples(
+            run.run_dir, step, trajectories, run.parts.tokenizer, every=every, n=n, rank=run.learner.rank, log=run.log
+        )
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        logger.warning(f"step {step}: rollout samples not written ({type(e).__name__}: {e})")
+        return None
