@@ -20,7 +20,7 @@ setup: $(BIN)/.installed
 # (sglang's metadata asks for a CUDA torch and CUDA kernels); torch is the local CPU build.
 # The .pth file imports the shims in tools/sglang_cpu at interpreter start (no installed file is
 # edited); the last line proves the server's modules import, and the router's (sglang-router, a
-# pinned Rust wheel that runs on CPU: the router tests and scripts/bench_sglang.py).
+# pinned Rust wheel that runs on CPU: the router tests and scripts/bench/bench_sglang.py).
 SGL_VENV := .venv-sglang
 SGL_BIN := $(SGL_VENV)/bin
 
@@ -38,12 +38,17 @@ $(SGL_VENV)/.shims: $(SGL_VENV)/.installed tools/sglang_cpu/sglang_cpu_shims.py
 
 sglang-cpu: $(SGL_VENV)/.shims
 
+# `make train` continues the run in runs/tiny_cpu when it has a checkpoint, starts it when the
+# directory is free, and refuses otherwise (`--resume auto`). ARGS passes more, e.g.
+# `make train ARGS="trainer.run_dir=runs/mine algo.name=grpo_ds"`.
+ARGS ?=
 train: setup
-	$(BIN)/python scripts/train_tir.py
+	$(BIN)/python scripts/train_tir.py --resume auto $(ARGS)
 
 # One torch thread per test worker: two workers on two cores must not oversubscribe them.
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
+# The virtual environments only: runs/ holds your runs (delete one with rm -rf runs/NAME).
 clean:
-	rm -rf $(VENV) $(SGL_VENV) runs
+	rm -rf $(VENV) $(SGL_VENV)

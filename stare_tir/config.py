@@ -13,6 +13,7 @@ dotted key, the bad value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -132,7 +133,7 @@ def from_dict(schema: type[T], data: dict, prefix: str = "") -> T:
         where = prefix or schema.__name__
         raise ConfigError(
             f"unknown key {prefix + '.' if prefix else ''}{unknown[0]!s} in {where}; "
-            f"valid keys: {', '.join(sorted(fields))}"
+            f"{_did_you_mean(unknown[0], fields, prefix)}valid keys: {', '.join(sorted(fields))}"
         )
     kwargs = {}
     for name, value in data.items():
@@ -286,6 +287,12 @@ def _merge(base: dict, update: dict) -> None:
             base[key] = value
 
 
+def _did_you_mean(key: str, valid: Any, prefix: str) -> str:
+    """'did you mean `trainer.steps`? ' for the closest valid key, or '' when none is close."""
+    near = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
+    return f"did you mean `{prefix + '.' if prefix else ''}{near[0]}`? " if near else ""
+
+
 def _check_path(schema: Any, keys: list[str]) -> None:
     """Reject an override of a key that does not exist before touching the tree."""
     tp = schema
@@ -307,7 +314,8 @@ def _check_path(schema: Any, keys: list[str]) -> None:
             continue
         names = {f.name for f in dataclasses.fields(tp)}
         if key not in names:
-            raise ConfigError(f"unknown key {dotted!r}; valid keys here: {', '.join(sorted(names))}")
+            near = _did_you_mean(key, names, ".".join(keys[:i]))
+            raise ConfigError(f"unknown key {dotted!r}; {near}valid keys here: {', '.join(sorted(names))}")
         tp = hints[key]
 
 

@@ -45,9 +45,15 @@ def wandb_run_id(run_dir: str | Path, resume: bool) -> str:
 def setup_run_logging(run_dir: str | Path, rank: int | None = None, fresh: bool = False) -> Path:
     """Send log lines to <run_dir>/train.log (rank 0) or train.rank{N}.log (other ranks), each line
     tagged with its rank; returns the file. Two ranks never write the same file. fresh: a new run
-    starts its log empty (a resumed one appends)."""
+    starts its log empty (a resumed one appends). Only rank 0 keeps the console: the other ranks'
+    lines go to their files alone (N ranks would print every line N times)."""
     if rank is None:
         rank = int(os.environ.get("RANK", "0"))
+    if rank != 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched rank, not a test of one
+        try:
+            logger.remove(0)  # loguru's default stderr sink
+        except ValueError:
+            pass  # already removed
     path = Path(run_dir) / ("train.log" if rank == 0 else f"train.rank{rank}.log")
     path.parent.mkdir(parents=True, exist_ok=True)
     logger.add(
@@ -109,6 +115,19 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
 
+    def log_table(self, step: int, name: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """A table to the mirrors that show one (W&B: a Table; TensorBoard: Markdown text).
+        metrics.jsonl keeps numbers only: tables go to files of their own (trainer/samples.py)."""
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+        if self._tb is not None:
+            cell = lambda v: str(v).replace("|", "\\|").replace("\n", "<br>")  # noqa: E731
+            lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+            self._tb.add_text(name, "\n".join(lines), step)
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
@@ -154,6 +173,9 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
     import matplotlib.pyplot as plt
 
     runs = [(Path(d).name, read_metrics(d)) for d in run_dirs]
+    # Two runs that drew the same curve must not look like one: each run its own dash pattern
+    # (over the colour cycle); sparse series (evaluations) get markers, so 3 points read as 3.
+    dashes = ["-", "--", "-.", ":"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     gate_opens = [(name, first_gate_step(rows)) for name, rows in runs]
     for ax, (keys, title) in zip(axes.flat, PLOT_PANELS):
@@ -168,7 +190,7 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
                     color="black" if len(runs) == 1 else f"C{i}",
                     label=f"{name}: gate opens (step {step})",
                 )
-        for name, rows in runs:
+        for run_no, (name, rows) in enumerate(runs):
             for key in keys:
                 pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
                 if not pts:
@@ -179,7 +201,11 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
                     for i, y in enumerate(ys):
                         acc += y
                         ys[i] = acc / (i + 1)
-                ax.plot(xs, ys, label=f"{name} {key}" if len(keys) > 1 else name)
+                style = {"ls": dashes[run_no % len(dashes)] if len(runs) > 1 else "-"}
+                if len(xs) <= 20 or key == "eval/acc":
+                    style["marker"] = "o"
+                    style["ms"] = 4
+                ax.plot(xs, ys, label=f"{name} {key}" if len(keys) > 1 else name, **style)
             if keys == ("entropy/batch",):
                 targets = [r["entropy/target"] for r in rows if isinstance(r.get("entropy/target"), (int, float))]
                 if targets:
@@ -196,3 +222,85 @@ def plot_runs(run_dirs: Iterable[str | Path], out_path: str | Path, band: float 
     fig.savefig(out_path, dpi=100)
     plt.close(fig)
     return out_path
+
+
+# Seconds between two plain progress lines when the console is no terminal (a Slurm .out file).
+PROGRESS_INTERVAL_S = float(os.environ.get("STARE_PROGRESS_INTERVAL_S", "30"))
+
+
+class PlainProgress:
+    """tqdm's interface for a console that is no terminal: instead of carriage-return redraws and
+    cursor codes (160 KB of bar updates in ten minutes of a Slurm .out file), one ordinary log line
+    every PROGRESS_INTERVAL_S seconds and one at the end: `sft: 120/300 (40%), 2.1 it/s, eta 86 s, loss=0.43`."""
+
+    def __init__(
+        self,
+        total: int | None,
+        desc: str,
+        unit: str = "it",
+        initial: int = 0,
+        interval_s: float | None = None,
+        leave: bool = True,
+    ):
+        import time
+
+        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        # leave=False (a bar inside a step, e.g. one rollout batch): a final line only when the
+        # bar lasted long enough to print periodic ones, not one more line per batch.
+        self.leave, self._printed = leave, False
+        self._start_n, self._interval = initial, PROGRESS_INTERVAL_S if interval_s is None else interval_s
+        self._t0 = self._last = time.monotonic()
+        self._postfix: dict[str, Any] = {}
+
+    def update(self, n: int = 1) -> None:
+        import time
+
+        self.n += n
+        now = time.monotonic()
+        if now - self._last >= self._interval:
+            self._last, self._printed = now, True
+            logger.info(self.line())
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        self._postfix = kwargs
+
+    def line(self) -> str:
+        import time
+
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        rate = (self.n - self._start_n) / elapsed
+        head = f"{self.desc}: {self.n}" + (f"/{self.total} ({self.n / self.total:.0%})" if self.total else "")
+        parts = [head, f"{rate:.2f} {self.unit}/s" if rate >= 0.1 else f"{1 / rate:.1f} s/{self.unit}" if rate else ""]
+        if self.total and rate > 0:
+            parts.append(f"eta {(self.total - self.n) / rate:.0f} s")
+        parts += [f"{k}={v}" for k, v in self._postfix.items()]
+        return ", ".join(p for p in parts if p)
+
+    def close(self) -> None:
+        if self.n != self._start_n and (self.leave or self._printed):
+            logger.info(self.line() + " (done)" if self.total and self.n >= self.total else self.line())
+        self._start_n = self.n  # closed: a second close prints nothing
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def progress(
+    total: int | None, desc: str, unit: str = "it", *, enabled: bool = True, initial: int = 0, leave: bool = True
+) -> Any:
+    """A progress bar: tqdm on a terminal, PlainProgress lines when stderr is a file or a pipe, a
+    silent one when not enabled (other ranks)."""
+    import sys
+
+    if enabled and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, initial=initial, leave=leave, dynamic_ncols=True)
+    bar = PlainProgress(total, desc, unit, initial, leave=leave)
+    if not enabled:
+        bar.update = lambda n=1: setattr(bar, "n", bar.n + n)  # type: ignore[method-assign]
+        bar.close = lambda: None  # type: ignore[method-assign]
+    return bar

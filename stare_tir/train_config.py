@@ -231,6 +231,11 @@ class TrainerConfig:
     # Mirror metrics.jsonl to this W&B project (a resumed run continues its W&B run); needs the
     # [tracking] extra and a W&B login.
     wandb_project: str | None = None
+    # Write a few trajectories (prompt, text with code and interpreter output, reward, grade, finish
+    # reason, weight version) to <run_dir>/samples/step_N.jsonl at step 1 and every N steps (0: never).
+    samples_every: int = 10
+    # Trajectories per samples file (one per group first, so different prompts show).
+    samples_per_step: int = 4
 
     def __post_init__(self) -> None:
         for name in (
@@ -244,7 +249,7 @@ class TrainerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-        for name in ("eval_every", "save_hf_every", "max_staleness"):
+        for name in ("eval_every", "save_hf_every", "max_staleness", "samples_every", "samples_per_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
         ROLLOUT_BACKENDS.check(self.backend, "trainer.backend")

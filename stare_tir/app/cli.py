@@ -1,6 +1,6 @@
 """One command-line convention for every entry point: a config file plus dotted KEY=VALUE overrides.
 
-    stare-train [--config FILE] [--resume [--accept-changes] | --overwrite] [--print-config] [--debug] [KEY=VALUE ...]
+    stare-train [--config FILE] [--resume [auto] [--accept-changes] | --overwrite] [--print-config] [--debug] [KEY=VALUE ...]
     stare-sft   [--config FILE] [--overwrite] [--print-config] [--debug] [KEY=VALUE ...]
     stare-eval  [--config FILE] [--print-config] [--debug] [flag aliases] [KEY=VALUE ...]
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -114,9 +115,14 @@ def build_parser(
     if resume:
         p.add_argument(
             "--resume",
-            action="store_true",
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="auto",
             help="continue the run in trainer.run_dir from its latest checkpoint, with its own config.yaml as "
-            "the base (KEY=VALUE overrides that change it are shown and must be accepted)",
+            "the base (KEY=VALUE overrides that change it are shown and must be accepted). `--resume auto` "
+            "(requeued or preempted jobs): resume if there is a checkpoint, start if the directory is free, "
+            "refuse otherwise",
         )
         p.add_argument(
             "--accept-changes",
@@ -144,6 +150,18 @@ def build_parser(
         )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     return p
+
+
+def parse_train_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_intermixed_args, with `--resume KEY=VALUE` read as `--resume` then an override (the
+    optional value of --resume is only `auto`)."""
+    args = parser.parse_intermixed_args(argv)
+    if isinstance(getattr(args, "resume", None), str) and args.resume != "auto":
+        if "=" not in args.resume:
+            parser.error(f"--resume {args.resume}: the only value --resume takes is `auto`")
+        args.overrides.insert(0, args.resume)
+        args.resume = True
+    return args
 
 
 def _dest(a: Alias) -> str:
@@ -183,13 +201,16 @@ def run_cli(
     from stare_tir.learner.distributed import export_launch_env
 
     errors = _user_errors()
+    if not sys.stderr.isatty():  # a log file or a pipe: no redrawn bars from the HF libraries either
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         export_launch_env()  # srun/mpirun ranks -> RANK, WORLD_SIZE, ... before any per-rank file is named
         return main(args)
     except errors as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [type(e).__name__]:  # several problems: one line each
+            print(f"error: {line}", file=sys.stderr)
         print("(rerun with --debug for the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
@@ -203,6 +224,28 @@ def _load(schema: type, args: argparse.Namespace, extra: Sequence[str] = (), def
     from stare_tir.config import load_config
 
     return load_config(schema, args.config, [*extra, *args.overrides], default_base=default)
+
+
+def _load_collecting(
+    schema: type, args: argparse.Namespace, extra: Sequence[str] = (), default: str | None = None
+) -> tuple[Any, list[str]]:
+    """The config without the overrides that name no key, and one line per such override: the
+    start-up checks then run on the rest, so every problem of a command is reported at once. A
+    config that still does not load raises its ConfigError."""
+    from stare_tir.config import ConfigError, _check_path, load_config, parse_override
+
+    good, problems = [], []
+    for text in [*extra, *args.overrides]:
+        try:
+            _check_path(schema, parse_override(text)[0])
+        except ConfigError as e:
+            problems.append(str(e))
+            continue
+        good.append(text)
+    try:
+        return load_config(schema, args.config, good, default_base=default), problems
+    except ConfigError as e:
+        raise ConfigError("\n".join([*problems, str(e)])) from None
 
 
 def _print_config(cfg: Any) -> None:
@@ -231,12 +274,20 @@ def train_main(argv: list[str] | None = None) -> int:
         resume=True,
         overwrite=True,
     )
-    args = parser.parse_intermixed_args(argv)
+    args = parse_train_args(parser, argv)
     run_dir: list[str] = []  # where the run is, for the Ctrl-C message
 
     def main(args: argparse.Namespace) -> int:
-        cfg = _load(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
+        cfg, problems = _load_collecting(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
+        if args.resume == "auto":  # a requeued job: continue the run if it has a checkpoint, else start
+            from stare_tir.app.run_dir import auto_resume
+
+            args.resume = auto_resume(Path(cfg.trainer.run_dir))
+            if args.resume and args.overwrite:
+                raise _config_error("--resume auto and --overwrite contradict each other: pass one of them")
         if args.resume:
+            if problems:
+                raise _config_error("\n".join(problems))
             from stare_tir.app.run_dir import ask_on_terminal, resume_config
 
             cfg = resume_config(
@@ -250,12 +301,14 @@ def train_main(argv: list[str] | None = None) -> int:
         elif args.accept_changes:
             raise _config_error("--accept-changes only applies with --resume")
         if args.print_config:
+            if problems:
+                raise _config_error("\n".join(problems))
             _print_config(cfg)
             return 0
         run_dir.append(cfg.trainer.run_dir)
         from stare_tir.app.pipeline import run_pipeline
 
-        run_pipeline(cfg, resume=args.resume, overwrite=args.overwrite)
+        run_pipeline(cfg, resume=args.resume, overwrite=args.overwrite, problems=problems)
         return 0
 
     def interrupted(e: KeyboardInterrupt) -> str:
@@ -315,32 +368,47 @@ def sft_main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
 
     def main(args: argparse.Namespace) -> int:
-        cfg = _load(TrainConfig, args, alias_overrides(args, SFT_ALIASES), default=str(DEFAULT_TRAIN_CONFIG))
-        if args.print_config:
+        extra = alias_overrides(args, SFT_ALIASES)
+        cfg, problems = _load_collecting(TrainConfig, args, extra, default=str(DEFAULT_TRAIN_CONFIG))
+        if args.print_config and not problems:
             _print_config(cfg)
             return 0
-        from stare_tir.app.preflight import check_model, check_sandbox
+        from stare_tir.app.preflight import StartupError, check_model, check_sandbox
         from stare_tir.model import resolve_model_path
         from stare_tir.sft.stage import check_sft_traces, sft_output, sft_stage
         from stare_tir.tracking import setup_run_logging
 
-        check_model(cfg.model)
-        check_sft_traces(cfg)
+        checks = [(check_model, cfg.model), (check_sft_traces, cfg)]
         if cfg.sft.traces == "arithmetic":
-            check_sandbox(cfg.sandbox)  # the synthetic traces run their code
+            checks.append((check_sandbox, cfg.sandbox))  # the synthetic traces run their code
+        for check, arg in checks:  # every problem at once, one line each
+            try:
+                check(arg)
+            except StartupError as e:
+                problems.append(str(e))
+        if problems:
+            raise StartupError("\n".join(problems))
         out = sft_output(cfg)
         setup_run_logging(out.parent)
         _, summary = sft_stage(cfg, resolve_model_path(cfg.model), Path(cfg.trainer.run_dir), overwrite=args.overwrite)
         if summary.get("rank", 0) == 0 and not summary.get("reused"):
+            resumed = f" resumed_from={summary['resumed_from']}" if summary.get("resumed_from") else ""
             print(
                 f"RESULT steps={summary['steps']} first_loss={summary['first_loss']:.4f} "
-                f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={out}"
+                f"final_loss={summary['final_loss']:.4f} seconds={summary['seconds']:.1f} output={out}{resumed}"
             )
         elif summary.get("reused"):
             print(f"RESULT reused={summary['from']} key={summary['key']}")
         return 0
 
-    return run_cli(main, args, lambda e: "interrupted during SFT; nothing was saved to sft.output")
+    return run_cli(
+        main,
+        args,
+        lambda e: (
+            "interrupted during SFT; nothing was saved to sft.output: the same command continues from the "
+            "last SFT checkpoint (every sft.train.save_every steps)"
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,7 +460,7 @@ def eval_parser() -> argparse.ArgumentParser:
         "stare-eval",
         "Evaluate a tool-integrated reasoning model on AIME and other math benchmarks, with "
         "tool calls. model.path may be a training run directory (its final/ model with its env, rollout "
-        "and data settings); eval.datasets may name arithmetic (the training task's held-out split). "
+        "and data settings) or one of its checkpoints (RUN/checkpoints/step_N, exported to RUN/hf/step_N first); eval.datasets may name arithmetic (the training task's held-out split). "
         "Writes <out_dir>/<dataset>.jsonl, summary.json and config.yaml; out_dir defaults to one "
         "directory per model and settings, and rerunning resumes there.",
         EvalRunConfig,
@@ -423,9 +491,14 @@ def eval_main(argv: list[str] | None = None) -> int:
             return 0
         from envs.data import load_problems
         from stare_tir.app.preflight import StartupError, check_backend, check_hub_dataset, check_model, check_sandbox
-        from stare_tir.eval.command import TRAINING_TASK, run_eval
+        from stare_tir.eval.command import TRAINING_TASK, checkpoint_of_run, run_eval
 
         model_arg = next((o.split("=", 1)[1] for o in reversed(given) if o.startswith("model.path=")), "")
+        ckpt = checkpoint_of_run(model_arg) if model_arg else None
+        if ckpt is not None and not (Path(cfg.model.path) / "config.json").is_file():
+            from stare_tir.app.export import export_checkpoint
+
+            export_checkpoint(ckpt.parent.parent, int(ckpt.name.removeprefix("step_")), cfg.model.path)
         check_model(cfg.model)
         check_backend(cfg.backend, cfg.rollout.sglang, key="backend")
         for name in cfg.eval.datasets:  # a missing or malformed dataset fails before the model loads
@@ -438,7 +511,12 @@ def eval_main(argv: list[str] | None = None) -> int:
                 raise StartupError(f"eval.datasets: {name!r}: {e}") from None
         check_sandbox(cfg.sandbox)
         out_dir.append(cfg.out_dir or "its output directory")
-        run_eval(cfg, run_dir=model_arg if model_arg and is_run_dir(model_arg) else None)
+        run = (
+            str(ckpt.parent.parent)
+            if ckpt is not None
+            else (model_arg if model_arg and is_run_dir(model_arg) else None)
+        )
+        run_eval(cfg, run_dir=run)
         return 0
 
     return run_cli(

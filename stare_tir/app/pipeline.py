@@ -36,41 +36,84 @@ from stare_tir.app.preflight import (
     check_sync_dir,
     check_trackers,
 )
-from stare_tir.app.run_dir import check_run_dir, clear_run_dir
+from stare_tir.app.run_dir import check_run_dir, clear_run_dir, run_markers
 from stare_tir.config import save_config
-from stare_tir.model import resolve_model_path
+from stare_tir.model import TINY_MODELS, resolve_model_path
 from stare_tir.sft.stage import check_sft_traces, sft_stage
 from stare_tir.tracking import first_gate_step, plot_runs, read_metrics, setup_run_logging
 from stare_tir.train_config import TrainConfig
 
 
-def preflight(cfg: TrainConfig) -> None:
-    """Every check that can fail cheaply, before any model is loaded (see stare_tir.app.preflight)."""
-    check_model(cfg.model)
-    check_trackers(cfg.trainer.tensorboard, cfg.trainer.wandb_project)
-    check_backend(cfg.trainer.backend, cfg.rollout.sglang)
-    if cfg.trainer.backend == "sglang":
-        check_sync_dir(cfg.rollout.sglang)
-        check_router(cfg.rollout.sglang)
-    info = check_sandbox(cfg.sandbox)
-    check_sft_traces(cfg)
-    check_data(cfg.data)
-    logger.info(
-        f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
-    )
+def preflight_problems(cfg: TrainConfig) -> list[str]:
+    """Every check that can fail cheaply, before any model is loaded (see stare_tir.app.preflight),
+    each run even when an earlier one failed: one line per problem, all reported at once."""
+    from stare_tir.app.preflight import StartupError
+
+    problems: list[str] = []
+    info: dict = {}
+
+    def check(fn: Any, *a: Any) -> None:
+        try:
+            result = fn(*a)
+        except StartupError as e:
+            problems.append(str(e))
+        else:
+            if isinstance(result, dict) and fn is check_sandbox:
+                info.update(result)
+
+    check(check_model, cfg.model)
+    check(check_trackers, cfg.trainer.tensorboard, cfg.trainer.wandb_project)
+    check(check_backend, cfg.trainer.backend, cfg.rollout.sglang)
+    if cfg.trainer.backend == "sglang" and not problems:  # both ask the servers check_backend found
+        check(check_sync_dir, cfg.rollout.sglang)
+        check(check_router, cfg.rollout.sglang)
+    check(check_sandbox, cfg.sandbox)
+    check(check_sft_traces, cfg)
+    check(check_data, cfg.data)
+    if not cfg.sft.enabled and cfg.model.path not in TINY_MODELS and not Path(cfg.model.path).expanduser().exists():
+        # The 7B configs ship model.path=Qwen/Qwen2.5-7B with SFT off: left as shipped, RL starts
+        # on the base model, which the paper's recipe never does.
+        logger.warning(
+            f"sft.enabled=false and model.path={cfg.model.path!r} is a hub id, not a local SFT checkpoint: RL "
+            "starts from that model as it is; set model.path to your SFT checkpoint, or sft.enabled=true"
+        )
+    if not problems:
+        logger.info(
+            f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
+        )
+    return problems
 
 
-def start_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> Path:
+def preflight(cfg: TrainConfig, problems: list[str] | None = None) -> None:
+    """Raise one StartupError listing `problems` (found earlier, e.g. bad config keys) and every
+    problem the start-up checks find, one per line."""
+    from stare_tir.app.preflight import StartupError
+
+    found = [*(problems or []), *preflight_problems(cfg)]
+    if found:
+        raise StartupError("\n".join(found))
+
+
+def start_run(
+    cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, problems: list[str] | None = None
+) -> Path:
     """Claim the run directory: refuse a used one (unless resuming or overwriting), run the
-    start-up checks, then clear an overwritten run and write config.yaml. Rank 0 alone checks and
-    writes the directory (the other ranks may start a moment later and would see rank 0's files)."""
+    start-up checks (reporting `problems` found before with theirs), then clear an overwritten run
+    (or what a failed start left) and write config.yaml. Rank 0 alone checks and writes the
+    directory (the other ranks may start a moment later and would see rank 0's files)."""
+    from stare_tir.app.preflight import StartupError
+
     run_dir = Path(cfg.trainer.run_dir)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    problems = list(problems or [])
     if rank == 0:
-        check_run_dir(run_dir, resume=resume, overwrite=overwrite)
-    preflight(cfg)
+        try:
+            check_run_dir(run_dir, resume=resume, overwrite=overwrite)
+        except StartupError as e:
+            problems.append(str(e))
+    preflight(cfg, problems)
     if rank == 0:
-        if overwrite:
+        if overwrite or (not resume and run_markers(run_dir)):  # what a failed start left, too
             gone = clear_run_dir(run_dir, world_size=world)
             if gone:
                 logger.info(f"--overwrite: deleted {', '.join(gone)} of the previous run in {run_dir}")
@@ -80,9 +123,11 @@ def start_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False
     return run_dir
 
 
-def run_pipeline(cfg: TrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def run_pipeline(
+    cfg: TrainConfig, resume: bool = False, overwrite: bool = False, problems: list[str] | None = None
+) -> dict[str, Any]:
     """SFT -> RL -> summary table and plots."""
-    run_dir = start_run(cfg, resume=resume, overwrite=overwrite)
+    run_dir = start_run(cfg, resume=resume, overwrite=overwrite, problems=problems)
     # The learner's stack (torch, DeepSpeed: seconds to import) only once the start-up checks passed.
     from stare_tir.trainer import train_rl
     from stare_tir.trainer.loop import Interrupted

@@ -155,13 +155,32 @@ def check_data(data: DataConfig) -> dict[str, int]:
             raise StartupError(f"data.{split}={getattr(data, split)!r}: {e}") from None
         except DataError as e:
             if ": row " in str(e):  # the source opened, one of its rows is bad
+                mapping = _field_hint(str(e))
+                fix = f"map the source's field with data.fields={mapping}, " if mapping else ""
                 raise StartupError(
-                    f"data.{split}: {e} (fix the row, or set data.on_bad_row=skip to count and skip bad rows)"
+                    f"data.{split}: {e} ({fix}fix the row, or set data.on_bad_row=skip to count and skip bad rows)"
                 ) from None
             raise StartupError(f"data.{split}={getattr(data, split)!r}: {e}") from None
         except ValueError as e:
             raise StartupError(f"data.{split}={getattr(data, split)!r}: {e}") from None
     return counts
+
+
+# Names other datasets give our fields (a row holding one of them, and not ours, was mapped wrong).
+_FIELD_SYNONYMS = {
+    "problem": ("question", "prompt", "query", "input", "problem_text"),
+    "answer": ("solution", "final_answer", "ground_truth", "gold", "target", "label", "expected_answer"),
+}
+
+
+def _field_hint(message: str) -> str | None:
+    """`{answer: solution}` for envs.data's "missing answer (field 'answer'; row has [..., 'solution'])"."""
+    m = re.search(r"missing (\w+) \(field '[^']*'; row has \[(.*?)\]\)", message)
+    if m is None or m.group(1) not in _FIELD_SYNONYMS:
+        return None
+    keys = re.findall(r"'([^']*)'", m.group(2))
+    near = [k for k in _FIELD_SYNONYMS[m.group(1)] if k in keys]
+    return f"{{{m.group(1)}: {near[0]}}}" if near else None
 
 
 _SANDBOX_FIXES = {

@@ -1,13 +1,14 @@
 """A run directory belongs to one run: starting, resuming and overwriting it.
 
-A new run refuses a directory that already holds one (a config.yaml, metrics, checkpoints, a final
-model); `--resume` continues the run that is there, with that run's own config.yaml as the base
+A new run refuses a directory that already holds one under way (a checkpoint, a finished RL step,
+a final model; one where a start failed before its first step counts as free); `--resume` continues the run that is there, with that run's own config.yaml as the base
 and any setting that would change shown and confirmed; `--overwrite` deletes the old run's outputs
 once the new run's start-up checks have passed. Light on purpose: no torch import here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -37,6 +38,39 @@ def has_checkpoint(run_dir: Path) -> bool:
     return pointer.is_file() and (run_dir / "checkpoints" / pointer.read_text().strip()).is_dir()
 
 
+def run_under_way(run_dir: Path) -> bool:
+    """The run there got somewhere: a checkpoint, a finished RL step in metrics.jsonl, a final or
+    intermediate model, a summary. A directory holding only what a start writes (config.yaml,
+    logs, the evaluation before RL) counts as free: a start that failed there is retried."""
+    if has_checkpoint(run_dir) or any((run_dir / name).exists() for name in ("summary.json", "final", "hf")):
+        return True
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return False
+    with open(metrics, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line) if line.strip() else None
+            except ValueError:
+                return True  # unreadable: treat as a run, never delete it silently
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] >= 1:
+                return True
+    return False
+
+
+def auto_resume(run_dir: Path) -> bool:
+    """`--resume auto`: True to resume (a checkpoint is there), False to start (the directory is
+    free); a run under way without a checkpoint is refused, as nothing could continue it."""
+    if has_checkpoint(run_dir) and (run_dir / "config.yaml").is_file():
+        return True
+    if not run_under_way(run_dir):
+        return False
+    raise StartupError(
+        f"--resume auto: trainer.run_dir={str(run_dir)!r} holds a run ({', '.join(run_markers(run_dir))}) but no "
+        "checkpoint to continue from: replace it with --overwrite, or name a new directory with trainer.run_dir=..."
+    )
+
+
 def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, prog: str = "stare-train") -> None:
     """Refuse to start a new run into a directory that holds one, or to resume where none is."""
     if resume and overwrite:
@@ -55,7 +89,7 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, prog: str = "
             )
         return
     found = run_markers(run_dir)
-    if found and not overwrite:
+    if found and not overwrite and run_under_way(run_dir):
         raise StartupError(
             f"trainer.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}): continue it with "
             f"--resume, replace it with --overwrite, or name a new directory with trainer.run_dir=..."

@@ -77,16 +77,27 @@ def is_run_dir(path: str) -> bool:
     return (p / "config.yaml").is_file() and not (p / "config.json").is_file()
 
 
-def with_run_settings(tree: dict, run_dir: Path) -> dict:
-    """`tree` (an eval config as a nested dict) with a training run's final/ model and its model,
-    env, rollout and data settings; the caller applies command-line overrides after this."""
+def checkpoint_of_run(path: str) -> Path | None:
+    """`path` as an RL checkpoint of a training run (<run>/checkpoints/step_NNNNNN, holding
+    DeepSpeed's files), or None. stare-eval evaluates it through its export, <run>/hf/step_NNNNNN."""
+    p = Path(path).expanduser()
+    if (p / "deepspeed").is_dir() and p.parent.name == "checkpoints" and is_run_dir(str(p.parent.parent)):
+        return p
+    return None
+
+
+def with_run_settings(tree: dict, run_dir: Path, model_dir: Path | None = None) -> dict:
+    """`tree` (an eval config as a nested dict) with a training run's final/ model (or
+    `model_dir`, an export of one of its checkpoints) and its model, env, rollout and data
+    settings; the caller applies command-line overrides after this."""
     import yaml
 
-    final = run_dir / "final"
-    if not (final / "config.json").is_file():
+    final = model_dir or run_dir / "final"
+    if model_dir is None and not (final / "config.json").is_file():
         raise StartupError(
             f"model.path={str(run_dir)!r} is a training run without a final model yet (no final/config.json): "
-            "let it finish, or evaluate an export such as model.path=" + str(run_dir / "hf" / "step_NNNNNN")
+            "let it finish, or evaluate one of its checkpoints, model.path="
+            + str(run_dir / "checkpoints" / "step_NNNNNN")
         )
     try:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
@@ -104,6 +115,12 @@ def resolve_eval_config(tree: dict, overrides: list[str]) -> EvalRunConfig:
     """The eval config from a (file) tree and overrides; a run directory as model.path brings the
     run's own settings in between (the file < the run < the command line)."""
     cfg = resolve_config(EvalRunConfig, tree, overrides)
+    ckpt = checkpoint_of_run(cfg.model.path)
+    if ckpt is not None:  # evaluated through its export (stare_tir.app.export), made before the model loads
+        run_dir, target = ckpt.parent.parent, ckpt.parent.parent / "hf" / ckpt.name
+        cfg = resolve_config(EvalRunConfig, with_run_settings(tree, run_dir, target), overrides)
+        cfg.model.path = str(target)
+        return cfg
     if not is_run_dir(cfg.model.path):
         return cfg
     run_dir = Path(cfg.model.path)
@@ -230,5 +247,30 @@ def run_eval(cfg: EvalRunConfig, run_dir: str | None = None) -> dict[str, Any]:
         )
     finally:
         parts.close()
+    summary = keep_dataset_summaries(out, summary)
     logger.info(f"wrote {out / 'summary.json'} and per-sample rows in {out}")
+    return summary
+
+
+def keep_dataset_summaries(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """One summary per dataset (`summary.<dataset>.json`), and summary.json over every dataset
+    evaluated into `out` so far: evaluating one dataset after another into the same directory
+    keeps the first one's numbers (summary.json alone was replaced by the last evaluation)."""
+    from stare_tir.eval.metrics import benchmark_average
+
+    common = {k: v for k, v in summary.items() if k not in ("datasets", "six_benchmark_avg")}
+    for name, metrics in summary["datasets"].items():
+        (out / f"summary.{name}.json").write_text(
+            json.dumps({**common, "dataset": name, "metrics": metrics}, indent=2, default=str) + "\n"
+        )
+    merged: dict[str, dict] = {}
+    for path in sorted(out.glob("summary.*.json")):
+        data = json.loads(path.read_text())
+        if "dataset" in data and "metrics" in data:
+            merged[data["dataset"]] = data["metrics"]
+    merged.update(summary["datasets"])
+    summary = {**summary, "datasets": merged, "six_benchmark_avg": benchmark_average(merged)}
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    tmp.replace(out / "summary.json")
     return summary

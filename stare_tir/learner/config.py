@@ -19,9 +19,9 @@ class LearnerConfig:
     # dtype of the buffer that sums micro-batch gradients under bf16 (DeepSpeed's
     # data_types.grad_accum_dtype; unset, DeepSpeed sums in the model dtype). fp32: dozens of
     # small token-normalised micro-batch gradients per step are summed without bf16 rounding.
-    # Without ZeRO (stage 0) DeepSpeed allows one of the two, depending on its version (0.16: fp32,
-    # 0.19: bf16); the learner names the other if DeepSpeed refuses.
-    grad_accum_dtype: Literal["fp32", "bf16"] = "fp32"
+    # Without ZeRO (stage 0) the pinned DeepSpeed (0.19.8) takes only bf16, so auto = fp32 with
+    # ZeRO 1-3 and bf16 at stage 0; stage 0 with bf16 (or auto) and fp32 is refused here.
+    grad_accum_dtype: Literal["auto", "fp32", "bf16"] = "auto"
     # Timeout of every collective: the default process group's and every group DeepSpeed creates
     # (its data-parallel and ZeRO groups). Ranks roll out independently and meet in all-reduces: a
     # rank whose 16k-token multi-turn rollouts, evaluation or weight sync run longer than the
@@ -75,11 +75,26 @@ class LearnerConfig:
     # torch's fused CPU AdamW); see stare_tir/learner/deepspeed_config.py for what is refused.
     deepspeed: dict[str, Any] = field(default_factory=dict)
 
+    def accum_dtype(self) -> Literal["fp32", "bf16"]:
+        """grad_accum_dtype with auto resolved: fp32 with ZeRO 1-3, bf16 at stage 0 (all DeepSpeed
+        0.19 takes there). Resolved at use, not at load: an override of zero_stage must move it."""
+        if self.grad_accum_dtype == "auto":
+            return "bf16" if self.zero_stage == 0 else "fp32"
+        return self.grad_accum_dtype
+
     def __post_init__(self) -> None:
         check_deepspeed_overrides(self.deepspeed)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r}: must be 0, 1, 2 or 3")
         check_offload(self.zero_stage, self.deepspeed)
+        if self.zero_stage == 0 and self.dtype != "fp32" and self.grad_accum_dtype == "fp32":
+            # DeepSpeed 0.19 engine.py `_do_optimizer_sanity_check`: without ZeRO, bf16 sums
+            # gradients only in bf16. dtype=auto is bf16 on a GPU, so it is refused too.
+            raise ValueError(
+                f"zero_stage=0 with dtype={self.dtype} and grad_accum_dtype=fp32: DeepSpeed 0.19.8 refuses "
+                "learner.grad_accum_dtype=fp32 without ZeRO under bf16; set learner.zero_stage=1 (fp32 "
+                "accumulation, same math), learner.grad_accum_dtype=bf16, or learner.dtype=fp32"
+            )
         if not self.dist_timeout_minutes > 0:
             raise ValueError(f"dist_timeout_minutes={self.dist_timeout_minutes!r}: must be > 0")
         if not self.lr > 0:

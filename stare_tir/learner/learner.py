@@ -134,7 +134,7 @@ class Learner:
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage},
             "bf16": {"enabled": self.bf16},
-            "data_types": {"grad_accum_dtype": cfg.grad_accum_dtype if self.bf16 else "fp32"},
+            "data_types": {"grad_accum_dtype": cfg.accum_dtype() if self.bf16 else "fp32"},
             "zero_allow_untested_optimizer": True,  # our torch.optim.AdamW (no CPU-Adam compile)
             "zero_force_ds_cpu_optimizer": False,  # offloaded: torch's fused CPU AdamW, see below
             "steps_per_print": 2**31 - 1,
@@ -163,7 +163,7 @@ class Learner:
 
         # With the optimizer offloaded, its step runs on the CPU over fp32 masters: torch's fused
         # AdamW kernel is ~5x faster there than the default foreach one and as fast as DeepSpeed's
-        # CPU Adam, which needs a C++ build first (scripts/bench_cpu_adam.py).
+        # CPU Adam, which needs a C++ build first (scripts/bench/bench_cpu_adam.py).
         offloaded = offload_devices(cfg.deepspeed)[0] == "cpu"
         optimizer = torch.optim.AdamW(
             self._module.parameters(),

@@ -405,9 +405,9 @@ class RolloutEngine:
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm import tqdm
+    from stare_tir.tracking import progress  # tqdm on a terminal, plain lines in a log file
 
-    return tqdm(total=total, desc="rollout", unit="traj", leave=False, dynamic_ncols=True)
+    return progress(total, "rollout", "traj", leave=False)
 
 
 def rollout_stats(trajs: list[Trajectory], wall_s: float | None = None) -> dict[str, float]:

@@ -30,6 +30,10 @@ class SFTConfig:
     # Hold out this fraction of rows (at least one row when > 0) and report their mean NLL after
     # each epoch; 0 disables.
     val_fraction: float = 0.0
+    # Save a resumable checkpoint (weights, optimizer, schedule, data position) every N optimizer
+    # steps to <sft output>.checkpoints/, so a killed or preempted SFT continues where it was
+    # when the same command runs again; deleted once the SFT model is written. 0: none.
+    save_every: int = 200
     # Optimizer, precision, ZeRO stage, micro-batch budget. With lr_scheduler linear/cosine and
     # total_steps 0, total_steps is set to the number of optimizer steps of the run.
     learner: LearnerConfig = field(default_factory=_sft_learner_defaults)
@@ -38,6 +42,8 @@ class SFTConfig:
         for name in ("epochs", "batch_size", "max_seq_len", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if self.save_every < 0:
+            raise ValueError(f"save_every={self.save_every!r}: must be >= 0 (0: no SFT checkpoints)")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction={self.val_fraction!r}: must be in [0, 1)")
 

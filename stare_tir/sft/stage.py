@@ -72,7 +72,8 @@ def sft_inputs(cfg: TrainConfig, base_model: str) -> dict[str, Any]:
         "tokenizer": model_fingerprint(cfg.model.tokenizer) if cfg.model.tokenizer else "",
         "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if template else "",
         "traces": traces_inputs(cfg),
-        "train": to_dict(cfg.sft.train),
+        # how often it checkpoints does not change the model
+        "train": {k: v for k, v in to_dict(cfg.sft.train).items() if k != "save_every"},
     }
 
 
@@ -121,12 +122,34 @@ def sft_output(cfg: TrainConfig) -> Path:
     return Path(cfg.sft.output) if cfg.sft.output else Path(cfg.trainer.run_dir) / "sft" / "model"
 
 
+def sft_checkpoints(out: Path) -> Path:
+    """Where an SFT in progress checkpoints (sft.train.save_every): beside its output."""
+    return out.parent / f"{out.name}.checkpoints"
+
+
 def check_sft_traces(cfg: TrainConfig) -> None:
-    if cfg.sft.enabled and cfg.sft.traces != "arithmetic" and not Path(cfg.sft.traces).is_file():
+    """The traces file exists and every row has the shape SFT needs, before any model loads."""
+    if not cfg.sft.enabled or cfg.sft.traces == "arithmetic":
+        return
+    if not Path(cfg.sft.traces).is_file():
         raise StartupError(
             f"sft.traces={cfg.sft.traces!r}: no such JSONL file (use 'arithmetic' for the "
             'synthetic task, or a path to {"messages": [...]} rows)'
         )
+    from stare_tir.sft.train import check_record, load_records
+
+    try:
+        rows = load_records(cfg.sft.traces)
+    except (ValueError, OSError) as e:
+        raise StartupError(f"sft.traces={cfg.sft.traces!r}: {e}") from None
+    for n, row in enumerate(rows, 1):
+        try:
+            check_record(row)
+        except ValueError as e:
+            raise StartupError(
+                f"sft.traces={cfg.sft.traces!r}: row {n}: {e}; fix or remove that row "
+                '(each row: {"messages": [..., {"role": "assistant", "content": ...}]} or {"text": ...})'
+            ) from None
 
 
 def _sibling_output(run_dir: Path, key_path: str, key: str) -> Path | None:
@@ -145,14 +168,13 @@ def _sibling_output(run_dir: Path, key_path: str, key: str) -> Path | None:
 def make_synthetic_traces(cfg: TrainConfig, out_path: Path) -> list[dict]:
     """Cold-start traces of the arithmetic task, their code run in a real sandbox session; rank 0
     writes them (with their key) to `out_path`. Progress is shown while they are made."""
-    from tqdm import tqdm
-
     from envs.arithmetic import amake_sft_traces, make_problems
     from sandbox import make_sandbox
+    from stare_tir.tracking import progress
 
     problems = make_problems(cfg.sft.num_traces, seed=cfg.data.seed + 1, split="train")
     logger.info(f"sft: making {len(problems)} traces of the arithmetic task (tool calls run in the sandbox)")
-    bar = tqdm(total=len(problems), desc="sft traces", unit="trace", disable=_rank() != 0, dynamic_ncols=True)
+    bar = progress(len(problems), "sft traces", "trace", enabled=_rank() == 0)
 
     async def go() -> list[dict]:
         async with make_sandbox(cfg.sandbox) as sandbox:
@@ -250,6 +272,8 @@ def sft_stage(
         out,
         tokenizer=load_tokenizer(cfg.model, base_model),
         trust_remote_code=cfg.model.trust_remote_code,
+        checkpoints=sft_checkpoints(out),
+        key=key,
     )
     if _rank() == 0:
         _write_key(out / KEY_FILE, key, inputs)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -46,6 +47,28 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def check_record(record: Any) -> None:
+    """The shape `encode_record` needs, checked without a tokenizer (start-up checks run this on
+    every row before a model loads): a ValueError naming what is wrong."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected an object with 'messages' or 'text', got {type(record).__name__}")
+    if "messages" in record:
+        msgs = record["messages"]
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise ValueError("messages: expected a non-empty list of {role, content} objects")
+        if msgs[-1].get("role") != "assistant":
+            raise ValueError(
+                f"messages: the last message must have role 'assistant' (it has role {msgs[-1].get('role')!r})"
+            )
+        if not isinstance(msgs[-1].get("content"), str):
+            raise ValueError("messages: the last (assistant) message has no text content")
+    elif "text" in record:
+        if not isinstance(record["text"], str):
+            raise ValueError("text: expected a string")
+    else:
+        raise ValueError(f"record has neither 'messages' nor 'text' (keys: {sorted(record)})")
+
+
 def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajectory:
     """One JSONL row -> a Trajectory (prompt_ids, response_ids, loss_mask) as RL would build it.
 
@@ -60,10 +83,9 @@ def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajector
     from stare_tir.rollout.trajectory import Trajectory
 
     eos = tokenizer.eos_token_id
+    check_record(record)
     if "messages" in record:
         msgs = record["messages"]
-        if not msgs or msgs[-1].get("role") != "assistant":
-            raise ValueError("messages: the last message must have role 'assistant'")
         prompt_text = tokenizer.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
         prompt_ids, response, end_with_eos = _encode(tokenizer, prompt_text), msgs[-1]["content"], True
     elif "text" in record:
@@ -144,21 +166,29 @@ def run_sft(
     output_dir: str | Path,
     tokenizer: PreTrainedTokenizerBase | None = None,
     trust_remote_code: bool = False,
+    checkpoints: str | Path | None = None,
+    key: str = "",
 ) -> dict[str, Any]:
     """Fine-tune `model_path` on `data` (JSONL path or rows) and write an HF checkpoint to output_dir.
 
     Runs in one process or under torchrun/deepspeed (each rank takes its share of every batch).
     Returns a summary: output_dir, steps, examples, dropped (too long), tokens trained,
-    first_loss / final_loss (mean over the first / last epoch's steps), val_loss (or None), seconds,
-    and this process's rank.
+    first_loss / final_loss (mean over the first / last `window` steps, window = min(log_every,
+    half the steps): a one-epoch run still shows how far the loss fell), val_loss (or None),
+    seconds, this process's rank, and resumed_from (the step an SFT checkpoint restarted it at).
+
+    checkpoints: a directory for resumable checkpoints every cfg.save_every steps (`step_N/`, a
+    `latest` pointer, and `key` so a checkpoint of other inputs is never resumed); a run that
+    finds one of the same key there continues from it, bit for bit the data order it had. Deleted
+    once the model is written.
     """
     import dataclasses
 
     from loguru import logger
-    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from stare_tir.learner import Learner
+    from stare_tir.tracking import progress
 
     t_start = time.time()
     tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
@@ -195,16 +225,25 @@ def run_sft(
             f"{cfg.epochs} epochs x {steps_per_epoch} steps, world size {learner.world_size}"
         )
 
-    epoch_losses: list[list[float]] = []
+    orders = []  # every epoch's shuffle, drawn up front: a resumed run takes the same batches
+    for _ in range(cfg.epochs):
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        orders.append(order)
+    losses: list[float] = []
     val_loss: float | None = None
     tokens = 0.0
     step = 0
-    bar = tqdm(total=total, desc="sft", disable=not main, dynamic_ncols=True)
-    for epoch in range(cfg.epochs):
-        order = list(range(len(examples)))
-        rng.shuffle(order)
-        losses = []
-        for s in range(steps_per_epoch):
+    ckpt_root = Path(checkpoints) if checkpoints and cfg.save_every else None
+    resumed = _resume_sft(learner, ckpt_root, key) if ckpt_root else None
+    if resumed is not None:
+        step, tokens, losses, val_loss = resumed["step"], resumed["tokens"], resumed["losses"], resumed["val_loss"]
+        if main:
+            logger.info(f"SFT: resumed from {ckpt_root} at step {step}/{total}")
+    bar = progress(total, "sft", "batch", enabled=main, initial=step)
+    for epoch in range(step // steps_per_epoch, cfg.epochs):
+        order = orders[epoch]
+        for s in range(step - epoch * steps_per_epoch, steps_per_epoch):
             batch = [examples[i] for i in order[s * cfg.batch_size : (s + 1) * cfg.batch_size]]
             m = learner.sft_step(learner.shard(batch))
             step += 1
@@ -220,25 +259,31 @@ def run_sft(
                     f"SFT step {step}/{total} epoch {epoch + 1} loss {m['loss']:.4f} "
                     f"grad_norm {m['grad_norm']:.3f} lr {m['lr']:.2e} tokens {int(m['tokens'])}"
                 )
-        epoch_losses.append(losses)
+            if ckpt_root is not None and step % cfg.save_every == 0 and step < total:
+                state = {"step": step, "tokens": tokens, "losses": losses, "val_loss": val_loss}
+                _save_sft(learner, ckpt_root, key, state)
         if val:
             val_loss = _mean_nll(learner, learner.shard(val))
             if main:
                 logger.info(f"SFT epoch {epoch + 1}: held-out NLL {val_loss:.4f}")
     bar.close()
     learner.save_hf(output_dir)
+    if ckpt_root is not None and main:
+        shutil.rmtree(ckpt_root, ignore_errors=True)  # the model is written: nothing left to resume
     mean = lambda xs: float(sum(xs) / len(xs)) if xs else float("nan")  # noqa: E731
+    window = max(1, min(cfg.log_every, len(losses) // 2))
     summary = {
         "output_dir": str(output_dir),
         "steps": step,
         "examples": len(examples),
         "dropped": dropped,
         "tokens": tokens,
-        "first_loss": mean(epoch_losses[0]),
-        "final_loss": mean(epoch_losses[-1]),
+        "first_loss": mean(losses[:window]),
+        "final_loss": mean(losses[-window:]),
         "val_loss": val_loss,
         "seconds": time.time() - t_start,
         "rank": learner.rank,
+        "resumed_from": resumed["step"] if resumed else None,
     }
     if main:
         logger.info(
@@ -246,6 +291,33 @@ def run_sft(
             f"{summary['final_loss']:.4f}; checkpoint {output_dir}"
         )
     return summary
+
+
+def _save_sft(learner: Any, root: Path, key: str, state: dict) -> None:
+    """A resumable SFT checkpoint at root/step_N; `latest` moves to it only once it is complete."""
+    path = root / f"step_{state['step']:06d}"
+    learner.save_checkpoint(path, state)  # collective
+    if learner.rank == 0:
+        (root / "key").write_text(key + "\n")
+        tmp = root / "latest.tmp"
+        tmp.write_text(path.name)
+        tmp.replace(root / "latest")  # atomic: a kill mid-save leaves the previous pointer
+        for stale in sorted(p for p in root.glob("step_*") if p.is_dir() and p != path):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _resume_sft(learner: Any, root: Path, key: str) -> dict | None:
+    """The state of the latest SFT checkpoint in `root` made from the same inputs, loaded into
+    `learner`; None when there is none (one of other inputs is deleted)."""
+    pointer = root / "latest"
+    stored = (root / "key").read_text().strip() if (root / "key").is_file() else None
+    if not pointer.is_file() or not (root / pointer.read_text().strip()).is_dir():
+        return None
+    if stored != key:
+        if learner.rank == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        return None
+    return learner.load_checkpoint(root / pointer.read_text().strip())
 
 
 def _mean_nll(learner: Any, examples: list) -> float:

@@ -9,6 +9,7 @@ import torch
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.run import Run, rollout_seed
+from stare_tir.trainer.samples import write_run_samples
 from stare_tir.trainer.staleness import ROUND_VERSION
 
 if TYPE_CHECKING:  # async_rollouts imports this module
@@ -125,4 +126,5 @@ def collect_batch(
     totals = run.learner.all_reduce_sum(torch.tensor([float(max(len(groups) - share, 0))]))
     metrics["batch/leftover_groups"] = float(totals[0])
     metrics["batch/prompts"] = float(prompts)
+    write_run_samples(run, step, rolled)  # <run_dir>/samples/step_N.jsonl every trainer.samples_every steps
     return batch, rolled, metrics

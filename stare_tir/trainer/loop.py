@@ -17,9 +17,9 @@ from typing import Any, Iterator
 
 import torch
 from loguru import logger
-from tqdm import tqdm
 
 from stare_tir.eval.evaluate import evaluate_problems
+from stare_tir.tracking import progress
 from stare_tir.train_config import TrainConfig
 from stare_tir.trainer.async_rollouts import AsyncRollouts
 from stare_tir.trainer.checkpoint import checkpoint_dir, latest_checkpoint, resume_from, save_checkpoint
@@ -118,7 +118,7 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
         if run.step == 0:
             eval_before = evaluate_heldout(run, "before RL")
             run.log.log(0, eval_before)
-        bar = tqdm(total=cfg.trainer.steps, initial=run.step, desc="RL", unit="step", disable=run.learner.rank != 0)
+        bar = progress(cfg.trainer.steps, "RL", "step", initial=run.step, enabled=run.learner.rank == 0)
         stop = StopRequest()
         with stop.installed(), bar:  # the bar is closed before any message below it
             while run.step < cfg.trainer.steps:

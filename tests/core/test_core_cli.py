@@ -55,7 +55,14 @@ def test_sft_and_train_read_the_same_config(tmp_path):
     ],
 )
 def test_train_start_up_errors_are_one_clean_line(tmp_path, monkeypatch, capsys, args, message):
+    from loguru import logger
+
     from stare_tir.app.cli import train_main
+
+    # loguru's default sink is the stderr of import time, which an earlier test's capture may have
+    # closed: log to this test's stderr instead.
+    logger.remove()
+    sink = logger.add(sys.stderr, level="INFO")
 
     monkeypatch.chdir(tmp_path)
     assert train_main([f"trainer.run_dir={tmp_path / 'run'}", *args]) == 2
@@ -63,6 +70,8 @@ def test_train_start_up_errors_are_one_clean_line(tmp_path, monkeypatch, capsys,
     assert message in err and "Traceback" not in err and "--debug" in err
     assert not (tmp_path / "run" / "sft").exists()  # nothing expensive started
     assert not (tmp_path / "run" / "config.yaml").exists()  # written only once the checks passed
+    logger.remove(sink)
+    logger.add(sys.stderr)
 
 
 def test_debug_shows_the_traceback(tmp_path):

@@ -133,7 +133,13 @@ def test_only_rank_0_checks_the_directory(tmp_path, monkeypatch):
 
     run = used_run_dir(tmp_path)
     calls = []
-    monkeypatch.setattr(pipeline, "preflight", lambda cfg: calls.append("preflight"))
+
+    def preflight(cfg, problems=None):  # the checks themselves are not under test: only what reaches them
+        calls.append("preflight")
+        if problems:
+            raise StartupError("\n".join(problems))
+
+    monkeypatch.setattr(pipeline, "preflight", preflight)
     monkeypatch.setattr(pipeline, "setup_run_logging", lambda run_dir, fresh: calls.append(("log", fresh)))
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

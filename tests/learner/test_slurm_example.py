@@ -2,7 +2,8 @@
 `curl` replaced by stand-ins that record what they were asked. The learner's srun step runs the
 real trainer entry point with `--print-config`, in the environment srun gives its first task, so
 the overrides the script builds are parsed and validated by the real config loader, and the
-launch variables are resolved as on the cluster."""
+launch variables are resolved as on the cluster. The servers' step stays alive like servers do
+(or, for the failure paths, dies after writing a log, or never becomes healthy)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -26,6 +28,13 @@ while args and args[0].startswith("--"):
     opts[key] = value
 with open(os.environ["SRUN_LOG"], "a") as f:
     f.write(json.dumps({{"opts": opts, "cmd": args}}) + "\\n")
+if any("sglang.launch_server" in a for a in args):  # the servers' step
+    if os.environ.get("SERVER_FAILS"):
+        with open(os.path.join(os.environ["SHARED"], "sglang_0.log"), "w") as f:
+            f.write("loading model\\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\\n")
+        sys.exit(1)
+    import time
+    time.sleep(120)  # serving, until the job's clean-up stops it
 if any(a.endswith("scripts/train_tir.py") for a in args):
     tasks = int(opts["nodes"]) * int(opts["ntasks-per-node"])
     env = {{**os.environ, "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_NTASKS": str(tasks), "SLURM_PROCID": "0",
@@ -49,13 +58,14 @@ def test_sbatch_header_parses():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
 
 
-def test_sbatch_dry_run_places_learner_and_servers_and_builds_a_valid_config(tmp_path):
+def dry_run(tmp_path: Path, curl_ok: bool = True, **extra: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """Run the sbatch script with the stand-ins; returns the result, the srun log and SHARED."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stubs = {
         "srun": SRUN.format(python=sys.executable),
         "scontrol": '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && tr , "\\n" <<<"$3"\n',
-        "curl": "#!/bin/bash\nexit 0\n",
+        "curl": f"#!/bin/bash\nexit {0 if curl_ok else 7}\n",
     }
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
@@ -72,9 +82,19 @@ def test_sbatch_dry_run_places_learner_and_servers_and_builds_a_valid_config(tmp
         SLURM_JOB_ID="1234",
         SLURM_JOB_NODELIST="lrn1,lrn2,sgl1",  # what `scontrol show hostnames` expands
         SLURM_NTASKS="3",  # the batch step itself: not an srun task
+        SLURM_JOB_NAME="stare-tir",
+        HEALTH_POLL_S="0.1",
+        **extra,
     )
     res = subprocess.run(["bash", str(SBATCH)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return res, log, shared
+
+
+def test_sbatch_dry_run_places_learner_and_servers_and_builds_a_valid_config(tmp_path):
+    t0 = time.monotonic()
+    res, log, shared = dry_run(tmp_path)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert time.monotonic() - t0 < 100  # the servers' step was stopped at exit, not waited for
 
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(steps) == 2, steps
@@ -92,3 +112,24 @@ def test_sbatch_dry_run_places_learner_and_servers_and_builds_a_valid_config(tmp
     assert sglang["sync_dir"] == str(shared / "sync") and (shared / "sync").is_dir()
     assert cfg["trainer"]["run_dir"] == str(shared / "run") and cfg["model"]["path"] == "ckpt/sft"
     assert cfg["learner"]["zero_stage"] == 3 and cfg["trainer"]["backend"] == "sglang"
+    assert "--resume" in learner["cmd"] and learner["cmd"][learner["cmd"].index("--resume") + 1] == "auto"
+    opts = _sbatch_options()
+    assert "requeue" in opts and opts["signal"].startswith("B:USR1@")
+
+
+def test_sbatch_fails_fast_with_the_server_log_when_the_servers_die(tmp_path):
+    t0 = time.monotonic()
+    res, log, _ = dry_run(tmp_path, curl_ok=False, SERVER_FAILS="1")
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 60
+    assert "the SGLang server step on sgl1 exited (status 1)" in res.stderr
+    assert "CUDA out of memory" in res.stderr  # the tail of the server's log
+    assert not any(a.endswith("scripts/train_tir.py") for step in map(json.loads, log.read_text().splitlines()) for a in step["cmd"])  # fmt: skip
+
+
+def test_sbatch_health_wait_is_bounded(tmp_path):
+    t0 = time.monotonic()
+    res, _, shared = dry_run(tmp_path, curl_ok=False, HEALTH_TIMEOUT_S="2")
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 60  # and the still-running server step was killed at exit
+    assert "did not answer /health within HEALTH_TIMEOUT_S=2 s" in res.stderr

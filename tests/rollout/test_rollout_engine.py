@@ -290,7 +290,10 @@ def test_tiny_model_conditioned_on_exactly_prompt_plus_response(tiny_path):
     assert stats["engine/tokens_per_s"] > 0 and stats["engine/trajectories"] == 12
 
 
-def test_progress_bar_and_stats(qwen_tok, fake_env_cls, scripted_backend_cls, capsys):
+def test_progress_bar_and_stats(qwen_tok, fake_env_cls, scripted_backend_cls, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar (a log file gets plain lines)
     be = scripted_backend_cls(qwen_tok, [CODE_TURN, ANSWER_TURN])
     eng = _engine(qwen_tok, be, fake_env_cls, n_per_prompt=3, progress=True)
     trajs, stats = eng.run([PROBLEM])

@@ -3,7 +3,7 @@ and per group under a load bound, fallback when a server is busy or down, and th
 
 Trajectories are asyncio tasks here as in the rollout engine; the picker does no I/O, so these
 tests drive it directly (the real servers' radix cache is measured in
-tests/sglang_real/test_sglang_affinity_router.py and scripts/bench_sglang.py).
+tests/sglang_real/test_sglang_affinity_router.py and scripts/bench/bench_sglang.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One server per test session on the tiny base model: starting it takes ~20 s and 
 test shares it (the tests are grouped on one xdist worker) and puts its weights back when done.
 Without `.venv-sglang` the tests skip locally with the reason, but FAIL under CI (env CI set):
 there the real engine is the point, and a broken install must not pass as green.
-Starting and stopping: tools/sglang_cpu/launch.py (shared with scripts/bench_sglang.py).
+Starting and stopping: tools/sglang_cpu/launch.py (shared with scripts/bench/bench_sglang.py).
 """
 
 from __future__ import annotations

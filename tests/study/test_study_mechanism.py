@@ -1,4 +1,4 @@
-"""scripts/study_mechanism.py on the shipped tiny base: the first-order bookkeeping must add up."""
+"""scripts/study/study_mechanism.py on the shipped tiny base: the first-order bookkeeping must add up."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "study_mechanism.py"
+SCRIPT = ROOT / "scripts" / "study" / "study_mechanism.py"
 BASE = ROOT / "stare_tir" / "assets" / "tiny-base"
 FAST = [
     "data.arithmetic_train_size=200",

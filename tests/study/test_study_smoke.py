@@ -1,4 +1,4 @@
-"""Smoke test of scripts/study_entropy.py: two arms, two RL steps each, tiny budgets."""
+"""Smoke test of scripts/study/study_entropy.py: two arms, two RL steps each, tiny budgets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "study_entropy.py"
+SCRIPT = ROOT / "scripts" / "study" / "study_entropy.py"
 
 # Budgets as in tests/trainer/test_trainer_e2e.py FAST.
 FAST = [

@@ -1,6 +1,6 @@
 """Start and stop the real SGLang server and sglang-router on a CPU-only machine (tests, benches).
 
-Standard library only: the test suite and scripts/bench_sglang.py load this file by path from the
+Standard library only: the test suite and scripts/bench/bench_sglang.py load this file by path from the
 project's venv, and the processes it starts run in .venv-sglang (`make sglang-cpu`). The launch
 flags and why each is there: README "Real SGLang on CPU". Every process gets its own session, so
 `stop` ends it with every child (SGLang's scheduler and detokenizer).

@@ -29,7 +29,7 @@ would never get new weights, and its answers would come from the starting weight
 Its default `--policy cache_aware` keeps requests that share a prefix on one worker while the
 load is balanced; `--policy manual` pins each value of the `X-SMG-Routing-Key` header to one
 worker, and the client sends the trajectory's key in it (`routing.ROUTING_KEY_HEADER`).
-scripts/bench_sglang.py measures both.
+scripts/bench/bench_sglang.py measures both.
 """
 
 from __future__ import annotations

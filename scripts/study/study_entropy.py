@@ -13,22 +13,16 @@ shaded; training accuracy and held-out accuracy), <docs>/table.md and <docs>/tab
 `--study baselines` <docs>/baselines.png, <docs>/baselines_table.md and <docs>/baselines_table.json.
 
 Example (reduced study):
-    OMP_NUM_THREADS=2 python scripts/study_entropy.py --seeds 0 --steps 25 --lr 2e-4
+    OMP_NUM_THREADS=2 python scripts/study/study_entropy.py --seeds 0 --steps 25 --lr 2e-4
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "scripts" / "train_tir.py"
+from entropy_figure import plot
+from harness import ensure_sft, fmt, mean_sd, read_run, run_arms, run_dir, study_parser, write_report
 
 
 def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
@@ -64,8 +58,8 @@ def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
             "label": "open-loop W=2.0",
         },
     }
-    # Not one of the issue's arms: the strongest in-spec setting of C2's M lever (see
-    # scripts/study_mechanism.py: on this task M moves the entropy under Adam, W does not).
+    # Not one of the default arms: the strongest in-spec setting of C2's M lever (see
+    # scripts/study/study_mechanism.py: on this task M moves the entropy under Adam, W does not).
     arms["c2_adaptive"] = {
         "overrides": [
             "algo.name=stare",
@@ -113,52 +107,8 @@ def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
     return arms
 
 
-def run(cmd: list[str], log: Path, threads: int | None = None) -> int:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    with open(log, "w") as fh:
-        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
-
-
-def ensure_sft(args) -> str:
-    """Path of the shared SFT checkpoint: --sft, or one built once under <out>/sft_base."""
-    if args.sft:
-        return args.sft
-    base = Path(args.out) / "sft_base"
-    model = base / "sft" / "model"
-    if not (model / "config.json").is_file():
-        print(f"[study] building shared SFT checkpoint in {base}", flush=True)
-        cmd = [
-            sys.executable,
-            str(TRAIN),
-            f"trainer.run_dir={base}",
-            "trainer.steps=1",
-            "trainer.eval_every=0",
-            "data.arithmetic_eval_size=8",
-            *args.set,
-            *args.sft_set,
-        ]
-        rc = run(cmd, Path(args.out) / "sft_base.log")
-        if rc != 0 or not (model / "config.json").is_file():
-            raise SystemExit(f"SFT failed (rc={rc}); see {Path(args.out) / 'sft_base.log'}")
-    return str(model)
-
-
-def load_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = {}
-    for r in rows:
-        if "entropy/batch" in r:
-            steps[r["step"]] = r  # last write wins (resume)
-    evals = [r for r in rows if "eval/acc" in r]
-    return [steps[k] for k in sorted(steps)], evals
-
-
-def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
-    rows, evals = load_rows(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
+def arm_metrics(rd: Path, target: float, tail: int) -> dict:
+    rows, evals, summary = read_run(rd)
     H = [r["entropy/batch"] for r in rows]
     gate_logged = any("stare/gate_on" in r for r in rows)
     gate = [float(r.get("stare/gate_on", 0.0) or 0.0) for r in rows]
@@ -216,16 +166,8 @@ def arm_metrics(run_dir: Path, target: float, tail: int) -> dict:
         "gate": gate,
         "step": [r["step"] for r in rows],
         "acc_train": [r.get("acc/train") for r in rows],
-        "eval": [(r["step"], r["eval/acc"]) for r in evals],
+        "eval": evals,
     }
-
-
-def mean_sd(vals: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample s.d. (None when there are too few values)."""
-    if not vals:
-        return None, None
-    m = sum(vals) / len(vals)
-    return m, ((sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None)
 
 
 def aggregate(per_seed: list[dict]) -> dict:
@@ -277,11 +219,13 @@ def add_paired_diffs(results: dict) -> None:
             r["agg"][f"{out}_vs_grpo_ds"], r["agg"][f"{out}_vs_grpo_ds_sd"] = d, sd
 
 
-def fmt(v, p="{:.3f}", sd=None):
-    if v is None:
-        return "n/a"
-    s = p.format(v)
-    return s + (" ± " + p.replace("+", "").format(sd) if sd is not None else "")
+def payload(arms: dict, results: dict, meta: dict) -> dict:
+    """The numbers behind a table: per arm its label, target, aggregates and per-seed metrics."""
+    slim = {
+        n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
+        for n, r in results.items()
+    }
+    return {"meta": meta, "arms": slim}
 
 
 def write_table(arms: dict, results: dict, docs: Path, meta: dict, stem: str = "table") -> None:
@@ -322,12 +266,7 @@ def write_table(arms: dict, results: dict, docs: Path, meta: dict, stem: str = "
             f"{fmt(a['lplus_s_gt_h'], '{:.3f}')} | {fmt(a.get('selected_frac'), '{:.4f}')} | "
             f"{fmt(a.get('sampling_rounds'), '{:.2f}')} |"
         )
-    (docs / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    slim = {
-        n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
-        for n, r in results.items()
-    }
-    (docs / f"{stem}.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
+    write_report(docs, stem, lines, payload(arms, results, meta))
 
 
 def paired(agg: dict, key: str, p: str = "{:+.4f}") -> str:
@@ -385,166 +324,11 @@ def write_baselines_table(arms: dict, results: dict, docs: Path, meta: dict, ste
                 f"{fmt(m['H_second_half'])} | {fmt(m['H_final'])} | {fmt(m['acc_before_rl'])} | {fmt(m['acc_after_rl'])} | "
                 f"{fmt(m['acc_best'])} ({m['acc_best_step']}) | {fmt(m.get('selected_frac'), '{:.4f}')} |"
             )
-    (docs / f"{stem}.md").write_text("\n".join(lines + per_seed_lines) + "\n")
-    slim = {
-        n: {"label": arms[n]["label"], "target": arms[n]["target"], "agg": r["agg"], "per_seed": r["per_seed"]}
-        for n, r in results.items()
-    }
-    (docs / f"{stem}.json").write_text(json.dumps({"meta": meta, "arms": slim}, indent=1) + "\n")
-
-
-def smooth(y, k: int):
-    """Trailing mean over k steps (NaN-aware), so noisy per-step curves stay readable."""
-    import numpy as np
-
-    out = np.full(len(y), np.nan)
-    for i in range(len(y)):
-        win = y[max(0, i - k + 1) : i + 1]
-        if np.isfinite(win).any():
-            out[i] = np.nanmean(win)
-    return out
-
-
-def plot(
-    arms: dict,
-    results: dict,
-    docs: Path,
-    smooth_k: int = 5,
-    filename: str = "entropy.png",
-    paired_heldout: bool = False,
-) -> None:
-    """Four panels: entropy, its paired difference to GRPO-ds, held-out accuracy and train accuracy.
-    paired_heldout (the baselines study) adds two: the held-out accuracy minus GRPO-ds's of the same
-    seed (methods with different seed sets are only comparable paired), and the entropy against the
-    held-out accuracy (a method that only learns slower keeps its entropy longer without keeping
-    more of it at equal accuracy)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    if paired_heldout:
-        fig, ((ax1, ax4), (ax2, ax3), (ax5, ax_train)) = plt.subplots(3, 2, figsize=(16, 15))
-    else:
-        fig, ((ax1, ax4), (ax2, ax_train)) = plt.subplots(2, 2, figsize=(16, 10))
-    ref = {m["seed"]: m for m in results["grpo_ds"]["per_seed"]} if "grpo_ds" in results else {}
-    targets = sorted({arms[n]["target"] for n in results})
-    for t in targets:
-        ax1.axhspan(t * 0.9, t * 1.1, color="grey", alpha=0.12)
-        ax1.axhline(t, color="grey", lw=0.6, ls=":")
-    for name, r in results.items():
-        seeds = r["per_seed"]
-        n = min(len(m["entropy"]) for m in seeds)
-        if n == 0:
-            continue
-        # GRPO-ds is the reference every other arm is read against: draw it black and on top.
-        style = {"color": "black", "lw": 2.0, "zorder": 5} if name == "grpo_ds" else {"lw": 1.2}
-        label = arms[name]["label"]
-        H = np.array([m["entropy"][:n] for m in seeds])
-        x = np.array(seeds[0]["step"][:n])
-        (line,) = ax1.plot(x, H.mean(0), label=label, **style)
-        color = line.get_color()
-        if len(seeds) > 1:
-            ax1.fill_between(x, H.min(0), H.max(0), color=color, alpha=0.12)
-        ev_steps = sorted({s for m in seeds for s, _ in m["eval"]})
-        ev = np.array([[dict(m["eval"]).get(s, np.nan) for s in ev_steps] for m in seeds])
-        if ev_steps:
-            ax2.plot(ev_steps, np.nanmean(ev, 0), "o-", ms=4, label=label, **style)
-            if len(seeds) > 1:
-                ax2.fill_between(ev_steps, np.nanmin(ev, 0), np.nanmax(ev, 0), color=color, alpha=0.12)
-        A = np.array([[np.nan if v is None else v for v in m["acc_train"][:n]] for m in seeds])
-        ax_train.plot(x, smooth(np.nanmean(A, 0), smooth_k), label=label, **style)
-        if paired_heldout:
-            # entropy over the smooth_k steps up to each evaluation, against that evaluation's accuracy
-            pts = [
-                [
-                    (acc, np.mean([h for st, h in zip(m["step"], m["entropy"]) if s - smooth_k < st <= s]))
-                    for s, acc in m["eval"]
-                    if s > 0
-                ]
-                for m in seeds
-            ]
-            k = min(len(p) for p in pts)
-            if k:
-                P = np.array([p[:k] for p in pts])  # [seeds, evals, (acc, H)]
-                ax5.plot(P[:, :, 0].mean(0), P[:, :, 1].mean(0), "o-", ms=4, label=label, **style)
-            both = [m for m in seeds if m["seed"] in ref]
-            if both and name != "grpo_ds" and ev_steps:
-                ref_ev = [dict(ref[m["seed"]]["eval"]) for m in both]
-                D = np.array(
-                    [
-                        [dict(m["eval"]).get(s, np.nan) - r.get(s, np.nan) for s in ev_steps]
-                        for m, r in zip(both, ref_ev)
-                    ]
-                )
-                ax3.plot(ev_steps, np.nanmean(D, 0), "o-", ms=4, label=label, **style)
-                if len(both) > 1:
-                    ax3.fill_between(ev_steps, np.nanmin(D, 0), np.nanmax(D, 0), color=color, alpha=0.12)
-        paired = [m for m in seeds if m["seed"] in ref and len(ref[m["seed"]]["entropy"]) >= n]
-        if paired and name != "grpo_ds":
-            D = np.array([np.array(m["entropy"][:n]) - np.array(ref[m["seed"]]["entropy"][:n]) for m in paired])
-            ax4.plot(x, smooth(D.mean(0), smooth_k), label=label, **style)
-            if len(paired) > 1:
-                ax4.fill_between(x, smooth(D.min(0), smooth_k), smooth(D.max(0), smooth_k), color=color, alpha=0.12)
-    ax1.set(
-        xlabel="RL step",
-        ylabel="batch entropy (nats/token)",
-        yscale="log",
-        title="Policy entropy (mean, min-max over seeds; grey: H* ±10%)",
-    )
-    ax2.set(xlabel="RL step", ylabel="held-out accuracy", title="Held-out accuracy (mean, min-max over seeds)")
-    ax_train.set(
-        xlabel="RL step",
-        ylabel="train accuracy",
-        title=f"Train accuracy (mean over seeds, trailing {smooth_k}-step mean)",
-    )
-    axes = [ax1, ax2, ax4, ax_train]
-    if paired_heldout:
-        ax3.axhline(0.0, color="black", lw=1.0)
-        ax3.set(
-            xlabel="RL step",
-            ylabel="acc(arm) - acc(GRPO-ds), same seed",
-            title="Held-out accuracy difference to GRPO-ds, paired by seed (mean, min-max)",
-        )
-        ax5.set(
-            xlabel="held-out accuracy",
-            ylabel=f"batch entropy, mean of the {smooth_k} steps up to the evaluation",
-            yscale="log",
-            title="Entropy against held-out accuracy (mean over seeds, one point per evaluation after step 0)",
-        )
-        axes += [ax3, ax5]
-    ax4.axhline(0.0, color="black", lw=1.0)
-    ax4.set(
-        xlabel="RL step",
-        ylabel="H(arm) - H(GRPO-ds), same seed",
-        title=f"Entropy difference to GRPO-ds, paired by seed (trailing {smooth_k}-step mean, min-max)",
-    )
-    for ax in axes:
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(docs / filename, dpi=110)
-    plt.close(fig)
+    write_report(docs, stem, lines + per_seed_lines, payload(arms, results, meta))
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=[0, 1],
-        help="RL seeds (trainer.seed); every arm runs each seed (default: 0 1)",
-    )
-    p.add_argument("--steps", type=int, default=30, help="RL steps per arm and seed (default: 30)")
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=2e-4,
-        help="RL learning rate (learner.lr); 1e-3 (the former tiny_cpu default) collapses "
-        "entropy in one step, so the study uses a lower one (default: 2e-4)",
-    )
+    p = study_parser(__doc__, seeds=[0, 1], steps=30, lr=2e-4, out="runs/study", jobs=1, threads=None)
     p.add_argument(
         "--target",
         type=float,
@@ -582,14 +366,6 @@ def main(argv=None) -> None:
         "schedule, a=0.05, M down to 0.1)",
     )
     p.add_argument(
-        "--out",
-        default="runs/study",
-        help="directory for run dirs, logs and the shared SFT checkpoint (not committed; default: runs/study)",
-    )
-    p.add_argument(
-        "--docs", default="docs/study", help="where entropy.png, table.md and table.json go (default: docs/study)"
-    )
-    p.add_argument(
         "--sft",
         default=None,
         help="existing SFT checkpoint (HF dir) to start every arm from; default: build "
@@ -614,18 +390,6 @@ def main(argv=None) -> None:
     p.add_argument(
         "--sft-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for the shared SFT run only"
     )
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=1,
-        help="arm/seed runs launched in parallel (default: 1; 2 on a 2-core machine with --threads 1)",
-    )
-    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for each run (default: inherit)")
-    p.add_argument(
-        "--report-only",
-        action="store_true",
-        help="do not launch runs; only build the table and plot from finished runs",
-    )
     args = p.parse_args(argv)
 
     out, docs = Path(args.out), Path(args.docs)
@@ -645,49 +409,23 @@ def main(argv=None) -> None:
         arms = {k: v for k, v in arms.items() if not v.get("optional") or k in args.extra_arms}
 
     if not args.report_only:
-        sft = ensure_sft(args)
-        todo = []
-        # Seed-major: an interrupted study holds every arm at the seeds it reached.
-        for seed in args.seeds:
-            for name, spec in arms.items():
-                rd = out / f"{name}_s{seed}"
-                if (rd / "summary.json").is_file():
-                    print(f"[study] skip {rd} (done)", flush=True)
-                    continue
-                cmd = [
-                    sys.executable,
-                    str(TRAIN),
-                    f"trainer.run_dir={rd}",
-                    f"model.path={sft}",
-                    "sft.enabled=false",
-                    f"trainer.seed={seed}",
-                    "data.seed=0",
-                    f"trainer.steps={args.steps}",
-                    f"learner.lr={args.lr}",
-                    f"trainer.eval_every={args.eval_every}",
-                    *args.set,
-                    *spec["overrides"],
-                ]
-                if (rd / "checkpoints" / "latest").is_file():
-                    cmd.append("--resume")
-                todo.append((name, seed, cmd))
-
-        def launch(item) -> None:
-            name, seed, cmd = item
-            t0 = time.time()
-            rc = run(cmd, out / f"{name}_s{seed}.log", threads=args.threads)
-            print(f"[study] {name} seed={seed} rc={rc} {time.time() - t0:.0f}s", flush=True)
-
-        t_all = time.time()
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            list(pool.map(launch, todo))
-        print(f"[study] {len(todo)} runs in {time.time() - t_all:.0f}s with {args.jobs} parallel job(s)", flush=True)
+        sft = args.sft or ensure_sft(out, [*args.set, *args.sft_set])
+        common = [f"trainer.steps={args.steps}", f"learner.lr={args.lr}", f"trainer.eval_every={args.eval_every}"]
+        run_arms(
+            arms,
+            args.seeds,
+            out,
+            lambda arm, seed: [*common, *args.set, *arms[arm]["overrides"]],
+            sft,
+            jobs=args.jobs,
+            threads=args.threads,
+        )
 
     results = {}
     for name, spec in arms.items():
         per_seed = []
         for seed in args.seeds:
-            rd = out / f"{name}_s{seed}"
+            rd = run_dir(out, name, seed)
             if (rd / "summary.json").is_file():
                 per_seed.append({**arm_metrics(rd, spec["target"], args.tail), "seed": seed})
         if per_seed:

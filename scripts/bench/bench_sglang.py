@@ -2,7 +2,7 @@
 
 Multi-turn trajectories with tool calls: the Retool prompt (system + problem), every model turn
 ends in a tool call after --turn-tokens sampled tokens (the tokens are the model's own, greedy; a
-thin wrapper ends the turn as if it wrote "</code>", as scripts/bench_rollout.py does, since the
+thin wrapper ends the turn as if it wrote "</code>", as scripts/bench/bench_rollout.py does, since the
 tiny base model rarely calls the tool by itself), and the tool answers a short interpreter block
 after --tool-latency s. Every run starts from empty radix caches (/flush_cache).
 
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_by_path(name: str, path: Path):
@@ -48,7 +48,7 @@ def load_by_path(name: str, path: Path):
 
 
 LAUNCH = load_by_path("sglang_cpu_launch", ROOT / "tools" / "sglang_cpu" / "launch.py")
-ROLLOUT_BENCH = load_by_path("bench_rollout", ROOT / "scripts" / "bench_rollout.py")
+ROLLOUT_BENCH = load_by_path("bench_rollout", ROOT / "scripts" / "bench" / "bench_rollout.py")
 
 
 class ToolCallEnv(ROLLOUT_BENCH.SleepToolEnv):

@@ -13,7 +13,7 @@ Every optimizer steps the same parameters and gradients for the same number of s
 weights are compared (they must agree to float32 rounding). The last line is
 `RESULT key=value ...` with seconds per step and the speed-up of each over torch's default.
 
-    python scripts/bench_cpu_adam.py [--params 50e6] [--steps 5] [--threads N]
+    python scripts/bench/bench_cpu_adam.py [--params 50e6] [--steps 5] [--threads N]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How much can STARE's reweighting move the entropy? A first-order look at real batches (issue 8).
+"""How much can STARE's reweighting move the entropy? A first-order look at real batches.
 
 Rolls out batches with the entropy study's shared SFT checkpoint (the study's step-1 prompts and
 sampling seeds), then splits the policy gradient g = grad J, J = token-mean(A * log pi), into
@@ -15,22 +15,23 @@ and checks the predictions with real one-step updates (torch SGD and AdamW) on t
 several W. Writes <docs>/mechanism.md and <docs>/mechanism.json.
 
 Example:
-    python scripts/study_mechanism.py --sft runs/study/sft_base/sft/model --batches 2
+    python scripts/study/study_mechanism.py --sft runs/study/sft_base/sft/model --batches 2
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import harness
+from harness import TINY_CPU
+
 if TYPE_CHECKING:  # torch is imported inside the functions: --help stays light
     import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("L+", "T+ rest", "L-", "T- rest")
 
 
@@ -177,7 +178,7 @@ def analyse_batch(model, batch, advantages, pad_id, args) -> dict:
 def write_report(results: list[dict], args, docs: Path) -> None:
     lines = [
         "# STARE mechanism: how far can reweighting move the entropy?\n",
-        f"Produced by `scripts/study_mechanism.py` (SFT checkpoint of the entropy study, "
+        f"Produced by `scripts/study/study_mechanism.py` (SFT checkpoint of the entropy study, "
         f"{len(results)} batch(es) of 16 prompts x 8 samples from the SFT policy, P={args.top_p}, "
         f"Adam lr={args.lr}). Numbers per batch.\n",
         "dH/dlr (SGD) is the exact first-order entropy change per unit learning rate of a step "
@@ -226,8 +227,7 @@ def write_report(results: list[dict], args, docs: Path) -> None:
             name = k if k.startswith("T+") else f"L+ at P={k}"
             lines.append(f"| {name} | {q['tokens']} | {ms} | {fs} | {q['sgd_dH_per_lr']:+.5f} |")
         lines.append("")
-    (docs / "mechanism.md").write_text("\n".join(lines) + "\n")
-    (docs / "mechanism.json").write_text(json.dumps({"args": vars(args), "batches": results}, indent=1) + "\n")
+    harness.write_report(docs, "mechanism", lines, {"args": vars(args), "batches": results})
 
 
 def main(argv=None) -> None:
@@ -277,7 +277,7 @@ def main(argv=None) -> None:
         p.error("--ws must include 1.0 (the GRPO reference)")
     if not Path(args.sft, "config.json").is_file():
         p.error(
-            f"--sft {args.sft!r} is not an HF checkpoint dir; run scripts/study_entropy.py first "
+            f"--sft {args.sft!r} is not an HF checkpoint dir; run scripts/study/study_entropy.py first "
             "(it builds the shared SFT checkpoint) or pass --sft"
         )
 
@@ -291,7 +291,7 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     cfg = load_config(
         TrainConfig,
-        ROOT / "configs" / "tiny_cpu.yaml",
+        TINY_CPU,
         [
             f"model.path={args.sft}",
             "sft.enabled=false",

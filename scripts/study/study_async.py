@@ -10,7 +10,7 @@ Resumable: a finished arm/seed (summary.json) is skipped.
 
 At eta=0 the loop is the synchronous one bit for bit, so `--eta0-from DIR` takes the eta=0 arms
 from the entropy study's runs (DIR/grpo_ds_s<seed>, DIR/stare_o1_s<seed>, from
-scripts/study_entropy.py --study baselines) instead of training them again: only after checking
+scripts/study/study_entropy.py --study baselines) instead of training them again: only after checking
 that each run's config.yaml equals this study's settings key by key and that its SFT weights are
 byte-identical to the ones here (copy DIR/sft_base/sft/model to <out>/sft_base/sft/model first).
 
@@ -18,22 +18,16 @@ Writes <docs>/async.png (entropy per arm, mean and min-max over seeds; smoothed 
 held-out accuracy) and <docs>/async.json (per-arm aggregates and per-seed curves); prints a
 markdown table.
 
-    OMP_NUM_THREADS=1 python scripts/study_async.py --seeds 0 1 2 --jobs 2 --out runs/study_async
+    OMP_NUM_THREADS=1 python scripts/study/study_async.py --seeds 0 1 2 --jobs 2 --out runs/study_async
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "scripts" / "train_tir.py"
+from harness import arm_settings, check_borrowed, ensure_sft, mean, mean_sd, read_run, run_arms, run_dir, study_parser
+
 STUDY_SET = ["data.arithmetic_eval_size=128", "learner.warmup_steps=0"]  # as the entropy study
 SFT_SET = ["sft.num_traces=600", "sft.tool_fraction=0.5"]
 ASYNC = ["trainer.max_staleness=1", "algo.off_policy.mode=tis", "algo.off_policy.cap=2.0"]
@@ -50,132 +44,42 @@ ARMS = {
     ),
 }
 DEFAULT_ARMS = ["grpo_ds_eta0", "grpo_ds_eta1", "stare_eta0", "stare_eta1"]
-ENTROPY_STUDY_NAMES = {"grpo_ds_eta0": "grpo_ds", "stare_eta0": "stare_o1"}  # scripts/study_entropy.py's arms
+ENTROPY_STUDY_NAMES = {"grpo_ds_eta0": "grpo_ds", "stare_eta0": "stare_o1"}  # scripts/study/study_entropy.py's arms
 # Settings a borrowed run may differ in: where it lives, and the SGLang client's settings (unused:
 # both studies generate with the HF backend, which is checked).
 BORROW_IGNORED = ("trainer.run_dir", "model.path", "rollout.sglang.")
 
 
-def run(cmd: list[str], log: Path, threads: int) -> int:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    with open(log, "w") as fh:
-        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+def arm_overrides(name: str, steps: int, lr: float) -> list[str]:
+    """The KEY=VALUE settings of one arm beyond the harness's (run dir, SFT weights, seeds)."""
+    common = [f"trainer.steps={steps}", f"learner.lr={lr}", "trainer.eval_every=10", "algo.stare.target_entropy=0.3"]
+    return [*common, *STUDY_SET, *ARMS[name][0]]
 
 
-def ensure_sft(out: Path, threads: int) -> str:
-    """The shared SFT checkpoint, built once under <out>/sft_base (deterministic)."""
-    base = out / "sft_base"
-    model = base / "sft" / "model"
-    if not (model / "config.json").is_file():
-        cmd = [sys.executable, str(TRAIN), f"trainer.run_dir={base}", "trainer.steps=1", "trainer.eval_every=0"]
-        rc = run([*cmd, "data.arithmetic_eval_size=8", *STUDY_SET[1:], *SFT_SET], out / "sft_base.log", threads)
-        if rc != 0 or not (model / "config.json").is_file():
-            raise SystemExit(f"SFT failed (rc={rc}); see {out / 'sft_base.log'}")
-    return str(model)
-
-
-def arm_overrides(name: str, seed: int, run_dir: Path, sft: str, args: argparse.Namespace) -> list[str]:
-    """The KEY=VALUE settings of one arm and seed (over configs/tiny_cpu.yaml, train_tir's default)."""
-    cmd = [f"trainer.run_dir={run_dir}", f"model.path={sft}", "sft.enabled=false"]
-    cmd += [f"trainer.seed={seed}", "data.seed=0", f"trainer.steps={args.steps}", f"learner.lr={args.lr}"]
-    return cmd + ["trainer.eval_every=10", "algo.stare.target_entropy=0.3", *STUDY_SET, *ARMS[name][0]]
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def check_borrowed(run_dir: Path, overrides: list[str]) -> None:
-    """Refuse an eta=0 run from the entropy study unless it trained with exactly these settings and
-    from the same SFT weights. Keys only one side knows (added since) must hold their defaults."""
-    import yaml
-
-    from stare_tir.config import load_config, to_dict
-    from stare_tir.train_config import TrainConfig
-
-    mine_cfg = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", overrides)
-    defaults = _flat(to_dict(TrainConfig()))
-    mine = _flat(to_dict(mine_cfg))
-    theirs = _flat(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    if mine.get("trainer.backend") != "hf" or theirs.get("trainer.backend") != "hf":
-        raise SystemExit(f"{run_dir}: borrowing eta=0 runs assumes the HF backend on both sides")
-    differ = []
-    for key in sorted(set(mine) | set(theirs)):
-        if key.startswith(BORROW_IGNORED):
-            continue
-        if key not in theirs:  # a setting added since: it must be at its default (the old behaviour)
-            if mine[key] != defaults.get(key):
-                differ.append(f"{key}: {mine[key]!r} here, absent there")
-        elif key not in mine or mine[key] != theirs[key]:
-            differ.append(f"{key}: {mine.get(key, '<absent>')!r} here, {theirs[key]!r} there")
-    weights, their_model = "model.safetensors", Path(theirs["model.path"])
-    if not their_model.is_absolute():  # relative to where that study ran: the run dir's config names it
-        root = run_dir.resolve()
-        for _ in Path(theirs["trainer.run_dir"]).parts:
-            root = root.parent
-        their_model = root / their_model
-    if _sha256(Path(mine["model.path"]) / weights) != _sha256(their_model / weights):
-        differ.append(f"model.path: SFT weights differ ({mine['model.path']} vs {theirs['model.path']})")
-    if differ:
-        raise SystemExit(f"{run_dir} was trained with other settings; run eta=0 here instead: " + "; ".join(differ))
-
-
-def arm_metrics(run_dir: Path) -> dict:
-    every = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = {r["step"]: r for r in every if "entropy/batch" in r}  # last write wins (resume)
-    rows = [steps[k] for k in sorted(steps)]
-    evals = {r["step"]: r["eval/acc"] for r in every if r.get("eval/acc") is not None}
-    summary = json.loads((run_dir / "summary.json").read_text())
+def arm_metrics(rd: Path) -> dict:
+    rows, evals, summary = read_run(rd)
     H = [r["entropy/batch"] for r in rows]
     half = rows[len(rows) // 2 :]
     lag = [r.get("async/lag_mean") for r in rows if r.get("async/lag_mean") is not None]
     return {
         "entropy": H,
         "acc_train": [r.get("acc/train") for r in rows],
-        "eval": sorted(evals.items()),
+        "eval": evals,
         "H_second_half": sum(r["entropy/batch"] for r in half) / max(len(half), 1),
         "acc_train_second_half": sum(r.get("acc/train", 0.0) for r in half) / max(len(half), 1),
         "acc_after_rl": summary.get("acc_after_rl"),
         "acc_before_rl": summary.get("acc_before_rl"),
         "lag_mean": sum(lag) / len(lag) if lag else 0.0,
         "gate_frac": sum(float(r.get("stare/gate_on", 0.0)) for r in rows) / max(len(rows), 1),
-        "k3_lag1": _mean([r.get("offpolicy/lag1/k3") for r in rows]),
-        "capped_frac": _mean([r.get("offpolicy/capped_frac") for r in rows]),
+        "k3_lag1": mean([r.get("offpolicy/lag1/k3") for r in rows]),
+        "capped_frac": mean([r.get("offpolicy/capped_frac") for r in rows]),
         "rl_s": summary.get("seconds", {}).get("rl"),
     }
 
 
-def _mean(vals: list) -> float | None:
-    vals = [v for v in vals if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _mean_sd(vals: list) -> tuple[float | None, float | None]:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return None, None
-    m = sum(vals) / len(vals)
-    sd = (sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
-    return m, sd
-
-
 def report(results: dict, docs: Path, meta: dict) -> None:
     keys = ["H_second_half", "acc_train_second_half", "acc_after_rl", "lag_mean", "gate_frac", "k3_lag1", "capped_frac"]
-    agg = {name: {k: _mean_sd([s[k] for s in r]) for k in keys} for name, r in results.items()}
+    agg = {name: {k: mean_sd([s[k] for s in r]) for k in keys} for name, r in results.items()}
     # Paired by seed (same prompts, same sampling seeds): eta=1 minus eta=0 of the same algorithm.
     for name, r in results.items():
         ref = results.get(name.split("_eta")[0] + "_eta0")
@@ -184,7 +88,7 @@ def report(results: dict, docs: Path, meta: dict) -> None:
         by_seed = {s["seed"]: s for s in ref}
         for k in ("H_second_half", "acc_after_rl"):
             diffs = [s[k] - by_seed[s["seed"]][k] for s in r if s["seed"] in by_seed and s[k] is not None]
-            agg[name][f"{k}_vs_eta0"] = _mean_sd(diffs)
+            agg[name][f"{k}_vs_eta0"] = mean_sd(diffs)
     (docs / "async.json").write_text(json.dumps({"meta": meta, "agg": agg, "per_seed": results}, indent=1))
 
     def fmt(pair, p="{:.3f}"):
@@ -250,16 +154,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--lr", type=float, default=5e-5)
+    p = study_parser(__doc__, seeds=[0, 1, 2], steps=60, lr=5e-5, out="runs/study_async", jobs=2, threads=1)
     p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=sorted(ARMS))
-    p.add_argument("--out", default="runs/study_async", help="run directories and logs (not committed)")
-    p.add_argument("--docs", default="docs/study", help="where async.png and async.json go")
-    p.add_argument("--jobs", type=int, default=2, help="runs in parallel")
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per run")
-    p.add_argument("--report-only", action="store_true", help="only the table and the figure of finished runs")
     p.add_argument(
         "--eta0-from",
         type=Path,
@@ -271,43 +167,28 @@ def main(argv: list[str] | None = None) -> None:
     out, docs = Path(args.out), Path(args.docs)
     out.mkdir(parents=True, exist_ok=True)
 
-    def run_dir(name: str, seed: int) -> Path:
+    def where(name: str, seed: int) -> Path:
         if args.eta0_from is not None and name in ENTROPY_STUDY_NAMES:
-            return args.eta0_from / f"{ENTROPY_STUDY_NAMES[name]}_s{seed}"
-        return out / f"{name}_s{seed}"
+            return run_dir(args.eta0_from, ENTROPY_STUDY_NAMES[name], seed)
+        return run_dir(out, name, seed)
+
+    def overrides(name: str, seed: int) -> list[str]:
+        return arm_overrides(name, args.steps, args.lr)
 
     sft = str(out / "sft_base" / "sft" / "model")
     if not args.report_only:
-        sft = ensure_sft(out, args.threads)
-        todo = []
-        for seed in args.seeds:
-            for name in args.arms:
-                rd = run_dir(name, seed)
-                if rd.parent != out:  # borrowed: never run there
-                    continue
-                if (rd / "summary.json").is_file():
-                    continue
-                cmd = [sys.executable, str(TRAIN), *arm_overrides(name, seed, rd, sft, args)]
-                cmd += ["--resume"] if (rd / "checkpoints" / "latest").is_file() else ["--overwrite"]
-                todo.append((name, seed, cmd))
-
-        def launch(item) -> None:
-            name, seed, cmd = item
-            t0 = time.time()
-            rc = run(cmd, out / f"{name}_s{seed}.log", args.threads)
-            print(f"[study] {name} seed={seed} rc={rc} {time.time() - t0:.0f}s", flush=True)
-
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            list(pool.map(launch, todo))
+        sft = ensure_sft(out, [*STUDY_SET[1:], *SFT_SET], args.threads)
+        run_arms(args.arms, args.seeds, out, overrides, sft, args.jobs, args.threads, where=where)
     results = {}
     for name in args.arms:
         runs = []
         for seed in args.seeds:
-            rd = run_dir(name, seed)
+            rd = where(name, seed)
             if not (rd / "summary.json").is_file():
                 continue
             if rd.parent != out:
-                check_borrowed(rd, arm_overrides(name, seed, out / rd.name, sft, args))
+                settings = arm_settings(out / rd.name, sft, seed, overrides(name, seed))
+                check_borrowed(rd, settings, BORROW_IGNORED)
             runs.append({**arm_metrics(rd), "seed": seed, "borrowed": rd.parent != out})
         if runs:
             results[name] = runs

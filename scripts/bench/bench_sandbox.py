@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sandbox import SandboxConfig, make_sandbox  # noqa: E402
 from sandbox.local._client import WorkerClient  # noqa: E402 - its park request is timed

@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LABELLED = ("grading_cases", "grading_cases_kinds", "grading_cases_prose_forms")
 HELD_OUT = ("grading_cases_heldout",)
 PHRASINGS = ("grading_cases_phrasings",)
