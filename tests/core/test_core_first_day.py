@@ -260,7 +260,6 @@ def test_rl_from_a_hub_model_with_sft_off_says_so(monkeypatch):
 
     for name in ("check_model", "check_trackers", "check_backend", "check_sandbox", "check_sft_traces", "check_data"):
         monkeypatch.setattr(pipeline, name, lambda *a: None)  # no hub, no servers: only the warning is under test
-    monkeypatch.setattr(pipeline, "check_registry_names", lambda *a: None)
     monkeypatch.setattr(pipeline, "check_sync_dir", lambda *a: None)
     monkeypatch.setattr(pipeline, "check_router", lambda *a: None)
     lines: list[str] = []
