@@ -70,7 +70,7 @@ def test_after_update_measures_a_real_update_of_the_learner():
     learner = Learner(str(ensure_tiny_checkpoint()), LearnerConfig(zero_stage=0, lr=3e-2, micro_batch_tokens=256))
     g = torch.Generator().manual_seed(0)
     trajs = []
-    for i in range(4):
+    for _ in range(4):
         t = Trajectory(prompt_ids=torch.randint(3, 200, (6,), generator=g).tolist())
         t.append(torch.randint(3, 200, (12,), generator=g).tolist(), [0.0] * 12, "model")
         trajs.append(t)
