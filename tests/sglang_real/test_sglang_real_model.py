@@ -21,7 +21,7 @@ from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig
 
 from .conftest import start_server, stop_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sglang_real")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sglang_real"), pytest.mark.timeout(1800)]
 
 NEW_TOKENS = 24
 PROBES = ("What is 17*23?", "Name three colours of the rainbow.", "Write a Python line that prints 2**10.")
