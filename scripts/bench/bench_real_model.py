@@ -257,6 +257,7 @@ def main() -> None:
     learner_overhead, train_tok_s = learner_vs_plain(path, tok, trajs, args.repeats)
 
     # ------------------------------------------------------------------ 3. SGLang engine vs raw
+    backend.close()
     sglang = None if args.no_sglang else sglang_overhead(path, tok, prompt_ids, args.new_tokens, args.repeats)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     print(
