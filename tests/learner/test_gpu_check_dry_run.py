@@ -34,6 +34,11 @@ def test_help_documents_every_flag_without_importing_torch():
         "--skip-decode",
         "--skip-nonfinite",
         "--skip-untied",
+        "--skip-sync",
+        "--skip-learner",
+        "--layers",
+        "--tp",
+        "--bucket-mb",
     ):
         assert flag in res.stdout
     assert "pip wheel --no-deps" in res.stdout  # says which wheels to bring
