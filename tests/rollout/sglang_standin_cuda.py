@@ -146,7 +146,8 @@ def rank_main(rank: int, conn: Any, safe: bool) -> None:
                 kept[name] = torch.empty_like(t, device=f"cuda:{own}" if own is not None else "cpu")
             kept[name].copy_(t)
             digests[name] = digest(kept[name])
-        del named, t  # the handles close here: the sender's memory is its own again
+        del named  # the handles close here: the sender's memory is its own again
+        t = None
         mem = 0
         if own is not None:
             torch.cuda.synchronize()
