@@ -78,6 +78,7 @@ def test_cpu_dry_run_prints_the_result_line():
     assert last.startswith("RESULT "), out[-4000:]
     fields = dict(kv.split("=", 1) for kv in last.split()[1:])
     assert fields["deepspeed"] == "1" and fields["nonfinite_skip"] == "pass"
+    assert fields["sync_bit_exact"] == "pass"  # the weight-sync half ran first (CPU tensors)
     for stage in range(4):  # every stage measured, its skip checked on fp32 masters + Adam state
         assert float(fields[f"zero{stage}_tok_s"]) > 0 and fields[f"nonfinite_zero{stage}"] == "pass", stage
     assert float(fields["decode_tok_s"]) > 0
