@@ -15,7 +15,9 @@ the sender's CUDA memory is back to its baseline after each push, the receivers'
 grow from the first push to the second; measured: GB/s of each push. Then the invisible-device
 refusal: a server launched with CUDA_VISIBLE_DEVICES naming another GPU is refused with one line
 before any handle is sent, and a handle sent anyway takes that server down (the crash the refusal
-prevents).
+prevents). Then weight_sync=distributed: a ~1 GB bucket broadcast bit-exact from the project's
+update group to a stand-in receiver and a refused push timed (NCCL with a second GPU; one GPU
+skips it, see `distributed_check`; gloo on CPU).
 
 On a CPU machine (`--device cpu --tiny`, and the tests) the same push runs with CPU tensors, which
 travel by value: the rank processes, the allow-list, the digests and the report run; the CUDA
@@ -258,7 +260,8 @@ def run_sync_check(device: str, tiny: bool, layers: int | None, tp: int, bucket_
         else:
             results["sync_sender_mem_back"] = results["sync_receiver_mem_stable"] = "skipped_no_cuda"
         refusal = invisible_device_refusal(model_dir, device)
-    results.update({f"sync_{k}": v for k, v in refusal.items()})
+        results.update({f"sync_{k}": v for k, v in refusal.items()})
+        results.update(distributed_check(model_dir, device, TINY_SYNC if tiny else QWEN25_7B))
     return results
 
 
@@ -270,13 +273,15 @@ PROVES = [
     "the sender's CUDA memory is back to its baseline after each push (no handle kept alive)",
     "a server that cannot see the trainer's GPU is refused with one line before any handle is sent, "
     "and the same handle sent anyway kills it (what the refusal prevents)",
+    "weight_sync=distributed (NCCL with a second GPU, else gloo; NCCL refuses two ranks on one GPU): "
+    "a ~1 GB bucket arrives bit-exact and a refused push ends the trainer's side within the time shown",
 ]
 NEEDS_REAL_SGLANG = [
     "SGLang's own loader: sharding each tensor for its TP rank, the fused qkv/gate_up copies, "
     "weights_only checks in SafeUnpickler for every global a CUDA handle names",
     "the scheduler's pause/retract/continue around a push and the flush after it, on GPUs",
-    "NCCL weight sync (weight_sync=distributed) between the project's update group and SGLang's "
-    "group (init_custom_process_group), its 1 GB buckets and a refusal's timing on NCCL",
+    "NCCL weight sync against SGLang's own group (init_custom_process_group) on its TP ranks, and, "
+    "on a one-GPU machine, NCCL at all (skipped_one_gpu: a communicator cannot hold two ranks of one GPU)",
     "the memory saver (release/resume of weights and KV cache) in a colocated layout",
     "TP > 1 colocated with the trainer: each rank's handle on its own GPU (today every payload names "
     "the pushing rank's GPU)",
@@ -296,3 +301,58 @@ def payload_b64_devices(payload: str) -> list[str]:
     """The devices a base64 payload's CUDA handles name (see sglang_standin_cuda.payload_devices)."""
     _, cuda_helpers = standin_module()
     return cuda_helpers.payload_devices(base64.b64decode(payload))
+
+
+def distributed_check(model_dir: Path, device: str, shape: dict, bucket_mb: float = 1024.0) -> dict[str, Any]:
+    """weight_sync=distributed: one bucket of ~1 GB (two of the shape's layers) broadcast from the
+    project's update group to a stand-in receiver, bit-exact; then a refused push, timed.
+
+    NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", a check since
+    NCCL 2.5, and its topology search would not work without it: NVIDIA/nccl issue 418), so with
+    CUDA the receiver runs on a second GPU and one GPU skips this part; on CPU it runs on gloo.
+    SGLang builds its side as utils/common.py `init_custom_process_group` (from
+    model_runner_components/weight_updater.py `init_weights_update_group`); the stand-in uses the
+    project's `init_weight_update_group`, which builds it the same way (see _weights.py)."""
+    import torch
+
+    from stare_tir.rollout.backends._http import request_sync
+    from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig
+
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        return {"nccl": "skipped_one_gpu"}
+    standin, cuda_helpers = standin_module()
+    backend_name = "nccl" if device == "cuda" else "gloo"
+    env = {}
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(torch.cuda.get_device_properties(1).uuid)
+        env["CUDA_VISIBLE_DEVICES"] = "GPU-" + env["CUDA_VISIBLE_DEVICES"].removeprefix("GPU-")
+    proc, url = standin.launch_standin(str(model_dir), extra_args=["--rank-processes"], env=env, timeout_s=300)
+    key = "nccl" if device == "cuda" else "gloo"
+    out: dict[str, Any] = {}
+    try:
+        cfg = SGLangConfig(weight_sync="distributed", dist_backend=backend_name, bucket_mb=bucket_mb, timeout_s=120)
+        backend = SGLangBackend([url], cfg)
+        shapes = [(n, s) for n, s in state_dict_shapes(shape, 2) if ".layers." in n]
+        sd = build_state_dict(shapes, device, seed=1)
+        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+        expected = {n: cuda_helpers.digest(t) for n, t in sd.items()}
+        t0 = time.perf_counter()
+        backend.update_weights(sd.items(), version="1")
+        took = time.perf_counter() - t0
+        reports = request_sync("GET", url + "/standin_stats", timeout_s=60)["rank_reports"]
+        out[f"{key}_bucket_gb"] = round(nbytes / 1e9, 2)
+        out[f"{key}_bit_exact"] = "pass" if not compare(reports, expected) else "fail"
+        out[f"{key}_gb_s"] = round(nbytes / took / 1e9, 2)
+        request_sync("POST", url + "/standin_fault", {"refuse_update": 1}, timeout_s=60)
+        t0 = time.perf_counter()
+        try:
+            backend.update_weights(sd.items(), version="2")
+            out[f"{key}_refusal"] = "fail(accepted)"
+        except Exception as exc:  # noqa: BLE001 - the refusal is what is checked
+            out[f"{key}_refusal"] = "pass" if "refused" in str(exc) else f"fail({type(exc).__name__})"
+        out[f"{key}_refusal_s"] = round(time.perf_counter() - t0, 2)
+        del sd
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return out

@@ -430,11 +430,20 @@ class StandinServer:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": "group not initialized"}
         try:
             named = []
+            # NCCL receives into CUDA memory (SGLang: the model runner's device), gloo into host memory
+            device = "cuda" if "nccl" in group.name().lower() else "cpu"  # name(): the backend's
             for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
-                t = torch.empty(shape, dtype=getattr(torch, dtype))
+                t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
                 broadcast_from_rank0(group, t).wait()
                 named.append((name, t))
-            self.backend.update_weights(named)
+            if self.ranks is not None:  # the GPU check's receiver: digests of what arrived, no HF load
+                from sglang_standin_cuda import digest
+
+                if not self.rank_reports:
+                    self.rank_reports = [{"rank": 0, "digests": {}, "opened_on": [device]}]
+                self.rank_reports[0]["digests"].update({n: digest(t) for n, t in named})
+            else:
+                self.backend.update_weights(named)
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
         return self._after_update(body, "Succeeded to update parameter online.")

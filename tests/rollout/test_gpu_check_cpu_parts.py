@@ -139,3 +139,6 @@ def test_cpu_dry_run_of_the_sync_check_ends_with_its_result_line():
     assert out[-1].startswith("RESULT ") and fields["sync_bit_exact"] == "pass" and fields["sync_tp"] == "2"
     assert fields["sync_refused"] == "skipped_no_cuda" and fields["sync_opened_on"] == "cpu"
     assert "what still needs real SGLang on GPUs" in res.stdout
+    # weight_sync=distributed on gloo: one bucket bit-exact, then a refusal that ends the push promptly
+    assert fields["gloo_bit_exact"] == "pass" and fields["gloo_refusal"] == "pass"
+    assert float(fields["gloo_refusal_s"]) < 30
