@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -168,6 +169,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder of wheels (deepspeed and its pure-Python requirements) to install into "
         "WHEEL_DIR/site without network when deepspeed is not importable",
     )
+    ap.add_argument("--skip-sync", action="store_true", help="do not run the weight-sync check (gpu_check_sync.py)")
+    ap.add_argument("--skip-learner", action="store_true", help="run only the weight-sync check")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="weight sync: keep this many of the 7B shape's 28 layers (default: all)",
+    )
+    ap.add_argument("--tp", type=int, default=2, help="weight sync: TP ranks of the stand-in server (default: 2)")
+    ap.add_argument(
+        "--bucket-mb", type=float, default=512.0, help="weight sync: rollout.sglang.bucket_mb (default: 512)"
+    )
     ap.add_argument("--skip-decode", action="store_true", help="do not measure the HF backend")
     ap.add_argument("--skip-nonfinite", action="store_true", help="do not run the non-finite skip checks")
     ap.add_argument(
@@ -189,6 +202,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(a, name, tiny if small else big)
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')}={getattr(a, name)}: must be >= 1")
+    if a.layers is not None and a.layers < 0 or a.tp < 1 or a.bucket_mb <= 0:
+        ap.error(f"--layers={a.layers} --tp={a.tp} --bucket-mb={a.bucket_mb}: layers >= 0, tp >= 1, bucket-mb > 0")
     try:
         a.stages = [int(s) for s in a.stages.split(",") if s.strip()]
     except ValueError:
@@ -205,16 +220,23 @@ def importable(module: str) -> bool:
         return False
 
 
-def ensure_deepspeed(wheel_dir: Path | None) -> tuple[bool, str]:
-    """Make deepspeed importable if it is not (from wheel_dir); returns (available, note)."""
-    if not importable("deepspeed") and wheel_dir is not None:
-        wheels = sorted(str(p) for p in wheel_dir.glob("*.whl"))
-        site = wheel_dir / "site"
-        if wheels and not site.exists():
-            cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--target", str(site), *wheels]
-            subprocess.run(cmd, check=True)
-        sys.path.insert(1, str(site))
-        importlib.invalidate_caches()
+def use_wheel_dir(wheel_dir: Path | None) -> None:
+    """Install the wheels of `wheel_dir` into wheel_dir/site (once, no network) and import from
+    there, in this process and in the stand-in servers it starts."""
+    if wheel_dir is None:
+        return
+    wheels = sorted(str(p) for p in wheel_dir.glob("*.whl"))
+    site = wheel_dir / "site"
+    if wheels and not site.exists():
+        cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--target", str(site), *wheels]
+        subprocess.run(cmd, check=True)
+    sys.path.insert(1, str(site))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    importlib.invalidate_caches()
+
+
+def ensure_deepspeed() -> tuple[bool, str]:
+    """Whether deepspeed and its requirements import here; returns (available, note)."""
     missing = [pkg for mod, pkg in DEEPSPEED_DEPS.items() if not importable(mod)]
     if not importable("deepspeed"):
         py = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -516,13 +538,34 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    have_ds, ds_note = ensure_deepspeed(a.wheel_dir)
+    use_wheel_dir(a.wheel_dir)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gpu_check_sync
+
+    missing = [] if a.skip_sync else gpu_check_sync.missing_sync_deps()
+    if missing:  # before minutes of learner steps: the loan is short
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        print(
+            f"gpu_check: the weight-sync check needs {' '.join(missing)}; on a machine with network: pip download "
+            f"--no-deps --only-binary=:all: --python-version {py} --platform manylinux2014_x86_64 -d wheels "
+            f"{' '.join(missing)}, then pass --wheel-dir wheels (or --skip-sync)",
+            file=sys.stderr,
+        )
+        return 2
+    have_ds, ds_note = ensure_deepspeed()
     name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     peak = a.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), float("nan"))
     print(f"device: {name}  torch {torch.__version__}  peak bf16 {peak} TFLOP/s  {ds_note}")
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     results: dict[str, object] = {"device": name.replace(" ", "_"), "deepspeed": int(have_ds)}
     failed = False
+    if not a.skip_sync:
+        synced = gpu_check_sync.run_sync_check(a.device, a.tiny, a.layers, a.tp, a.bucket_mb)
+        results.update(synced)
+        failed |= any(str(v).startswith("fail") for v in synced.values())
+        gpu_check_sync.print_report()
+    if a.skip_learner:
+        return finish(results, t_start, failed)
 
     with tempfile.TemporaryDirectory() as tmp:
         shape = TINY if a.tiny else QWEN25_05B
@@ -578,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
             dec = decode_throughput(model_path, a.device, a.decode_batch, a.decode_tokens, vocab)
             print(f"HF backend decode: {dec:,.0f} new tokens/s ({a.decode_batch} concurrent requests)")
             results["decode_tok_s"] = round(dec, 1)
+    return finish(results, t_start, failed)
+
+
+def finish(results: dict[str, object], t_start: float, failed: bool) -> int:
+    """The RESULT line; exit status 1 if a correctness check failed."""
     results["wall_s"] = round(time.perf_counter() - t_start, 1)
     print("RESULT " + " ".join(f"{k}={v}" for k, v in results.items()))
     return 1 if failed else 0

@@ -230,6 +230,7 @@ def run_eval(cfg: EvalRunConfig, run_dir: str | None = None) -> dict[str, Any]:
 
     parts = build_components(cfg.model, cfg.backend, cfg.rollout, cfg.env, cfg.sandbox, model_path=model_path)
     try:
+        parts.backend.claim_servers()  # SGLang: a pause a killed trainer left would hold every request
         summary = evaluate(
             parts.engine,
             cfg.eval,

@@ -34,6 +34,11 @@ def test_help_documents_every_flag_without_importing_torch():
         "--skip-decode",
         "--skip-nonfinite",
         "--skip-untied",
+        "--skip-sync",
+        "--skip-learner",
+        "--layers",
+        "--tp",
+        "--bucket-mb",
     ):
         assert flag in res.stdout
     assert "pip wheel --no-deps" in res.stdout  # says which wheels to bring
@@ -73,6 +78,7 @@ def test_cpu_dry_run_prints_the_result_line():
     assert last.startswith("RESULT "), out[-4000:]
     fields = dict(kv.split("=", 1) for kv in last.split()[1:])
     assert fields["deepspeed"] == "1" and fields["nonfinite_skip"] == "pass"
+    assert fields["sync_bit_exact"] == "pass"  # the weight-sync half ran first (CPU tensors)
     for stage in range(4):  # every stage measured, its skip checked on fp32 masters + Adam state
         assert float(fields[f"zero{stage}_tok_s"]) > 0 and fields[f"nonfinite_zero{stage}"] == "pass", stage
     assert float(fields["decode_tok_s"]) > 0
@@ -82,14 +88,30 @@ def test_cpu_dry_run_prints_the_result_line():
     print(f"dry run: {time.perf_counter() - t0:.1f} s")
 
 
-# Runs the script with `import deepspeed` refused, as on a GPU machine without it.
+# Runs the script as on a GPU machine without DeepSpeed: `import deepspeed` finds nothing and its
+# distribution hidden from importlib.metadata. A finder that raises instead is not such a machine:
+# transformers and accelerate decide that DeepSpeed is installed from its distribution metadata
+# and then import it, which fails half-way (model classes become unimportable).
 _WITHOUT_DEEPSPEED = """
-import runpy, sys
-class Refuse:
+import importlib.metadata as md, runpy, sys
+class Hide:  # every finder finds no deepspeed: find_spec is None, an import raises ModuleNotFoundError
+    def __init__(self, finder):
+        self.finder = finder
     def find_spec(self, name, path=None, target=None):
         if name == "deepspeed" or name.startswith("deepspeed."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, Refuse())
+            return None
+        return self.finder.find_spec(name, path, target)
+    def __getattr__(self, attr):
+        return getattr(self.finder, attr)
+sys.meta_path[:] = [Hide(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+_from_name = md.Distribution.from_name.__func__
+def from_name(cls, name):
+    if name.lower().replace("_", "-") == "deepspeed":
+        raise md.PackageNotFoundError(name)
+    return _from_name(cls, name)
+md.Distribution.from_name = classmethod(from_name)
+_distributions = md.distributions
+md.distributions = lambda **kw: (d for d in _distributions(**kw) if (d.metadata["Name"] or "").lower() != "deepspeed")
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

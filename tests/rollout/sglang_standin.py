@@ -83,7 +83,7 @@ if __package__ in (None, ""):  # run as a script: the repository root must be im
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules beside it
 
-from sglang_standin_cuda import open_payload  # noqa: E402
+from sglang_standin_cuda import RankProcesses, open_payload  # noqa: E402
 from sglang_standin_gen import Answer, GenerationControl  # noqa: E402
 from sglang_standin_http import make_handler  # noqa: E402
 from sglang_standin_quirks import (  # noqa: E402
@@ -119,6 +119,7 @@ class StandinServer:
         refuse_update: int = 0,
         keepalive_s: float = 5.0,
         token_delay_s: float = 0.0,
+        rank_processes: bool = False,
     ) -> None:
         if host not in LOOPBACK:
             raise ValueError(f"host={host!r}: the stand-in binds to the loopback interface only")
@@ -157,6 +158,10 @@ class StandinServer:
         self._stopped = False
         self.exit_on_fatal = False  # main() sets it: a subprocess stand-in exits like the server
         self.control = GenerationControl(self, token_delay_s)
+        # each TP rank opens its tensor payload in its own process and keeps the weights there
+        # (sglang_standin_cuda.py); the HF model is then not updated
+        self.ranks = RankProcesses(tp_size, "safe_unpickle" in self.quirks) if rank_processes else None
+        self.rank_reports: list[dict] = []
         self.httpd = ThreadingHTTPServer((host, port), make_handler(self, keepalive_s))
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -191,6 +196,8 @@ class StandinServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=10)
         self.backend.close()
+        if self.ranks is not None:
+            self.ranks.close()
 
     def _retire(self) -> None:
         delay = RETIRE_S if "flush_400" in self.quirks else 0.0
@@ -358,6 +365,8 @@ class StandinServer:
         payloads = body["serialized_named_tensors"]
         if len(payloads) < self.tp_size:  # TP rank r opens payloads[r]: IndexError kills the scheduler
             die(f"IndexError: {len(payloads)} tensor payloads for tp_size={self.tp_size} (tp_worker.py)")
+        if self.ranks is not None:
+            return self._update_in_rank_processes(body, payloads)
         try:
             named = [self._unpickle(payloads[rank]) for rank in range(self.tp_size)][0]  # each rank its own
             self.backend.update_weights(named)
@@ -365,6 +374,21 @@ class StandinServer:
             raise
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
+        return self._after_update(body, "Success")
+
+    def _update_in_rank_processes(self, body: dict, payloads: list[str]) -> tuple[int, Any]:
+        reports = self.ranks.update([base64.b64decode(p) for p in payloads[: self.tp_size]])
+        for report in reports:
+            if "fatal" in report:
+                die(f"{report['fatal']} (patch_torch.py, raised in the scheduler's weight updater)")
+        errors = [r["error"] for r in reports if "error" in r]
+        if errors:
+            return HTTPStatus.BAD_REQUEST, {"success": False, "message": "; ".join(errors)}
+        if len(self.rank_reports) != len(reports):
+            self.rank_reports = [dict(r, digests={}) for r in reports]
+        for kept, report in zip(self.rank_reports, reports):  # a push is several buckets: merged
+            kept["digests"].update(report["digests"])
+            kept.update({k: v for k, v in report.items() if k != "digests"})
         return self._after_update(body, "Success")
 
     def _unpickle(self, payload: str) -> Any:
@@ -406,11 +430,20 @@ class StandinServer:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": "group not initialized"}
         try:
             named = []
+            # NCCL receives into CUDA memory (SGLang: the model runner's device), gloo into host memory
+            device = "cuda" if "nccl" in group.name().lower() else "cpu"  # name(): the backend's
             for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
-                t = torch.empty(shape, dtype=getattr(torch, dtype))
+                t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
                 broadcast_from_rank0(group, t).wait()
                 named.append((name, t))
-            self.backend.update_weights(named)
+            if self.ranks is not None:  # the GPU check's receiver: digests of what arrived, no HF load
+                from sglang_standin_cuda import digest
+
+                if not self.rank_reports:
+                    self.rank_reports = [{"rank": 0, "digests": {}, "opened_on": [device]}]
+                self.rank_reports[0]["digests"].update({n: digest(t) for n, t in named})
+            else:
+                self.backend.update_weights(named)
         except Exception as exc:
             return HTTPStatus.BAD_REQUEST, {"success": False, "message": f"{exc!r}"}
         return self._after_update(body, "Succeeded to update parameter online.")
@@ -481,6 +514,7 @@ class StandinServer:
             "pauses": dict(self.control.pauses),
             "interrupted": self.control.interrupted,
             "tokens_during_update": self.control.tokens_during_update,
+            "rank_reports": self.rank_reports,
         }
 
 
@@ -528,6 +562,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--refuse-update", type=int, default=0, help="refuse the K-th weight update (fault injection)")
     ap.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive timeout (uvicorn: 5 s)")
     ap.add_argument("--token-delay-s", type=float, default=0.0, help="seconds per emitted token of each request")
+    ap.add_argument(
+        "--rank-processes",
+        action="store_true",
+        help="each TP rank opens its tensor payload in its own process and keeps the weights (GPU check)",
+    )
     args = ap.parse_args(argv)
     if args.threads > 0:
         import torch
@@ -546,6 +585,7 @@ def main(argv: list[str] | None = None) -> None:
         args.refuse_update,
         args.keepalive_s,
         args.token_delay_s,
+        args.rank_processes,
     )
     server.exit_on_fatal = True
     # SIGTERM keeps its default action (exit at once): a test helper has nothing to flush.

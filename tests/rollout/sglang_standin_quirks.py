@@ -74,6 +74,17 @@ class AllowListUnpickler(pickle.Unpickler):
         ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"),  # CUDA IPC handles (SafeUnpickler allows it)
     }
     STORAGE = ("torch.storage", "_load_from_bytes")
+    # what torch's CUDA reduction (torch/multiprocessing/reductions.py `reduce_tensor`) names as
+    # arguments of rebuild_cuda_tensor: the tensor and storage classes, and the dtype (a torch.*
+    # global). Read from torch's reduction, not from SGLang's list: a run of the real server on
+    # GPUs is what confirms SafeUnpickler admits them.
+    CUDA_REDUCTION = {
+        ("torch", "Tensor"),
+        ("torch.nn.parameter", "Parameter"),
+        ("torch.storage", "TypedStorage"),
+        ("torch.storage", "UntypedStorage"),
+        ("torch", "device"),
+    }
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == self.STORAGE:  # SGLang routes this one through a weights_only load
@@ -82,11 +93,25 @@ class AllowListUnpickler(pickle.Unpickler):
             return lambda data: torch.load(io.BytesIO(data), weights_only=True)
         if (module, name) in self.ALLOWED or (module == "torch" and name.endswith("Storage")):
             return super().find_class(module, name)
+        if (module, name) in self.CUDA_REDUCTION or (module == "torch" and isinstance(getattr_torch(name), _dtype())):
+            return super().find_class(module, name)
         raise RuntimeError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
 
 
 class Fatal(Exception):
     """A fatal scheduler error: SGLang's server goes down with it (see the stand-in's docstring)."""
+
+
+def getattr_torch(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name, None)
+
+
+def _dtype() -> type:
+    import torch
+
+    return torch.dtype
 
 
 def die(message: str) -> None:

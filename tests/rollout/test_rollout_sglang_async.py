@@ -237,3 +237,33 @@ def test_hf_update_lets_running_requests_finish_on_the_old_weights(tiny_path):
     finally:
         loop.call_soon_threadsafe(loop.stop)
         be.close()
+
+
+def test_stare_eval_continues_a_server_left_paused_before_it_samples(slow_server, tiny_path, tmp_path):
+    from stare_tir.config import load_config
+    from stare_tir.eval.command import EvalRunConfig, run_eval
+
+    request_sync("POST", slow_server.url + "/pause_generation", {"mode": "retract"})  # ... and the trainer died
+    cfg = load_config(
+        EvalRunConfig,
+        None,
+        [
+            f"model.path={tiny_path}",
+            "backend=sglang",
+            f"rollout.sglang.urls=[{slow_server.url}]",
+            "rollout.sglang.generate_timeout_s=20",  # without the claim: a TimeoutError naming the pause
+            f"out_dir={tmp_path / 'eval'}",
+            "eval.datasets=[aime24]",
+            "eval.limit=1",
+            "eval.n=1",
+            "eval.max_turns=1",
+            "eval.max_tokens=4",
+            "eval.max_tokens_per_turn=4",
+            "env.prompt=short",
+            "rollout.progress=false",
+            "sandbox.workers=1",
+        ],
+    )
+    summary = run_eval(cfg)
+    assert summary["datasets"]["aime24"]["new_samples"] == 1
+    assert slow_server.stats()["counts"].get("/continue_generation", 0) >= 1

@@ -266,6 +266,17 @@ def push_tensor(
 
     CUDA tensors are serialized once per rank and server (IPC refcounts, see
     `serialize_named_tensors`); CPU tensors travel by value, so one serialization is shared.
+
+    Every payload is a handle on this (the pushing) process's GPU, also for TP rank r of a server
+    colocated on GPUs 0..tp-1. SGLang's own helper instead has each trainer rank serialize the
+    bucket on its own GPU and gathers the payloads to the pusher (srt/weight_sync/utils.py
+    `update_weights`: each rank of the inference TP mesh serializes its tensors with
+    `MultiprocessingSerializer`, `dist.gather_object` to the mesh's first rank, which sends every
+    tensor as a `LocalSerializedTensor(values=[one handle per TP rank])`; the model runner opens
+    the value of its own rank), so each TP rank reads from its own GPU. Here that needs every trainer rank inside
+    every bucket (the tensors on its GPU, a gather per bucket) where the design has one pusher and
+    the other ranks waiting; not done: correct, but a colocated push is bounded by one GPU's
+    outgoing bandwidth.
     """
     urls = [lay.url for lay in layouts]
     for bucket, _last in buckets(named_tensors, bucket_bytes(cfg)):
