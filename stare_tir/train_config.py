@@ -97,9 +97,11 @@ class AlgoConfig:
     # capped weight pi_prox / pi_behav, truncated (tis) or masked (mis), per token or per sequence
     # (stare_tir/algos/off_policy.py). Off by default; algo.tis_cap is its token-level tis.
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
-    # With ppo_epochs == 1: the update's old log-probs are its own, detached (ratio exactly 1, as
-    # verl does on-policy) instead of the recompute pass's (ratio 1 up to the numerical difference
-    # of two forward passes). The recompute pass still gives entropy, surprisal and TIS.
+    # With ppo_epochs == 1 and one mini-batch: the update's old log-probs are its own, detached
+    # (ratio exactly 1, as verl does on-policy) instead of the recompute pass's (ratio 1 up to the
+    # numerical difference of two forward passes). The recompute pass still gives entropy,
+    # surprisal and TIS. With several mini-batches the first always takes its own and the later
+    # ones the stored ones, whatever this says.
     ratio_one_on_policy: bool = False
     # Where selections happen (STARE's L+/L-, the token methods' top-k and quantiles): "batch" (every
     # loss token of the step, all ranks), "micro_batch" (inside each micro-batch of this learner's

@@ -170,7 +170,8 @@ def kl_cov(t: TokenInputs, cfg: KLCovConfig) -> TokenEffect:
     coef 1 (the authors' 7B script; verl's config default ratio 0.0002 is their 32B setting). The
     count truncates (verl: `int(len * ratio)`), unlike STARE's ceil. At rho = 1 the penalty's
     gradient is 0 (d|x|/dx = 0 at 0): it acts only once the policy has moved from pi_old, i.e. from
-    the second update on a batch (the authors run 8 mini-batches per step).
+    the second mini-batch of a step (the authors run 8: algo.ppo_mini_batch_size; the first
+    mini-batch's old log-probs are the update's own, so its penalty gradient is exactly 0).
     """
     import torch
 

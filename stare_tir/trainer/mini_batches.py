@@ -4,7 +4,8 @@ verl's semantics (volcengine/verl `dp_actor.update_policy`): the rollout batch i
 mini-batches, one optimizer step each, in a fixed order (no shuffle), every epoch the same cut.
 Here each rank cuts its own share of the batch, in batch order, into k consecutive runs of sizes
 differing by at most one, so every rank takes part in every mini-batch (the learner's collectives
-stay in step) and each token is trained once per epoch. Under verl's layout (algo.scope or
+stay in step) and each token is trained once per epoch. k is fixed by the config: a batch that
+dynamic sampling filled only in part gives k smaller mini-batches (verl would wait for a full one). Under verl's layout (algo.scope or
 algo.loss_agg = verl) the mini-batches are verl's instead: balance_batch over the simulated ranks
 of algo.verl_partition, each simulated rank's share cut into k runs (`verl_mini_batches`), so the
 selection groups and aggregation of every mini-batch are those of the authors' runs; each real

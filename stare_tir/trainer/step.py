@@ -351,13 +351,17 @@ def update_mini_batches(
     metrics are means over the mini-batches; update/mini_batches counts them."""
     algo, learner = run.cfg.algo, run.learner
     members, layouts = mini_batch_plan(learner, batch, algo, k)
+    # A mini-batch empty on every rank (a batch of fewer trajectories than k) is skipped by all alike.
+    sizes = learner.all_reduce_sum(torch.tensor([float(len(m)) for m in members], dtype=torch.float64))
+    order = [j for j in range(len(members)) if sizes[j] > 0]
     reselect = bool(algo.token_methods) or (algo.use_stare and run.controller.gate_on)
     base_seed = run.cfg.trainer.seed * 1_000_003 + step
     sums: dict[str, float] = {}
     applied, skipped, done = 0, False, 0
     for epoch in range(algo.ppo_epochs):
-        for j, idx in enumerate(members):
-            first = epoch == 0 and j == 0
+        for j in order:
+            idx = members[j]
+            first = epoch == 0 and j == order[0]
             sub = [batch[i] for i in idx]
             current = None if first or not reselect else learner.compute_logprobs_entropy(sub)
             mb_metrics = {"entropy/batch": metrics["entropy/batch"]}

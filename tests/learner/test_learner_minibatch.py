@@ -187,3 +187,15 @@ def test_neutral_steer_and_eapo_are_grpo_ds_bit_for_bit(tiny_path, worker, vocab
     assert i0.token_weights is None and i1.token_weights is not None  # the method ran and weighted
     assert all(bool((w == 1.0).all()) for w in i1.token_weights)
     assert l0 == l1 and all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+def test_mini_batches_empty_on_every_rank_are_skipped(tiny_path, worker, vocab):
+    """A batch of fewer trajectories than mini-batches (a partly filled batch) trains each once."""
+    from stare_tir.trainer.step import gate, update_mini_batches
+
+    run = _run(tiny_path, ["algo.name=kl_cov", "trainer.prompts_per_step=4", "algo.ppo_mini_batch_size=1"])
+    trajs = _trajs(worker, 2, vocab)
+    old, ent, metrics = _recompute(run, trajs)
+    gate(run, metrics)
+    applied, skipped = update_mini_batches(run, 1, trajs, [1.0, -1.0], [0.0, 0.0], old, ent, None, metrics, 4)
+    assert (applied, skipped) == (2, False) and run.learner.steps_applied == 2
