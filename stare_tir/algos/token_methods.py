@@ -26,7 +26,9 @@ the stated formulas, ties at a threshold go to the lower position. Where a paper
 the code is followed and the docstring says so. Selection runs once per mini-batch with the current
 policy's log-probs and entropies, as verl selects inside the loss on every mini-batch: on the first
 (on-policy) mini-batch those of the recompute pass, on later ones those of a no-grad pass over the
-mini-batch after the earlier optimizer steps (`trainer/mini_batches.py`). Methods applied together
+mini-batch after the earlier optimizer steps (`trainer/mini_batches.py`). The authors' code does
+this inside the loss for KL-Cov, Clip-Cov, the 80/20 rule and STEER (and STARE); for the entropy
+advantage and STAPO it was not checked, and they re-select the same way. Methods applied together
 compose by `combine_effects`.
 
 torch is imported inside the functions: the config and `--help` read this registry (names and

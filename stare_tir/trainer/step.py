@@ -3,6 +3,7 @@ follow it in the order it calls them; the per-token diagnostics they use come fi
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
@@ -348,7 +349,7 @@ def update_mini_batches(
     log-probs, detached; every later one with old = the stored log-probs and its selections made
     again from a no-grad pass of the current policy (where some selection exists: a token method or
     STARE's open gate), as verl selects inside the loss of each mini-batch. Shaping and update
-    metrics are means over the mini-batches; update/mini_batches counts them."""
+    metrics are means over the mini-batches (maxima: the largest); update/mini_batches counts them."""
     algo, learner = run.cfg.algo, run.learner
     members, layouts = mini_batch_plan(learner, batch, algo, k)
     # A mini-batch empty on every rank (a batch of fewer trajectories than k) is skipped by all alike.
@@ -357,6 +358,7 @@ def update_mini_batches(
     reselect = bool(algo.token_methods) or (algo.use_stare and run.controller.gate_on)
     base_seed = run.cfg.trainer.seed * 1_000_003 + step
     sums: dict[str, float] = {}
+    peaks: dict[str, float] = {}
     applied, skipped, done = 0, False, 0
     for epoch in range(algo.ppo_epochs):
         for j in order:
@@ -383,6 +385,8 @@ def update_mini_batches(
             mb_metrics.update({f"update/{key}": v for key, v in result.items()})
             for key, v in mb_metrics.items():
                 if isinstance(v, (int, float)) and v is not None:
+                    if key.endswith("_max"):  # maxima stay maxima; the rest are averaged
+                        peaks[key] = max(peaks.get(key, -math.inf), float(v))
                     sums[key] = sums.get(key, 0.0) + float(v)
             done += 1
             skipped = bool(result["step_skipped"])
@@ -392,6 +396,7 @@ def update_mini_batches(
         if skipped:
             break
     metrics.update({key: v / done for key, v in sums.items() if key != "entropy/batch"})
+    metrics.update(peaks)
     metrics["update/mini_batches"] = float(k)
     return applied, skipped
 
