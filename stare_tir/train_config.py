@@ -25,14 +25,19 @@ from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
 from stare_tir.rollout.engine import RolloutConfig
 from stare_tir.sft.config import ColdStartConfig
 
-# algo.name presets: the values each name gives the settings left unset (None). All but grpo build
-# on GRPO-ds (clip-higher, token-mean, dynamic sampling), as the STARE paper's comparisons do. Every
+# algo.name presets: the values each name gives the settings left unset (None). All but grpo and
+# justrl build on GRPO-ds (clip-higher, token-mean, dynamic sampling), as the STARE paper's comparisons do. Every
 # registered token method is a preset of its own name too: GRPO-ds plus that method (`algo_presets`).
 BASE_PRESETS: dict[str, dict] = {
     "grpo": {"dynamic_sampling": False, "clip_high": "clip_low"},  # symmetric clip
     "grpo_ds": {},
     "stare": {},
     "dapo": {"overlong_penalty": True, "oversample": 3},
+    # JustRL (arXiv 2512.16649, thunlp/JustRL train/run_training.sh): plain GRPO with clip-higher,
+    # no dynamic sampling (all-equal groups stay, A = 0, in the token-mean's normaliser), no KL, no
+    # overlong penalty or filter. Its dual clip 10, 4 mini-batches and optimizer schedule are set by
+    # configs/retool_qwen2.5_7b_justrl.yaml (algo.dual_clip_c, algo.ppo_mini_batch_size, learner.*).
+    "justrl": {"dynamic_sampling": False},
 }
 # What a setting left unset takes when the preset says nothing of it.
 PRESET_DEFAULTS: dict[str, object] = {
@@ -42,6 +47,7 @@ PRESET_DEFAULTS: dict[str, object] = {
     "dynamic_sampling": True,
     "oversample": 1,
     "overlong_penalty": False,
+    "scope": "batch",
 }
 
 
@@ -58,8 +64,9 @@ def algo_presets() -> dict[str, dict]:
 class AlgoConfig:
     # A preset: grpo (symmetric clip, no dynamic sampling), grpo_ds (clip-higher, token-mean, dynamic
     # sampling, DAPO-style), stare (grpo_ds + STARE's token reweighting, settings in `stare`), dapo
-    # (soft overlong penalty and 3x over-sampling), or the name of any registered token method
-    # (grpo_ds plus that method). It fills the settings below that are left unset (null); an
+    # (soft overlong penalty and 3x over-sampling), justrl (clip-higher GRPO without dynamic
+    # sampling), or the name of any registered token method (grpo_ds plus that method: steer, eapo,
+    # kl_cov, ...). It fills the settings below that are left unset (null); an
     # explicit value always wins. `--print-config` shows the values it resolved to.
     name: str = field(default="stare", metadata={"choices": lambda: tuple(algo_presets())})
     # Advantage estimator, by its registered name (stare_tir/algos/advantage.py): "grpo" normalises
@@ -91,15 +98,17 @@ class AlgoConfig:
     # capped weight pi_prox / pi_behav, truncated (tis) or masked (mis), per token or per sequence
     # (stare_tir/algos/off_policy.py). Off by default; algo.tis_cap is its token-level tis.
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
-    # With ppo_epochs == 1: the update's old log-probs are its own, detached (ratio exactly 1, as
-    # verl does on-policy) instead of the recompute pass's (ratio 1 up to the numerical difference
-    # of two forward passes). The recompute pass still gives entropy, surprisal and TIS.
+    # With ppo_epochs == 1 and one mini-batch: the update's old log-probs are its own, detached
+    # (ratio exactly 1, as verl does on-policy) instead of the recompute pass's (ratio 1 up to the
+    # numerical difference of two forward passes). The recompute pass still gives entropy,
+    # surprisal and TIS. With several mini-batches the first always takes its own and the later
+    # ones the stored ones, whatever this says.
     ratio_one_on_policy: bool = False
     # Where selections happen (STARE's L+/L-, the token methods' top-k and quantiles): "batch" (every
     # loss token of the step, all ranks), "micro_batch" (inside each micro-batch of this learner's
     # update plan) or "verl" (inside each micro-batch of verl's partition, `verl_partition`: the
-    # official runs' groups).
-    scope: Literal["batch", "micro_batch", "verl"] = "batch"
+    # official runs' groups). Unset: the preset's (micro_batch for steer, batch otherwise).
+    scope: Literal["batch", "micro_batch", "verl"] | None = None
     # The official runs' layout, for scope=verl and loss_agg=verl.
     verl_partition: VerlPartitionConfig = field(default_factory=VerlPartitionConfig)
     # Sampling rounds when too few groups have non-equal rewards (dynamic sampling only); each round
@@ -122,6 +131,13 @@ class AlgoConfig:
     overlong_penalty: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)
     # Policy-gradient passes over each batch (1 = on-policy; old logprobs still recomputed).
     ppo_epochs: int = 1
+    # Prompts (GRPO groups) per mini-batch, as verl's actor.ppo_mini_batch_size: each step's batch
+    # is cut into trainer.prompts_per_step / ppo_mini_batch_size disjoint mini-batches, in a fixed
+    # order (each rank's trajectories in batch order, cut into consecutive runs), one optimizer step
+    # each (per epoch). The first is on-policy (old = the update's own log-probs, detached), later
+    # ones use the stored old log-probs; selections are made again per mini-batch from the current
+    # policy (stare_tir/trainer/mini_batches.py). Unset: the whole batch, one step.
+    ppo_mini_batch_size: int | None = None
     stare: StareConfig = field(default_factory=StareConfig)
     # One settings section per registered token method, read and written as algo.<method name>
     # (stare_tir.config: `SECTIONS`); every registered method has one, at its defaults unless set.
@@ -163,6 +179,19 @@ class AlgoConfig:
             )
         if self.oversample < 1:
             raise ValueError(f"oversample={self.oversample!r}: must be >= 1")
+        if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
+            raise ValueError(f"ppo_mini_batch_size={self.ppo_mini_batch_size!r}: must be >= 1 or null")
+
+    def mini_batches(self, prompts_per_step: int) -> int:
+        """Optimizer steps per epoch: prompts_per_step / ppo_mini_batch_size (1 when unset)."""
+        if self.ppo_mini_batch_size is None:
+            return 1
+        if prompts_per_step % self.ppo_mini_batch_size:
+            raise ValueError(
+                f"algo.ppo_mini_batch_size={self.ppo_mini_batch_size} does not divide trainer.prompts_per_step="
+                f"{prompts_per_step}; choose a divisor (verl requires the same)"
+            )
+        return prompts_per_step // self.ppo_mini_batch_size
 
     def _resolve_preset(self, preset: dict) -> None:
         """Fill every unset (None) setting from the preset, then from PRESET_DEFAULTS."""
@@ -183,6 +212,8 @@ class AlgoConfig:
             self.oversample = int(value("oversample"))  # type: ignore[call-overload]
         if self.overlong_penalty.enabled is None:
             self.overlong_penalty.enabled = bool(value("overlong_penalty"))
+        if self.scope is None:
+            self.scope = value("scope")  # type: ignore[assignment]
 
     @property
     def use_stare(self) -> bool:
@@ -269,6 +300,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_sampling_matches_learner(self.rollout, self.learner, self.algo)
+        self.algo.mini_batches(self.trainer.prompts_per_step)  # raises unless it divides
         if self.trainer.max_staleness > 0 and self.trainer.backend == "sglang" and self.rollout.sglang.colocate:
             raise ValueError(
                 f"trainer.max_staleness={self.trainer.max_staleness} with rollout.sglang.colocate=true: colocated "

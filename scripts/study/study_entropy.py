@@ -87,6 +87,15 @@ def arm_specs(target: float, extra_targets: list[float]) -> dict[str, dict]:
         # GRPO-ds with two.
         "kl_cov_2ep": (["algo.name=kl_cov", "algo.ppo_epochs=2"], "KL-Cov, 2 passes per batch"),
         "grpo_ds_2ep": (["algo.name=grpo_ds", "algo.ppo_epochs=2"], "GRPO-ds, 2 passes per batch"),
+        # With the authors' mini-batch counts: KL-Cov 256/32 = 8 (16 prompts here: 2 per mini-batch).
+        "kl_cov_8mb": (["algo.name=kl_cov", "algo.ppo_mini_batch_size=2"], "KL-Cov, 8 mini-batches"),
+        "grpo_ds_8mb": (["algo.name=grpo_ds", "algo.ppo_mini_batch_size=2"], "GRPO-ds, 8 mini-batches"),
+        "steer": (["algo.name=steer"], "STEER (exponential, w_min 0.8)"),
+        "justrl": (
+            ["algo.name=justrl", "algo.dual_clip_c=10.0", "algo.ppo_mini_batch_size=4"],
+            "JustRL (4 mini-batches)",
+        ),
+        "eapo": (["algo.name=eapo"], "EAPO ((H/H0)^1 on A > 0)"),
     }
     for name, (overrides, label) in baselines.items():
         arms[name] = {
@@ -356,7 +365,7 @@ def main(argv=None) -> None:
         default=None,
         help="subset of arm names to run (default: the study's arms): grpo_ds stare_o1 "
         "stare_c2 open_w1.01 open_w2.0 stare_o1_t<T> c2_adaptive; baselines: dapo kl_cov clip_cov "
-        "entropy_80_20 entropy_adv stapo simpletir kl_cov_2ep grpo_ds_2ep",
+        "entropy_80_20 entropy_adv stapo simpletir kl_cov_2ep grpo_ds_2ep kl_cov_8mb grpo_ds_8mb steer justrl eapo",
     )
     p.add_argument(
         "--extra-arms",

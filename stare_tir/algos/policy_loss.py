@@ -212,4 +212,9 @@ def _surrogate(x: LossInputs, *, clipped: bool) -> tuple[Tensor, dict]:
         }
         if tis_weights is not None:
             metrics["pg/tis_mean"] = s_tis / d
+        if kl_coef is not None:
+            # |log pi - log pi_old| over the penalised tokens: the penalty's gradient is exactly 0
+            # when this is 0 (d|x|/dx = 0 at x = 0), i.e. on an on-policy update.
+            pen = (kl_coef.detach() > 0) & m
+            metrics["pg/kl_penalty_abs_diff"] = float((lr.abs() * pen).sum() / pen.sum().clamp(min=1))
     return loss, metrics

@@ -325,6 +325,15 @@ class StareController:
         self.steps = 0
         # Steps whose batch entropy was NaN or infinite: their update kept the previous state.
         self.nonfinite_entropy_steps = 0
+        # The run's first finite batch entropy H_0 (EAPO's reference), recorded for every method
+        # and kept in the checkpoint with the rest of this state (`note_entropy`).
+        self.initial_entropy: float | None = None
+
+    def note_entropy(self, batch_entropy: float) -> None:
+        """Record the first finite batch entropy of the run as initial_entropy (later calls keep it)."""
+        h = float(batch_entropy)
+        if self.initial_entropy is None and math.isfinite(h):
+            self.initial_entropy = h
 
     @classmethod
     def from_config(cls, cfg: StareConfig) -> StareController:
@@ -377,6 +386,7 @@ class StareController:
             "last_entropy": self.last_entropy,
             "steps": self.steps,
             "nonfinite_entropy_steps": self.nonfinite_entropy_steps,
+            "initial_entropy": self.initial_entropy,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -389,3 +399,5 @@ class StareController:
         self.last_entropy = state.get("last_entropy")
         self.steps = int(state["steps"])
         self.nonfinite_entropy_steps = int(state.get("nonfinite_entropy_steps", 0))
+        h0 = state.get("initial_entropy")  # absent in checkpoints written before it was kept
+        self.initial_entropy = None if h0 is None else float(h0)

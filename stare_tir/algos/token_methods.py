@@ -23,9 +23,13 @@ its advantage, and a seeded generator. It returns a `TokenEffect`:
 With its selection empty or its coefficient 0 each method returns no change at all, so the update is
 GRPO-ds's bit for bit (tests/algos/test_algos_token_methods.py). Selections are exact: counts follow
 the stated formulas, ties at a threshold go to the lower position. Where a paper and its code differ,
-the code is followed and the docstring says so. Selection runs once per step on the recompute pass;
-verl selects inside the loss on every mini-batch with the current log-probs, which is the same
-thing for the first (on-policy) update. Methods applied together compose by `combine_effects`.
+the code is followed and the docstring says so. Selection runs once per mini-batch with the current
+policy's log-probs and entropies, as verl selects inside the loss on every mini-batch: on the first
+(on-policy) mini-batch those of the recompute pass, on later ones those of a no-grad pass over the
+mini-batch after the earlier optimizer steps (`trainer/mini_batches.py`). The authors' code does
+this inside the loss for KL-Cov, Clip-Cov, the 80/20 rule and STEER (and STARE); for the entropy
+advantage and STAPO it was not checked, and they re-select the same way. Methods applied together
+compose by `combine_effects`.
 
 torch is imported inside the functions: the config and `--help` read this registry (names and
 settings) without loading torch.
@@ -36,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from sandbox.registry import Registry
 
@@ -61,10 +65,17 @@ class TokenEffect:
 class TokenInputs:
     """The loss tokens of one selection group, flat and in a fixed order."""
 
-    logprobs: Tensor  # [N] log pi of the sampled token (recompute pass)
-    entropy: Tensor  # [N] entropy at the token's position
+    logprobs: Tensor  # [N] log pi of the sampled token under the current policy
+    entropy: Tensor  # [N] entropy at the token's position under the current policy
     advantages: Tensor  # [N] the trajectory's advantage (as shaped by the methods before this one)
     generator: torch.Generator | None = None  # seeded per step and group (random selections)
+    # [N] log pi_old, the rollout batch's stored log-probs; None: equal to logprobs (the first,
+    # on-policy mini-batch of a step). Later mini-batches see the policy after earlier updates.
+    old_logprobs: Tensor | None = None
+    # The step's token-mean policy entropy (global batch, recompute pass) and the run's first one
+    # (kept in the checkpoint); None where the trainer does not give them (unit calls).
+    batch_entropy: float | None = None
+    initial_entropy: float | None = None
 
 
 TokenMethodFn = Callable[[TokenInputs, Any], TokenEffect]
@@ -161,7 +172,8 @@ def kl_cov(t: TokenInputs, cfg: KLCovConfig) -> TokenEffect:
     coef 1 (the authors' 7B script; verl's config default ratio 0.0002 is their 32B setting). The
     count truncates (verl: `int(len * ratio)`), unlike STARE's ceil. At rho = 1 the penalty's
     gradient is 0 (d|x|/dx = 0 at 0): it acts only once the policy has moved from pi_old, i.e. from
-    the second update on a batch (the authors run 8 mini-batches per step).
+    the second mini-batch of a step (the authors run 8: algo.ppo_mini_batch_size; the first
+    mini-batch's old log-probs are the update's own, so its penalty gradient is exactly 0).
     """
     import torch
 
@@ -351,6 +363,118 @@ def stapo(t: TokenInputs, cfg: StapoConfig) -> TokenEffect:
     if not bool(spurious.any()):
         return TokenEffect(selected=spurious)
     return TokenEffect(selected=spurious, keep=~spurious)
+
+
+@dataclass
+class SteerConfig:
+    """STEER (arXiv 2510.10150, zz-haooo/STEER): per-token weights from the estimated entropy change."""
+
+    # What algo.name=steer sets besides the method: min/max of Omega over each micro-batch (the
+    # authors compute the weights inside the loss, per micro-batch).
+    preset: ClassVar[dict] = {"scope": "micro_batch"}
+
+    # "exponential": w = clamp(exp(-k Omega), w_min, 1), k = -ln(w_min) / max(max Omega, 0.02);
+    # "linear": Omega's range mapped onto [w_max, w_min]. The authors' run script (run/run_exp.sh):
+    # exponential (linear=False), token_weight_min=0.8, token_weight_max=1.0.
+    mode: Literal["exponential", "linear"] = "exponential"
+    w_min: float = 0.8
+    w_max: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("exponential", "linear"):
+            raise ValueError(f"mode={self.mode!r}: choose exponential or linear")
+        if not 0.0 < self.w_min <= self.w_max:
+            raise ValueError(f"w_min={self.w_min!r}, w_max={self.w_max!r}: need 0 < w_min <= w_max")
+
+
+@TOKEN_METHODS.register("steer", config=SteerConfig)
+def steer(t: TokenInputs, cfg: SteerConfig) -> TokenEffect:
+    """STEER (arXiv 2510.10150; zz-haooo/STEER `compute_token_weights`).
+
+    Omega_t = |A_t / pi_old,t * pi_t (1 - pi_t) (log pi_t + H_t)|, the first-order entropy change a
+    token's update causes, with pi clamped to [1e-8, 1 - 1e-8], pi_old to [1e-8, 1] and non-finite
+    values set to 0, as the authors' code does. Over the group's tokens (the authors: each
+    micro-batch), exponential mode: k = -ln(w_min) / max(max Omega, 0.02), w = clamp(exp(-k Omega),
+    w_min, 1); linear mode: w = w_max - (Omega - min) (w_max - w_min) / (max - min), clamped to
+    [w_min, w_max] ((w_min + w_max) / 2 when all Omega are equal). The weight multiplies the token's
+    clipped loss (here: its advantage, the same for w >= 0). pi and H are the current policy's; the
+    authors read H from the recompute pass's stored entropies, equal to these on the first
+    mini-batch. w_min = w_max = 1 gives weights of exactly 1 (GRPO-ds bit for bit).
+    selected = the tokens whose weight is not 1.
+    """
+    import torch
+
+    n = t.logprobs.numel()
+    device = t.logprobs.device
+    if n == 0:
+        return TokenEffect(selected=torch.zeros(0, dtype=torch.bool, device=device))
+    lp = t.logprobs.double()
+    old = t.old_logprobs.double() if t.old_logprobs is not None else lp
+    p = torch.exp(lp).clamp(1e-8, 1.0 - 1e-8)
+    f = p * (1.0 - p) * (torch.log(p) + t.entropy.double())
+    omega = t.advantages.double() / torch.exp(old).clamp(1e-8, 1.0) * f
+    omega = torch.where(torch.isfinite(omega), omega, torch.zeros_like(omega)).abs()
+    lo, hi = omega.min(), omega.max()
+    if cfg.mode == "linear":
+        if hi > lo:
+            w = cfg.w_max - (omega - lo) * ((cfg.w_max - cfg.w_min) / (hi - lo))
+        else:
+            w = torch.full_like(omega, (cfg.w_min + cfg.w_max) / 2)
+        w = w.clamp(cfg.w_min, cfg.w_max)
+    else:
+        k = -math.log(cfg.w_min) / torch.clamp(hi, min=0.02)
+        w = torch.exp(-k * omega).clamp(cfg.w_min, 1.0)
+    w = w.to(torch.float32)
+    return TokenEffect(selected=w != 1.0, weights=w, metrics={"omega_max": float(hi)})
+
+
+@dataclass
+class EapoConfig:
+    """EAPO (arXiv 2605.27846): positive samples weighted by the current over the initial entropy."""
+
+    # w+ = clamp((H_t / H_0) ** alpha, w_min, w_max) on A > 0; alpha = 0 gives w+ = 1 (GRPO-ds).
+    alpha: float = 1.0
+    w_min: float = 0.0
+    w_max: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0.0:
+            raise ValueError(f"alpha={self.alpha!r}: must be >= 0")
+        if self.w_min < 0.0 or (self.w_max is not None and self.w_max < max(self.w_min, 1e-12)):
+            raise ValueError(f"w_min={self.w_min!r}, w_max={self.w_max!r}: need 0 <= w_min <= w_max")
+
+
+@TOKEN_METHODS.register("eapo", config=EapoConfig)
+def eapo(t: TokenInputs, cfg: EapoConfig) -> TokenEffect:
+    """EAPO (Zeng et al. 2026, arXiv 2605.27846, "Entropy-driven Adaptive Policy Optimization").
+
+    The reading implemented: the paper's text and code were not available here, only its abstract:
+    positive samples get a weight computed from the ratio of the current policy entropy to the
+    initial entropy, reduced while entropy falls below it and amplified while it rises above it;
+    positive and negative samples are split at the group's reward mean. Here: H_t = the step's
+    token-mean policy entropy over the global batch (recompute pass), H_0 = the first step's (kept
+    in the checkpoint), "positive" = A > 0 (GRPO's advantage is the reward minus the group mean,
+    scaled), and every token of a positive sample gets w+ = clamp((H_t / H_0) ** alpha, w_min,
+    w_max), alpha = 1 by default (the power law is this reading's choice; the abstract gives no
+    formula). Negative samples keep weight 1. H_t = H_0 (the first step) gives w+ = 1 exactly, and
+    alpha = 0 gives 1 always: GRPO-ds bit for bit. Without the entropies (None) nothing changes.
+    selected = the tokens whose weight is not 1.
+    """
+    import torch
+
+    n = t.advantages.numel()
+    device = t.advantages.device
+    none = TokenEffect(selected=torch.zeros(n, dtype=torch.bool, device=device))
+    h_t, h_0 = t.batch_entropy, t.initial_entropy
+    if n == 0 or h_t is None or h_0 is None or not (h_0 > 0.0 and math.isfinite(h_t)):
+        return none
+    w_pos = (h_t / h_0) ** cfg.alpha
+    w_pos = max(w_pos, cfg.w_min)
+    if cfg.w_max is not None:
+        w_pos = min(w_pos, cfg.w_max)
+    pos = t.advantages > 0
+    w = torch.where(pos, torch.tensor(w_pos, dtype=torch.float32), torch.tensor(1.0)).to(device)
+    return TokenEffect(selected=pos & (w != 1.0), weights=w, metrics={"positive_weight": w_pos})
 
 
 def combine_effects(effects: list[TokenEffect], advantages: Tensor) -> TokenEffect:

@@ -138,6 +138,48 @@ def verl_micro_batches(seq_lens: Sequence[int], ranks: int, token_budget: int) -
     return out
 
 
+def verl_mini_batches(
+    seq_lens: Sequence[int], ranks: int, token_budget: int, n_mini: int
+) -> list[list[list[list[int]]]]:
+    """verl's layout of an update with n_mini mini-batches: per mini-batch, per rank, the batch
+    indices of each micro-batch. balance_batch runs once over the whole batch (`rank_shares`); each
+    rank cuts its share, in the order it was handed, into n_mini consecutive runs
+    (`DataProto.split(ppo_mini_batch_size)` in dp_actor.update_policy); each run is split into
+    micro-batches as `verl_micro_batches` does (micro-batch count all-reduced per mini-batch).
+    n_mini = 1 gives `[verl_micro_batches(...)]`."""
+    if n_mini < 1:
+        raise ValueError(f"n_mini={n_mini!r}: must be >= 1")
+    if not seq_lens:
+        return [[[] for _ in range(ranks)] for _ in range(n_mini)]
+    longest = max(int(n) for n in seq_lens)
+    if longest > token_budget:
+        raise ValueError(
+            f"a sequence of {longest} tokens exceeds algo.verl_partition.token_budget={token_budget} "
+            "(verl requires ppo_max_token_len_per_gpu >= the longest sequence); raise the budget"
+        )
+    shares = rank_shares(seq_lens, ranks)
+    runs = []
+    for share in shares:
+        size = -(-len(share) // n_mini)
+        runs.append([share[j * size : (j + 1) * size] for j in range(n_mini)])
+    out = []
+    for j in range(n_mini):
+        chunks = [r[j] for r in runs]
+        n_micro = max(
+            (min(len(c), -(-sum(int(seq_lens[i]) for i in c) // token_budget)) for c in chunks if c), default=0
+        )
+        per_rank = []
+        for c in chunks:
+            if not c:
+                per_rank.append([])
+                continue
+            loads = [workload(int(seq_lens[i])) for i in c]
+            local = balanced_partition(loads, min(n_micro, len(c)), equal_size=False)
+            per_rank.append([[c[k] for k in mb] for mb in local])
+        out.append(per_rank)
+    return out
+
+
 @dataclass
 class VerlPartitionConfig:
     """The official runs' layout, for selection groups and aggregation that equal theirs (scope=verl,

@@ -12,6 +12,7 @@ receives exactly what plain GRPO-ds would (no weights, the trajectories themselv
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -30,8 +31,9 @@ from stare_tir.train_config import AlgoConfig
 class TokenView:
     """Every response token of the global batch, flat, in rank order (all ranks hold the same)."""
 
-    logprobs: Tensor  # [T] log pi of the sampled token, recompute pass (0 on tool-output tokens)
+    logprobs: Tensor  # [T] log pi of the sampled token, current policy (0 on tool-output tokens)
     entropy: Tensor  # [T]
+    old_logprobs: Tensor | None  # [T] the stored log pi_old where it differs from logprobs (later mini-batches)
     advantages: Tensor  # [T] the trajectory's advantage on each of its tokens
     mask: Tensor  # [T] bool: loss tokens (void-turn masking applied)
     group: Tensor  # [T] long: selection group of each token
@@ -76,8 +78,13 @@ def token_view(
     entropies: list[Tensor],
     masks: list[Tensor],
     algo: AlgoConfig,
+    stored_old: list[Tensor] | None = None,
+    layout: list[list[list[int]]] | None = None,
 ) -> TokenView:
-    """Gather the step's tokens from every rank and label each with its selection group (algo.scope)."""
+    """Gather the step's tokens from every rank and label each with its selection group (algo.scope).
+    stored_old: the stored old log-probs when old_logprobs are the current policy's (a later
+    mini-batch). layout: verl's micro-batches of these trajectories per rank, as indices in the
+    gathered order (None: `verl_micro_batches` of their lengths, one mini-batch)."""
     sizes = [len(t.response_ids) for t in trajs]
 
     def flat(xs: list[Tensor]) -> Tensor:  # float32: log-probs and entropies are float32; ids < 2^24
@@ -87,6 +94,7 @@ def token_view(
     ent, _ = learner.all_gather_flat(flat(entropies))
     adv, _ = learner.all_gather_flat(flat([torch.full((n,), float(a)) for n, a in zip(sizes, advantages)]))
     mask, _ = learner.all_gather_flat(flat([m.to(torch.float32) for m in masks]))
+    old_all = learner.all_gather_flat(flat(stored_old))[0] if stored_old is not None else None
 
     need_verl = algo.scope == "verl" or algo.loss_agg == "verl"
     verl_traj_group: list[int] = []
@@ -95,9 +103,11 @@ def token_view(
     traj_slice = slice(0, len(trajs))
     if need_verl:
         lens, traj_slice = learner.all_gather_flat(torch.tensor([float(_seq_len(t)) for t in trajs]))
-        per_rank = verl_micro_batches(
-            [int(x) for x in lens.tolist()], algo.verl_partition.ranks, algo.verl_partition.token_budget
-        )
+        per_rank = layout
+        if per_rank is None:
+            per_rank = verl_micro_batches(
+                [int(x) for x in lens.tolist()], algo.verl_partition.ranks, algo.verl_partition.token_budget
+            )
         verl_traj_group = [0] * len(lens)
         gid = 0
         for rank_mbs in per_rank:
@@ -128,6 +138,7 @@ def token_view(
     return TokenView(
         logprobs=lp,
         entropy=ent,
+        old_logprobs=old_all,
         advantages=adv,
         mask=mask > 0.5,
         group=group.long(),
@@ -156,20 +167,29 @@ def stare_omega(view: TokenView, controller: StareController, top_p: float, vari
     return omega, metrics
 
 
-def token_methods(view: TokenView, algo: AlgoConfig, seed: int) -> tuple[dict[str, Tensor], dict]:
+def token_methods(
+    view: TokenView, algo: AlgoConfig, seed: int, entropy_state: tuple[float, float | None] | None = None
+) -> tuple[dict[str, Tensor], dict]:
     """Apply algo.token_methods in order inside each selection group (each method sees the advantages
     the ones before it shaped) and compose their effects with `combine_effects`. Returns global [T]
-    tensors (advantages, weights, keep, kl_coef, selected; only those some method produced) and metrics."""
+    tensors (advantages, weights, keep, kl_coef, selected; only those some method produced) and metrics.
+    entropy_state: (this step's batch entropy, the run's initial one) for entropy-driven methods."""
+    h_t, h_0 = entropy_state if entropy_state is not None else (None, None)
     out: dict[str, Tensor] = {}
     methods = [(name, TOKEN_METHODS.get(name), algo.methods.get(name)) for name in algo.token_methods]
     selected_by = {name: torch.zeros(view.mask.shape, dtype=torch.bool) for name in algo.token_methods}
+    method_values: dict[str, float] = {}
     for g, pos in enumerate(view.groups()):
         adv = view.advantages[pos]
         effects = []
         for k, (name, fn, settings) in enumerate(methods):
             gen = torch.Generator().manual_seed((seed * 1_000_003 + k) * 10_007 + g)
-            effect = fn(TokenInputs(view.logprobs[pos], view.entropy[pos], adv, gen), settings)
+            old = view.old_logprobs[pos] if view.old_logprobs is not None else None
+            effect = fn(TokenInputs(view.logprobs[pos], view.entropy[pos], adv, gen, old, h_t, h_0), settings)
             selected_by[name][pos] = effect.selected
+            for key, val in effect.metrics.items():  # the largest over the selection groups
+                mkey = f"algo/{name}/{key}"
+                method_values[mkey] = max(method_values.get(mkey, -math.inf), float(val))
             if effect.advantages is not None:
                 adv = effect.advantages.to(adv.dtype)
             effects.append(effect)
@@ -190,7 +210,7 @@ def token_methods(view: TokenView, algo: AlgoConfig, seed: int) -> tuple[dict[st
                     else torch.full(view.mask.shape, neutral, dtype=dtype)
                 )
             out[key][pos] = value.to(dtype)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = dict(method_values)
     n_loss = max(int(view.mask.sum()), 1)
     for name, selected in selected_by.items():
         out["selected"] = out.get("selected", torch.zeros_like(selected)) | selected
@@ -239,11 +259,23 @@ def prepare_update(
     controller: StareController | None,
     seed: int,
     penalized: list[bool] | None = None,
+    *,
+    current: tuple[list[Tensor], list[Tensor]] | None = None,
+    entropy_state: tuple[float, float | None] | None = None,
+    verl_layout: list[list[list[int]]] | None = None,
+    on_policy: bool | None = None,
 ) -> tuple[UpdateInputs, list[Tensor] | None]:
-    """The learner's inputs for this step, and STARE's omega per trajectory (None while its gate is off
-    or STARE is not used). seed: this step's seed (Clip-Cov's draw). penalized: trajectories whose
-    reward DAPO's overlong penalty changed (for algo/selected_frac). Without a selection to make (no
-    open STARE gate, no token method, token-mean aggregation) nothing is gathered over ranks."""
+    """The learner's inputs for this step (or mini-batch), and STARE's omega per trajectory (None while
+    its gate is off or STARE is not used). seed: this step's seed (Clip-Cov's draw). penalized:
+    trajectories whose reward DAPO's overlong penalty changed (for algo/selected_frac). Without a
+    selection to make (no open STARE gate, no token method, token-mean aggregation) nothing is
+    gathered over ranks.
+
+    current: the current policy's log-probs and entropies, where they differ from the stored
+    old_logprobs and entropies (a mini-batch after the first); selections use them, the loss's
+    old log-probs stay the stored ones. entropy_state: (batch entropy, initial entropy) for the
+    token methods. verl_layout: see `token_view`. on_policy: old = the update's own log-probs
+    (None: algo.ratio_one_on_policy)."""
     masks, n_void = void_masks(trajs, algo)
     metrics: dict[str, float] = {}
     if controller is not None and not controller.gate_on:
@@ -254,13 +286,15 @@ def prepare_update(
     weights = adv_shaped = kl_coef = omega = None
     final_mask = local_mask
     if (controller is not None and controller.gate_on) or algo.token_methods or algo.loss_agg == "verl":
-        view = token_view(learner, trajs, advantages, old_logprobs, entropies, masks, algo)
+        sel_lp, sel_ent = current if current is not None else (old_logprobs, entropies)
+        stored = old_logprobs if current is not None else None
+        view = token_view(learner, trajs, advantages, sel_lp, sel_ent, masks, algo, stored, verl_layout)
         selected = torch.zeros(view.mask.shape, dtype=torch.bool)
         if controller is not None and controller.gate_on:
             omega, stare_metrics = stare_omega(view, controller, algo.stare.top_p, algo.stare.variant)
             metrics.update(stare_metrics)
             selected |= omega != 1.0
-        effects, method_metrics = token_methods(view, algo, seed)
+        effects, method_metrics = token_methods(view, algo, seed, entropy_state)
         metrics.update(method_metrics)
         selected |= effects.get("selected", selected)
         global_final = view.mask & effects["keep"] if "keep" in effects else view.mask
@@ -301,7 +335,7 @@ def prepare_update(
     kl_per_traj = None if kl_coef is None else per_traj(kl_coef)
     old: list[Tensor] | None = old_logprobs
     tis_cap = algo.tis_cap
-    if algo.ratio_one_on_policy:
+    if algo.ratio_one_on_policy if on_policy is None else on_policy:
         old = None
         if tis_cap is not None:  # TIS compares pi_old (recompute) with the sampler: fold it into the weights
             tis = [

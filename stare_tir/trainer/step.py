@@ -3,6 +3,7 @@ follow it in the order it calls them; the per-token diagnostics they use come fi
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
@@ -18,6 +19,7 @@ from stare_tir.rollout.trajectory import Trajectory
 from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.batch import collect_batch
 from stare_tir.trainer.diagnostics import entropy_after_update, entropy_by_tool_use
+from stare_tir.trainer.mini_batches import mini_batch_plan
 from stare_tir.trainer.run import Run
 from stare_tir.trainer.shaping import UpdateInputs, prepare_update
 from stare_tir.trainer.staleness import off_policy_update
@@ -155,11 +157,20 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
     advantages, penalties = score(run, batch, metrics)
     with timer("recompute"):
         old_logprobs, entropies = recompute(run, batch, metrics)
-    inputs = shape(run, step, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics)
-    with timer("update"):
-        applied, skipped = update(run, inputs, metrics)
-        if applied:  # the update's own entropy change, on the same tokens (one no-grad pass)
-            metrics.update(entropy_after_update(run.learner, batch, metrics["entropy/batch"]))
+    k = run.cfg.algo.mini_batches(run.cfg.trainer.prompts_per_step)
+    if k == 1:
+        inputs = shape(run, step, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics)
+        with timer("update"):
+            applied, skipped = update(run, inputs, metrics)
+    else:  # shaped per mini-batch, inside the update
+        gate(run, metrics)
+        with timer("update"):
+            applied, skipped = update_mini_batches(
+                run, step, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics, k
+            )
+    metrics["update/optimizer_steps"] = float(applied)
+    if applied:  # the update's own entropy change, on the same tokens (one no-grad pass)
+        metrics.update(entropy_after_update(run.learner, batch, metrics["entropy/batch"]))
     count_nonfinite(run, step, skipped, metrics)
     with timer("sync"):
         if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
@@ -230,14 +241,52 @@ def shape(
 ) -> UpdateInputs:
     """STARE's gate, then every token-level change (STARE's weights, the token methods, void-turn
     masking, verl's aggregation, the off-policy correction) as the learner's inputs."""
+    gate(run, metrics)
+    seed = run.cfg.trainer.seed * 1_000_003 + step
+    return shape_inputs(run, seed, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics)
+
+
+def gate(run: Run, metrics: dict) -> None:
+    """Once per step: the run's initial entropy (EAPO's reference) and STARE's gate from the batch entropy."""
+    run.controller.note_entropy(metrics["entropy/batch"])
+    if run.cfg.algo.use_stare:
+        run.controller.update(metrics["entropy/batch"])
+
+
+def shape_inputs(
+    run: Run,
+    seed: int,
+    batch: list[Trajectory],
+    advantages: list[float],
+    penalties: list[float],
+    old_logprobs: list[torch.Tensor],
+    entropies: list[torch.Tensor],
+    rollouts: AsyncRollouts | None,
+    metrics: dict,
+    *,
+    current: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+    verl_layout: list | None = None,
+    on_policy: bool | None = None,
+) -> UpdateInputs:
+    """The learner's inputs for `batch` (a step's batch or one mini-batch of it) after the gate;
+    current, verl_layout and on_policy as `prepare_update` takes them."""
     algo, learner = run.cfg.algo, run.learner
     controller = run.controller if algo.use_stare else None
-    if controller is not None:
-        controller.update(metrics["entropy/batch"])
-    seed = run.cfg.trainer.seed * 1_000_003 + step
     penalized = [p < 0 for p in penalties]
     inputs, omega = prepare_update(
-        learner, batch, advantages, old_logprobs, entropies, algo, controller, seed, penalized
+        learner,
+        batch,
+        advantages,
+        old_logprobs,
+        entropies,
+        algo,
+        controller,
+        seed,
+        penalized,
+        current=current,
+        entropy_state=(metrics["entropy/batch"], run.controller.initial_entropy),
+        verl_layout=verl_layout,
+        on_policy=on_policy,
     )
     metrics.update(inputs.metrics)
     if algo.off_policy.enabled or rollouts is not None:  # decoupled PPO's behaviour weight; mismatch per lag
@@ -256,28 +305,103 @@ def shape(
     return inputs
 
 
+def train_step(run: Run, inputs: UpdateInputs) -> dict[str, float]:
+    """One optimizer step of the configured loss on `inputs`; the learner's metrics."""
+    algo = run.cfg.algo
+    return run.learner.train_step(
+        inputs.trajs,
+        inputs.advantages,
+        inputs.token_weights,
+        inputs.old_logprobs,
+        clip=Clip(algo.clip_low, algo.clip_high, algo.dual_clip_c),
+        loss_agg="token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
+        tis_cap=inputs.tis_cap,
+        loss_fn=POLICY_LOSSES.get(algo.policy_loss),
+        kl_coef=inputs.kl_coef,
+    )
+
+
 def update(run: Run, inputs: UpdateInputs, metrics: dict) -> tuple[int, bool]:
     """algo.ppo_epochs optimizer steps on the batch (stopping at a skipped one). Returns the number
     of steps that changed the weights and whether the last was skipped (non-finite)."""
-    algo = run.cfg.algo
     applied, skipped = 0, False
-    for _ in range(algo.ppo_epochs):
-        result = run.learner.train_step(
-            inputs.trajs,
-            inputs.advantages,
-            inputs.token_weights,
-            inputs.old_logprobs,
-            clip=Clip(algo.clip_low, algo.clip_high, algo.dual_clip_c),
-            loss_agg="token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
-            tis_cap=inputs.tis_cap,
-            loss_fn=POLICY_LOSSES.get(algo.policy_loss),
-            kl_coef=inputs.kl_coef,
-        )
+    for _ in range(run.cfg.algo.ppo_epochs):
+        result = train_step(run, inputs)
         metrics.update({f"update/{k}": v for k, v in result.items()})
         skipped = bool(result["step_skipped"])
         if skipped:
             break
         applied += 1
+    return applied, skipped
+
+
+def update_mini_batches(
+    run: Run,
+    step: int,
+    batch: list[Trajectory],
+    advantages: list[float],
+    penalties: list[float],
+    old_logprobs: list[torch.Tensor],
+    entropies: list[torch.Tensor],
+    rollouts: AsyncRollouts | None,
+    metrics: dict,
+    k: int,
+) -> tuple[int, bool]:
+    """algo.ppo_epochs passes over k disjoint mini-batches (`trainer/mini_batches.py`), one optimizer
+    step each, stopping at a skipped one. Each mini-batch is shaped on its own: the first (of the
+    first epoch) on-policy, with the recompute pass's selections and old = the update's own
+    log-probs, detached; every later one with old = the stored log-probs and its selections made
+    again from a no-grad pass of the current policy (where some selection exists: a token method or
+    STARE's open gate), as verl selects inside the loss of each mini-batch. Shaping and update
+    metrics are means over the mini-batches (maxima: the largest); update/mini_batches counts them."""
+    algo, learner = run.cfg.algo, run.learner
+    members, layouts = mini_batch_plan(learner, batch, algo, k)
+    # A mini-batch empty on every rank (a batch of fewer trajectories than k) is skipped by all alike.
+    sizes = learner.all_reduce_sum(torch.tensor([float(len(m)) for m in members], dtype=torch.float64))
+    order = [j for j in range(len(members)) if sizes[j] > 0]
+    reselect = bool(algo.token_methods) or (algo.use_stare and run.controller.gate_on)
+    base_seed = run.cfg.trainer.seed * 1_000_003 + step
+    sums: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+    applied, skipped, done = 0, False, 0
+    for epoch in range(algo.ppo_epochs):
+        for j in order:
+            idx = members[j]
+            first = epoch == 0 and j == order[0]
+            sub = [batch[i] for i in idx]
+            current = None if first or not reselect else learner.compute_logprobs_entropy(sub)
+            mb_metrics = {"entropy/batch": metrics["entropy/batch"]}
+            inputs = shape_inputs(
+                run,
+                base_seed + 7_919 * (epoch * k + j),
+                sub,
+                [advantages[i] for i in idx],
+                [penalties[i] for i in idx],
+                [old_logprobs[i] for i in idx],
+                [entropies[i] for i in idx],
+                rollouts,
+                mb_metrics,
+                current=current,
+                verl_layout=layouts[j] if layouts is not None else None,
+                on_policy=first,
+            )
+            result = train_step(run, inputs)
+            mb_metrics.update({f"update/{key}": v for key, v in result.items()})
+            for key, v in mb_metrics.items():
+                if isinstance(v, (int, float)) and v is not None:
+                    if key.endswith("_max"):  # maxima stay maxima; the rest are averaged
+                        peaks[key] = max(peaks.get(key, -math.inf), float(v))
+                    sums[key] = sums.get(key, 0.0) + float(v)
+            done += 1
+            skipped = bool(result["step_skipped"])
+            if skipped:
+                break
+            applied += 1
+        if skipped:
+            break
+    metrics.update({key: v / done for key, v in sums.items() if key != "entropy/batch"})
+    metrics.update(peaks)
+    metrics["update/mini_batches"] = float(k)
     return applied, skipped
 
 

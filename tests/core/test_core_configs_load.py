@@ -54,7 +54,7 @@ def test_bad_override_of_train_config_names_the_key():
 
     with pytest.raises(ConfigError, match=r"unknown key 'algo.stare.targt_entropy'"):
         load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", ["algo.stare.targt_entropy=0.2"])
-    with pytest.raises(ConfigError, match=r"algo.name='ppo': one of grpo, grpo_ds, stare, dapo, kl_cov"):
+    with pytest.raises(ConfigError, match=r"algo.name='ppo': one of grpo, grpo_ds, stare, dapo, justrl, kl_cov"):
         load_config(TrainConfig, None, ["algo.name=ppo"])
 
 
