@@ -88,6 +88,8 @@ NEUTRAL = {
     "entropy_80_20": {"top_frac": 1.0},
     "entropy_adv": {"alpha": 0.0},
     "stapo": {"prob_max": 0.0},
+    "steer": {"w_min": 1.0, "w_max": 1.0},  # every weight clamped to 1
+    "eapo": {},  # no initial entropy yet (the first step): w = 1
 }
 
 
@@ -97,7 +99,9 @@ def test_each_method_is_grpo_ds_bit_for_bit_when_its_selection_is_empty_or_coeff
     settings = TOKEN_METHODS.config_of(name)(**NEUTRAL[name])
     effect = TOKEN_METHODS.get(name)(TokenInputs(flat(old, mask), flat(ent, mask), flat(adv, mask)), settings)
     assert not effect.selected.any() or name == "entropy_80_20"  # 80/20 at 100% keeps (selects) all
-    assert effect.weights is None and effect.keep is None and effect.kl_coef is None
+    assert effect.keep is None and effect.kl_coef is None
+    if effect.weights is not None:  # STEER at w_min = w_max = 1: weights of exactly 1
+        assert torch.equal(effect.weights, torch.ones_like(effect.weights))
     if effect.advantages is not None:  # entropy_adv with alpha 0: the same bits
         assert torch.equal(effect.advantages, flat(adv, mask))
     ref = grpo_ds(logp, old, adv, mask)
