@@ -4,6 +4,7 @@ backends' registry."""
 from __future__ import annotations
 
 import signal as _signal
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, AsyncContextManager, Protocol, runtime_checkable
@@ -123,23 +124,23 @@ class Sandbox(Protocol):
     async def __aexit__(self, *exc: object) -> None: ...
 
 
-class SandboxBase:
+class SandboxBase(ABC):
     """The defaults a backend may keep: one-cell `run` in a fresh stateless session, `async with`
-    as start/close, and empty `info`/`stats` until the backend fills them. Backends subclass it
-    for these few members only; each writes `start`, `session` and `close` itself."""
+    as start/close, and empty `info`/`stats` until the backend fills them. Each backend writes
+    `start`, `session` and `close` itself (abstract: a backend missing one cannot be built)."""
 
     def __init__(self) -> None:
         self.info: dict[str, Any] = {}  # filled by start(): the effective isolation
         self.stats: dict[str, int] = {}  # counters of what the host discarded or killed
 
-    async def start(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def start(self) -> None: ...
 
-    def session(self, stateless: bool = False) -> AsyncContextManager[Session]:
-        raise NotImplementedError
+    @abstractmethod
+    def session(self, stateless: bool = False) -> AsyncContextManager[Session]: ...
 
-    async def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def close(self) -> None: ...
 
     async def run(self, code: str, timeout: float | None = None) -> ExecResult:
         """One cell in a fresh interpreter (a stateless session opened and closed around it)."""

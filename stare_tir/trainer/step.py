@@ -388,7 +388,7 @@ def update_mini_batches(
             result = train_step(run, inputs)
             mb_metrics.update({f"update/{key}": v for key, v in result.items()})
             for key, v in mb_metrics.items():
-                if isinstance(v, (int, float)) and v is not None:
+                if isinstance(v, (int, float)):
                     if key.endswith("_max"):  # maxima stay maxima; the rest are averaged
                         peaks[key] = max(peaks.get(key, -math.inf), float(v))
                     sums[key] = sums.get(key, 0.0) + float(v)
