@@ -168,6 +168,9 @@ class Proc:
         self.wake: asyncio.Future | None = None
         self.eof = self.reading = self.tampered = self.parked = self.restarted = False
         self.cells = 0
+        # False while the last cell could not have started: its session was stopped and the worker
+        # never answered "resumed" (it was gone). Such a cell's code never ran.
+        self.cell_started = True
         self.exit: asyncio.Future = self.loop.create_future()  # -> (wait status | None, oom)
         ctl.setblocking(False)
         self._listen(True)  # until the session says it is ready
@@ -305,9 +308,16 @@ class Proc:
                 os.set_blocking(fd, False)
                 loop.add_reader(fd, on_pipe, fd)
             resumed = None
+            self.cell_started = True
             if self.parked:  # stopped since its last cell; the run frame waits in the socket meanwhile
-                resumed = self.client.resume(self.sid)
                 self.parked = False
+                try:
+                    resumed = self.client.resume(self.sid)
+                except SandboxError:
+                    self.cell_started = False  # the worker was already gone: nothing was resumed
+                    os.close(out_w)
+                    os.close(err_w)
+                    raise
             frame = pack({"op": "run", "cell": cell}, payload)
             anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (out_w, err_w)))]
             try:
@@ -334,6 +344,8 @@ class Proc:
                 send_rest.add_done_callback(lambda f: f.cancelled() or f.exception() and finish("reply", None))
             kind, msg = await done
             timer.cancel()
+            if resumed is not None:
+                self.cell_started = resumed.done() and resumed.result() is not None
             self._listen(False)
             if kind == "reply" and _is_reply(msg, cell) and not self.tampered and not self.msgs:
                 status, oom, killed = None, False, False

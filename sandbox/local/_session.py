@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Awaitable, Callable
 
-from ..base import ExecResult, Limits, SandboxError
+from ..base import ExecResult, ExecStatus, Limits, SandboxError
 from ..slots import Slots
 from ._client import TAMPERED, Proc
 
@@ -59,9 +59,20 @@ class ProcSession:
                     if state == "dead":  # replaced, with fresh state (like a notebook kernel restart)
                         await self._drop()
                         self.proc = await self.spawn()
-                    res = await self.proc.run_cell(
-                        code, self.limits.wall_time(timeout), self.limits.max_output_bytes, park=not self.stateless
-                    )
+                    res = await self._run_cell(code, timeout)
+                    if res is None or (res.status == ExecStatus.SANDBOX_ERROR and not self.proc.cell_started):
+                        # The worker had died between cells, but its end was not read yet when this
+                        # cell came: the cell never started (its session stayed stopped). It runs on
+                        # a fresh worker, as it would have had the loss been seen first.
+                        lost = lost or self.proc.client.dead or "the sandbox worker exited"
+                        await self._drop()
+                        self.proc = await self.spawn()
+                        res = await self._run_cell(code, timeout)
+                        if res is None:
+                            return ExecResult.infra_failure(
+                                f"the sandbox worker was lost twice before the cell could start ({lost})",
+                                time.monotonic() - t0,
+                            )
                     if lost:  # never silent: the caller learns that its earlier state is gone
                         note = (
                             f"the sandbox worker was lost since the previous cell ({lost}): this cell ran in "
@@ -80,6 +91,18 @@ class ProcSession:
                 self._abandon()
                 msg = str(e) if isinstance(e, SandboxError) else f"internal error: {type(e).__name__}: {e}"
                 return ExecResult.infra_failure(msg, time.monotonic() - t0)
+
+    async def _run_cell(self, code: str, timeout: float | None) -> ExecResult | None:
+        """Run the cell on the current interpreter; None if it could not start because the worker
+        was already gone (anything else is raised)."""
+        try:
+            return await self.proc.run_cell(
+                code, self.limits.wall_time(timeout), self.limits.max_output_bytes, park=not self.stateless
+            )
+        except SandboxError:
+            if self.proc.cell_started or not self.proc.client.dead:
+                raise
+            return None
 
     def _abandon(self) -> None:
         if self.proc is not None:
