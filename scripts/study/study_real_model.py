@@ -9,21 +9,33 @@ in training), scored by the DeepSpeed learner, then one GRPO-ds update on it, an
     that position's logits, dH = -A [p_y (log p_y + H) - sum_a p_a^2 (log p_a + H)] (the softmax's
     own sensitivity; the step size is one unknown scale), against the change measured by
     recomputing the same tokens after the update: correlation, sign agreement, means per quadrant.
-curves: the metrics of training runs (stare-train on the same SFT model, one run per arm) as a
-table and a figure of batch entropy, gate and accuracy per step.
+arms: STARE-O1 and GRPO-ds runs (stare-train, configs/smollm2_cpu.yaml) from one SFT model, per
+seed, through the studies' harness (same data order, the seed's sampling seed, SFT off).
+sglang: a short RL run of this model against the real SGLang CPU server (`make sglang-cpu`):
+the server serves the SFT model, stare-train rolls out on it and pushes the trained weights back
+after every step (rollout.sglang.weight_sync, default distributed over gloo).
+curves: the metrics of those runs as a table and a figure of batch entropy and accuracy per step,
+each arm's mean over its seeds, with the per-seed paired differences (STARE-O1 - GRPO-ds).
 
-    python scripts/study/study_real_model.py premise --model RUN/sft/model --out docs/study/real_model_premise.json
-    python scripts/study/study_real_model.py curves --runs stare=RUN_A grpo_ds=RUN_B --out docs/study/real_model
+    stare-sft --config configs/smollm2_cpu.yaml --output OUT/sft
+    python scripts/study/study_real_model.py premise --model OUT/sft --out docs/study/real_model_premise.json
+    python scripts/study/study_real_model.py arms --sft OUT/sft --out OUT --seeds 0 1 2 --steps 6
+    python scripts/study/study_real_model.py sglang --sft OUT/sft --out OUT/sglang --steps 3
+    python scripts/study/study_real_model.py curves --study OUT --seeds 0 1 2 --out docs/study/real_model_arms
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ARMS = {"stare": ["algo.name=stare"], "grpo_ds": ["algo.name=grpo_ds"]}
 
 
 def first_order_terms(model, trajs, advantages) -> list:
@@ -106,25 +118,114 @@ def premise(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
+def arms(args: argparse.Namespace) -> None:
+    from harness import run_arms
+
+    def overrides(arm: str, seed: int) -> list[str]:
+        return ["--config", str(args.config), f"trainer.steps={args.steps}", "trainer.eval_every=0",
+                *ARMS[arm], *args.overrides]  # fmt: skip
+
+    run_arms(args.arms, args.seeds, Path(args.out), overrides, sft=args.sft, jobs=args.jobs)
+
+
+def sglang(args: argparse.Namespace) -> None:
+    import importlib.util
+    import subprocess
+    import time
+
+    spec = importlib.util.spec_from_file_location("sglang_cpu_launch", ROOT / "tools" / "sglang_cpu" / "launch.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    server = launch.start_server(out / "server.log", Path(args.sft).resolve(), max_total_tokens=4096)
+    print(f"real SGLang server on {args.sft} ready in {time.monotonic() - t0:.0f} s at {server.url}", flush=True)
+    sync = [f"rollout.sglang.weight_sync={args.weight_sync}"]
+    if args.weight_sync == "distributed":
+        sync += ["rollout.sglang.dist_backend=gloo", "rollout.sglang.master_address=127.0.0.1"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_tir.py"), "--config", str(args.config), "--overwrite",
+           f"trainer.run_dir={out / 'run'}", f"model.path={args.sft}", "sft.enabled=false",
+           f"trainer.steps={args.steps}", "trainer.eval_every=0", "trainer.backend=sglang",
+           f"rollout.sglang.urls={json.dumps([server.url])}", *sync, *args.overrides]  # fmt: skip
+    try:
+        t1 = time.monotonic()
+        with open(out / "train.log", "w") as log:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        print(f"stare-train against the server: rc={rc} in {time.monotonic() - t1:.0f} s (log {out / 'train.log'})")
+    finally:
+        launch.stop(server)
+    if rc != 0:
+        raise SystemExit(rc)
+
+
 def curves(args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from harness import mean_sd, read_run, run_dir
 
-    arms = dict(r.split("=", 1) for r in args.runs)
-    keys = ("entropy/batch", "entropy/after_update", "stare/gate_on", "acc/train", "rollout/tool_use_frac")
-    table, fig = {}, plt.figure(figsize=(12, 3.2))
+    keys = ("entropy/batch", "entropy/update_change", "entropy/tool_responses", "entropy/direct_responses",
+            "entropy/tool_token_frac", "stare/gate_on", "stare/lplus_s_gt_h_frac", "acc/train")  # fmt: skip
+    runs = {arm: {s: read_run(run_dir(Path(args.study), arm, s)) for s in args.seeds} for arm in args.arms}
+    table: dict = {"seeds": args.seeds, "arms": {}, "paired": {}}
+    fig = plt.figure(figsize=(12, 3.2))
     axes = fig.subplots(1, 3)
-    for name, run_dir in arms.items():
-        rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-        steps = [r for r in rows if "entropy/batch" in r]
-        evals = [(r["step"], r["eval/acc"]) for r in rows if r.get("eval/acc") is not None]
-        table[name] = {"steps": [{k: r.get(k) for k in ("step", *keys)} for r in steps], "eval": evals}
-        x = [r["step"] for r in steps]
-        axes[0].plot(x, [r["entropy/batch"] for r in steps], marker="o", label=name)
-        axes[1].plot(x, [r["acc/train"] for r in steps], marker="o", label=name)
-        axes[2].plot([e[0] for e in evals], [e[1] for e in evals], marker="s", label=name)
+    for arm, per_seed in runs.items():
+        rows = {s: {r["step"]: r for r in steps} for s, (steps, _, _) in per_seed.items()}
+        n_steps = min(len(r) for r in rows.values())
+        mean_rows = [
+            {"step": k, **{key: mean_sd(rows[s][k].get(key) for s in rows)[0] for key in keys}}
+            for k in range(1, n_steps + 1)
+        ]
+        evals = {s: dict(ev) for s, (_, ev, _) in per_seed.items()}
+        final = [max(ev.items())[1] for ev in evals.values()]
+        table["arms"][arm] = {
+            "per_step_mean": mean_rows,
+            "per_seed": {
+                s: [{k: rows[s][step].get(k) for k in ("step", *keys)} for step in sorted(rows[s])] for s in rows
+            },
+            "eval": {s: sorted(ev.items()) for s, ev in evals.items()},
+            "final_eval_mean_sd": mean_sd(final),
+        }
+        x = [r["step"] for r in mean_rows]
+        for s in rows:
+            axes[0].plot(
+                x, [rows[s][k]["entropy/batch"] for k in x], alpha=0.25, color="C0" if arm == "stare" else "C1"
+            )
+            axes[1].plot(x, [rows[s][k]["acc/train"] for k in x], alpha=0.25, color="C0" if arm == "stare" else "C1")
+        axes[0].plot(
+            x,
+            [r["entropy/batch"] for r in mean_rows],
+            marker="o",
+            label=f"{arm} (mean)",
+            color="C0" if arm == "stare" else "C1",
+        )
+        axes[1].plot(
+            x,
+            [r["acc/train"] for r in mean_rows],
+            marker="o",
+            label=f"{arm} (mean)",
+            color="C0" if arm == "stare" else "C1",
+        )
+        for i, s in enumerate(evals):
+            pts = sorted(evals[s].items())
+            axes[2].plot([p[0] for p in pts], [p[1] for p in pts], marker="s", alpha=0.6,
+                         color="C0" if arm == "stare" else "C1", label=arm if i == 0 else None)  # fmt: skip
+    if {"stare", "grpo_ds"} <= set(runs):
+        a, b = (table["arms"][k]["per_seed"] for k in ("stare", "grpo_ds"))
+        for key in ("entropy/batch", "entropy/update_change", "acc/train"):
+            diffs = [
+                [ra[key] - rb[key] for ra, rb in zip(a[s], b[s]) if ra.get(key) is not None and rb.get(key) is not None]
+                for s in args.seeds
+            ]
+            table["paired"][key] = {
+                "per_seed_mean_diff": [mean_sd(d)[0] for d in diffs],
+                "mean_sd_over_seeds": mean_sd(mean_sd(d)[0] for d in diffs),
+            }
+        fa, fb = (table["arms"][k]["eval"] for k in ("stare", "grpo_ds"))
+        table["paired"]["final_eval"] = [fa[s][-1][1] - fb[s][-1][1] for s in args.seeds]
     for ax, title in zip(axes, ("batch entropy (nats/token)", "train accuracy", "held-out accuracy")):
         ax.set_title(title)
         ax.set_xlabel("RL step")
@@ -132,9 +233,14 @@ def curves(args: argparse.Namespace) -> None:
     fig.tight_layout()
     fig.savefig(f"{args.out}.png", dpi=110)
     Path(f"{args.out}.json").write_text(json.dumps(table, indent=1) + "\n")
-    for name, t in table.items():
-        print(name, "eval:", t["eval"])
-        for r in t["steps"]:
+    print(
+        json.dumps(
+            {"paired": table["paired"], **{a: t["final_eval_mean_sd"] for a, t in table["arms"].items()}}, indent=1
+        )
+    )
+    for arm, t in table["arms"].items():
+        print(arm)
+        for r in t["per_step_mean"]:
             print("  ", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
 
 
@@ -147,11 +253,29 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8, help="prompts in the batch (x rollout.n_per_prompt)")
     p.add_argument("--out", default="")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    a = sub.add_parser("arms")
+    a.add_argument("--sft", required=True, help="the SFT model every run starts from (stare-sft --output)")
+    a.add_argument("--out", required=True, help="study directory: one run directory per arm and seed")
+    a.add_argument("--config", default=ROOT / "configs" / "smollm2_cpu.yaml")
+    a.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    a.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    a.add_argument("--steps", type=int, default=6, help="RL steps per run")
+    a.add_argument("--jobs", type=int, default=1, help="runs at once")
+    a.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    g = sub.add_parser("sglang")
+    g.add_argument("--sft", required=True, help="the model the server serves and the run starts from")
+    g.add_argument("--out", required=True, help="directory for the server's log and the run")
+    g.add_argument("--config", default=ROOT / "configs" / "smollm2_cpu.yaml")
+    g.add_argument("--steps", type=int, default=3)
+    g.add_argument("--weight-sync", default="distributed", choices=["disk", "tensor", "distributed"])
+    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     c = sub.add_parser("curves")
-    c.add_argument("--runs", nargs="+", required=True, metavar="NAME=RUN_DIR")
+    c.add_argument("--study", required=True, help="the study directory of `arms`")
+    c.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    c.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     c.add_argument("--out", required=True, help="output path without extension (.png and .json)")
     args = ap.parse_args()
-    premise(args) if args.what == "premise" else curves(args)
+    {"premise": premise, "arms": arms, "sglang": sglang, "curves": curves}[args.what](args)
 
 
 if __name__ == "__main__":
