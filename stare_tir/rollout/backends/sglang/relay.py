@@ -98,7 +98,6 @@ def plan_relay(
     ranks: Ranks,
     sources_of: Callable[[list[str | None]], list[list[int]] | None] | None,
     bucket_bytes: int,
-    gpu: Callable[[], str | None] = this_gpu,
 ) -> TensorRelay | None:
     """Collective: every rank reports its GPU, rank 0 maps the servers' TP ranks to trainer ranks
     (`sources_of`, given on rank 0 only; None: no mapping, it has said why), and every rank learns
@@ -106,7 +105,7 @@ def plan_relay(
     import torch
 
     try:
-        mine = gpu()
+        mine = this_gpu()
     except Exception:  # noqa: BLE001 - an unreadable device is no mapping, never a failed sync
         mine = None
     gathered = ranks.gather_object(mine)
