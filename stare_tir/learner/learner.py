@@ -220,6 +220,17 @@ class Learner:
             dist.all_reduce(y, op=dist.ReduceOp.MAX)
         return y.cpu()
 
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Every rank's picklable `obj` on rank 0, in rank order; None on the other ranks. Under
+        NCCL the pickles travel through this rank's GPU (torch.distributed `gather_object`)."""
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
     def all_gather_flat(self, x: Tensor) -> tuple[Tensor, slice]:
         """Concatenate every rank's 1-D tensor (lengths may differ), in rank order.
 

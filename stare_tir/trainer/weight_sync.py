@@ -68,6 +68,12 @@ def sync_weights(run: Run) -> None:
     complete, and all meet in `agree`. A backend of its own (HF, in process) is updated by each
     rank. No generation runs during a sync: every rank has finished its rollouts of this step
     before any rank reaches the update.
+
+    Colocated SGLang with tensor sync: every rank feeds rank 0's push through a relay (each
+    serializes the bucket on its own GPU, rank 0 sends each TP rank the payload from its GPU;
+    rollout/backends/sglang/relay.py). The relay stops every rank at the same bucket when any
+    fails; a rank 0 failing before its first bucket still joins it (`finish`), so no rank is
+    left in a gather.
     """
     learner, backend = run.learner, run.backend
     shared = backend.shared_by_ranks
@@ -83,14 +89,22 @@ def sync_weights(run: Run) -> None:
         free_learner_memory()
     if backend.colocated or (shared and learner.world_size > 1):
         learner.all_reduce_sum(torch.zeros(1))  # every rank's memory is free, its version accepted
+    relay = backend.tensor_relay(learner) if shared and learner.world_size > 1 else None
     weights = learner.export_weights()
     error = None
     try:
         if pusher:
-            backend.update_weights(weights, version=version)
+            if relay is not None:
+                backend.update_weights(weights, version=version, relay=relay)
+            else:
+                backend.update_weights(weights, version=version)
+        elif relay is not None:
+            relay.run(weights, None)
     except Exception as exc:  # raised on every rank in `agree`, after the others are told
         error = exc
     finally:
+        if relay is not None:
+            relay.finish(weights)  # rank 0 failed before its first bucket: the others wait in it
         for _ in weights:  # the rest of the gathers, which the other ranks are waiting in
             pass
     agree(run, error, "weight sync")

@@ -7,7 +7,8 @@ a version is given):
 
     GET  /health, /health_generate, /[get_]model_info, /[get_]server_info  entrypoints/http_server.py
                                         (server info: tp_size, dp_size, pp_size, nnodes,
-                                        enable_memory_saver, version: utils/common.py
+                                        enable_memory_saver, base_gpu_id, gpu_id_step,
+                                        version: utils/common.py
                                         `build_server_info`)
     POST /generate                      input_ids, sampling_params, return_logprob -> text,
                                         output_ids, meta_info{finish_reason, output_token_logprobs,

@@ -72,6 +72,8 @@ def make_handler(server: Any, keepalive_s: float):
                     {
                         "model_path": server.model_path,
                         "tp_size": server.tp_size,
+                        "base_gpu_id": 0,  # server_args defaults: TP rank r on visible GPU r
+                        "gpu_id_step": 1,
                         "dp_size": 1,
                         "pp_size": 1,
                         "nnodes": 1,

@@ -136,6 +136,12 @@ class Backend(Protocol):
         """Another process pushed `version` (shared servers): answers must now carry it."""
         ...
 
+    def tensor_relay(self, ranks: Any) -> Any:
+        """Collective, on every rank before each sync of shared servers with several ranks: a relay
+        through which every rank feeds the push (SGLang, colocated tensor sync: `relay.py`), given
+        to rank 0's `update_weights(..., relay=)` and run by the others; None: rank 0 alone pushes."""
+        ...
+
     def stale_servers(self) -> list[str]:
         """Servers that serve other weights than the last push (restarted) and need it again."""
         ...
@@ -207,6 +213,10 @@ class BackendBase:
 
     def expect_version(self, version: str) -> None:
         """Each rank pushes its own backend: there is no other pusher's version to expect."""
+
+    def tensor_relay(self, ranks: Any) -> Any:
+        """No relay: one pusher (no collective is run)."""
+        return None
 
     def stale_servers(self) -> list[str]:
         return []

@@ -5,6 +5,8 @@
     backend.py         SGLangBackend: routing, retries, stale-weight detection, memory, the push entry
     layout.py          what each server is (/server_info): TP/DP/PP sizes, router, locality
     push.py            disk / tensor / distributed pushes, the begin/end session, the update group
+    relay.py           colocated tensor sync fed by every trainer rank (each TP rank's payload from its GPU)
+    devices.py         which GPUs a local server sees, and which GPU each of its TP ranks runs on
     engine_backend.py  SGLangEngineBackend: an in-process sglang.Engine (GPU)
 
 Data path (`/generate`, SGLang's native API, not the OpenAI one, so no chat template or
@@ -43,7 +45,8 @@ restarted serves its start-up weights, "default"): it is discarded, counted, and
 another server; that server is left out until the trainer pushes again (`stale_servers`).
 
 Weight sync (`SGLangConfig.weight_sync`). The trainer calls it on ONE process (rank 0) while the
-other ranks wait, after every rank has finished its rollouts: no generation runs during a sync.
+other ranks wait (colocated tensor sync: while they feed it, below), after every rank has
+finished its rollouts: no generation runs during a sync.
 Each server's layout is read from `/server_info` before the first push (tp_size adopted or
 checked, layouts a mode cannot serve refused: `layout.py`).
 - "disk": the learner's tensors are written to `sync_dir/model.safetensors` (temp name, then an
@@ -51,7 +54,13 @@ checked, layouts a mode cannot serve refused: `layout.py`).
   `sync_dir` must be readable by every server (a shared file system across nodes).
 - "tensor" (colocated: same node): `/update_weights_from_tensor` with `serialized_named_tensors`
   = one payload per TP rank (CUDA tensors as IPC handles naming the GPU by UUID, serialized per
-  rank; CPU tensors by value). Refused for servers on another node.
+  rank; CPU tensors by value). Refused for servers on another node. Colocated with several
+  trainer ranks, every rank takes part (`relay.py`, as SGLang's srt/weight_sync/utils.py
+  `update_weights` does): each serializes the bucket on its own GPU, rank 0 gathers the payloads
+  and gives TP rank r of each server the one from the trainer rank on that TP rank's GPU
+  (base_gpu_id + r * gpu_id_step of the server's CUDA_VISIBLE_DEVICES, matched by UUID). When a
+  TP rank's GPU hosts no trainer rank, or cannot be read, rank 0 serializes every payload, as
+  with one rank, and logs why once.
 - "distributed" (separate GPUs): `/init_weights_update_group` (this process is rank 0 of a group
   of 1 + the servers' TP ranks, under a unique name), then per bucket
   `/update_weights_from_distributed` while rank 0 broadcasts each tensor; a refused request stops

@@ -14,7 +14,7 @@ from loguru import logger
 from stare_tir.rollout.backends._http import AsyncJSONClient, HTTPError, NotSentError, request_sync
 from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, BackendBase, Generation, SamplingParams, fast_decoder
 from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig, prepare_trainer_env
-from stare_tir.rollout.backends.sglang.devices import check_servers_see_device, device_uuid
+from stare_tir.rollout.backends.sglang.devices import check_servers_see_device, device_uuid, server_gpus
 from stare_tir.rollout.backends.sglang.layout import (
     ServerLayout,
     check_layouts,
@@ -27,13 +27,16 @@ from stare_tir.rollout.backends.sglang.layout import (
 from stare_tir.rollout.backends.sglang.push import (
     Sessions,
     UpdateGroup,
+    bucket_bytes,
     check_pause_support,
     flush_cache,
     generation_paused,
     load_from_disk,
     push_disk,
     push_tensor,
+    push_tensor_relayed,
 )
+from stare_tir.rollout.backends.sglang.relay import Ranks, TensorRelay, map_sources, plan_relay
 from stare_tir.rollout.backends.sglang.routing import ROUTING_KEY_HEADER, ServerPicker
 from stare_tir.rollout.backends.sglang.wire import parse_generate_output, sampling_payload
 
@@ -140,6 +143,8 @@ class SGLangBackend(BackendBase):
         self._older_versions: collections.deque[str] = collections.deque(maxlen=0)
         self._incoming: str | None = None  # a version another process is pushing (`accept_version`)
         self._devices_checked = False  # tensor sync: every server sees the trainer's GPU (`devices.py`)
+        self._server_gpus: list[tuple[list[str] | None, str]] | None = None  # per server (`relay.py`)
+        self._relay_note: str | None = None  # why the last colocated push had no per-rank map ("": it had)
 
     # ------------------------------------------------------------------------------- data path
 
@@ -403,10 +408,18 @@ class SGLangBackend(BackendBase):
 
     # -- weights
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str | None = None) -> None:
+    def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: str | None = None,
+        relay: TensorRelay | None = None,
+    ) -> None:
         """Push new weights to every control server under `version` (None: this backend's count
-        of pushes). Colocated: the weights are resumed first and the rest of the memory after."""
+        of pushes). Colocated: the weights are resumed first and the rest of the memory after.
+        relay: from `tensor_relay` (rank 0 of a colocated tensor push that every rank feeds)."""
         mode = self.cfg.weight_sync
+        if relay is not None and mode != "tensor":
+            raise ValueError(f"a per-rank relay is for weight_sync=tensor, not {mode}")
         version = version if version is not None else str(self._pushes + 1)
         layouts = self.layouts()
         if self.cfg.colocate:
@@ -416,7 +429,10 @@ class SGLangBackend(BackendBase):
                 push_disk(self.control_urls, self.cfg, named_tensors, version)
             elif mode == "tensor":
                 with self._sessions.around(self.control_urls):
-                    push_tensor(layouts, self.cfg, self._checking_devices(named_tensors), version)
+                    if relay is not None:  # each TP rank's GPU was read from the server: no device check
+                        push_tensor_relayed(layouts, self.cfg, relay, named_tensors, version)
+                    else:
+                        push_tensor(layouts, self.cfg, self._checking_devices(named_tensors), version)
                 self.flush_cache()
             else:
                 group = self._update_group(layouts)
@@ -426,6 +442,37 @@ class SGLangBackend(BackendBase):
         self._pushed(version)
         if self.cfg.colocate:
             self.resume_memory_occupation()
+
+    def tensor_relay(self, ranks: Ranks) -> TensorRelay | None:
+        """Collective over the trainer's ranks, before each sync: colocated tensor sync with several
+        ranks feeds each server's TP rank r from the trainer rank on its GPU (`relay.py`). None on
+        every rank otherwise, and when no such map exists (rank 0 says why, once)."""
+        if not (self.cfg.colocate and self.cfg.weight_sync == "tensor") or ranks.world_size == 1:
+            return None
+        return plan_relay(ranks, self._relay_sources if ranks.rank == 0 else None, bucket_bytes(self.cfg))
+
+    def _relay_sources(self, rank_gpus: list[str | None]) -> list[list[int]] | None:
+        """Rank 0: server -> TP rank -> the trainer rank on its GPU, or None (logged once per reason)."""
+        try:
+            layouts = self.layouts()
+            if self._server_gpus is None:  # a server's GPUs do not change while it runs
+                self._server_gpus = [server_gpus(lay.url, lay) for lay in layouts]
+            sources, why = map_sources(layouts, rank_gpus, self._server_gpus)
+        except Exception as exc:  # noqa: BLE001 - the push itself reports a server that fails here
+            sources, why = None, f"the servers' GPUs could not be read: {exc!r}"
+        if why != self._relay_note:
+            if sources is None:
+                logger.warning(
+                    f"colocated weight_sync=tensor: trainer rank 0 serializes every TP rank's payload (one "
+                    f"GPU's bandwidth per push), since no trainer rank could be matched to each TP rank's GPU: {why}"
+                )
+            else:
+                mapped = "; ".join(f"{lay.url} TP ranks <- trainer ranks {row}" for lay, row in zip(layouts, sources))
+                logger.info(
+                    f"colocated weight_sync=tensor: each TP rank reads from the trainer rank on its GPU ({mapped})"
+                )
+        self._relay_note = why
+        return sources
 
     def _checking_devices(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]]

@@ -15,6 +15,9 @@ CUDA_VISIBLE_DEVICES read from /proc/<pid>/environ. Entries are GPU UUIDs ("GPU-
 "MIG-...") or indices of the physical enumeration, which `nvidia-smi` maps to UUIDs. Where the
 process or the mapping cannot be read (another user's process, another container) nothing is
 refused and a warning says the check did not run.
+
+The same reading tells which GPU each TP rank of a server runs on (`server_gpus`), which the
+colocated per-rank push (`relay.py`) maps to the trainer rank on that GPU.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit
 
 from loguru import logger
+
+if TYPE_CHECKING:
+    from stare_tir.rollout.backends.sglang.layout import ServerLayout
 
 PROC = Path("/proc")
 
@@ -85,7 +91,7 @@ def physical_uuids() -> dict[str, str] | None:
     return {i.strip(): u.strip() for i, u in pairs}
 
 
-def _norm(uuid: str) -> str:
+def norm_uuid(uuid: str) -> str:
     """ "GPU-5d8f..." (nvidia-smi, CUDA_VISIBLE_DEVICES) and torch's "5d8f..." compare equal."""
     uuid = uuid.strip().lower()
     for prefix in ("gpu-", "mig-"):
@@ -99,7 +105,7 @@ def sees_device(visible: str, uuid: str, index_to_uuid: Callable[[], dict[str, s
     entries = [e.strip() for e in visible.split(",") if e.strip()]
     if not visible.strip():
         return True  # unset: every GPU of the node
-    want = _norm(uuid)
+    want = norm_uuid(uuid)
     mapping = None
     for entry in entries:
         if entry.isdigit():
@@ -107,7 +113,7 @@ def sees_device(visible: str, uuid: str, index_to_uuid: Callable[[], dict[str, s
             if mapping is None:
                 return None
             entry = mapping.get(entry, "")
-        if _norm(entry) == want:
+        if norm_uuid(entry) == want:
             return True
     return False
 
@@ -145,3 +151,45 @@ def check_servers_see_device(
                 "(patch_torch.py raises on an unknown device UUID). Launch it seeing that GPU too, or use "
                 "rollout.sglang.weight_sync=distributed"
             )
+
+
+def server_gpus(
+    url: str,
+    layout: ServerLayout,
+    *,
+    proc: Path = PROC,
+    index_to_uuid: Callable[[], dict[str, str] | None] = physical_uuids,
+) -> tuple[list[str] | None, str]:
+    """The GPU (UUID) each TP rank of the local server at `url` runs on, in TP rank order; or
+    (None, why) when that cannot be read here.
+
+    TP rank r's scheduler process uses the server's visible device base_gpu_id + r * gpu_id_step
+    (sglang v0.5.23 srt/entrypoints/engine.py `_launch_scheduler_processes`, for pp 1 on one
+    node; `maybe_reindex_device_id` may renumber it inside the child, the physical GPU stays), both
+    reported by /server_info. That index counts the GPUs of the server's CUDA_VISIBLE_DEVICES (all
+    of the node when unset), whose entries are UUIDs or physical indices (nvidia-smi's numbering,
+    as in `sees_device`)."""
+    if layout.base_gpu_id is None:
+        return None, f"{url} does not report base_gpu_id in /server_info"
+    pid = listening_pid(urlsplit(url).port or 80, proc)
+    visible = visible_devices_of(pid, proc) if pid is not None else None
+    if visible is None:
+        return None, f"the process serving {url} is not readable here (its CUDA_VISIBLE_DEVICES is unknown)"
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    mapping: dict[str, str] | None = None
+    gpus = []
+    for rank in range(layout.tp_size):
+        index = layout.base_gpu_id + rank * layout.gpu_id_step
+        if entries and index >= len(entries):
+            return None, f"{url} TP rank {rank} uses visible GPU {index}, but its CUDA_VISIBLE_DEVICES={visible}"
+        entry = entries[index] if entries else str(index)
+        if entry.isdigit():
+            mapping = mapping if mapping is not None else index_to_uuid()
+            if mapping is None or entry not in mapping:
+                return (
+                    None,
+                    f"GPU {entry} of {url} TP rank {rank} has no UUID here (nvidia-smi unavailable or no such GPU)",
+                )
+            entry = mapping[entry]
+        gpus.append(entry)
+    return gpus, ""

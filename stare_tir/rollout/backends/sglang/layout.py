@@ -2,7 +2,8 @@
 
 0.5.23 answers `/server_info` (and the deprecated `/get_server_info`) with its resolved server
 arguments (python/sglang/srt/entrypoints/http_server.py `server_info`, utils/common.py
-`build_server_info`): `tp_size`, `dp_size`, `pp_size`, `nnodes`, `enable_memory_saver`, ... Each weight-sync mode needs
+`build_server_info`): `tp_size`, `dp_size`, `pp_size`, `nnodes`, `enable_memory_saver`,
+`base_gpu_id`, `gpu_id_step`, ... Each weight-sync mode needs
 some layouts and cannot work with others; a mismatch is refused here with one line naming the
 key and the fix, instead of a crash inside the server:
 
@@ -42,6 +43,10 @@ class ServerLayout:
     nnodes: int = 1
     memory_saver: bool | None = None  # None: not reported
     version: str = ""
+    # TP rank r runs on the server's visible device base_gpu_id + r * gpu_id_step (None: not
+    # reported; `devices.server_gpus`)
+    base_gpu_id: int | None = None
+    gpu_id_step: int = 1
 
     def describe(self) -> str:
         """One line: "tp 2" (and dp/pp/nnodes when not 1, the version when reported)."""
@@ -63,6 +68,8 @@ class ServerLayout:
             nnodes=int(info.get("nnodes") or 1),
             memory_saver=info.get("enable_memory_saver"),
             version=str(info.get("version", "")),
+            base_gpu_id=int(info["base_gpu_id"]) if info.get("base_gpu_id") is not None else None,
+            gpu_id_step=int(info.get("gpu_id_step") or 1),
         )
 
 

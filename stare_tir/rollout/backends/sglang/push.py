@@ -2,7 +2,8 @@
 
 Every function here runs on the one pushing process and raises on the first refusal: a caller
 that stops iterating its tensors must still let its peers finish theirs (see
-`stare_tir.trainer.weight_sync`). Upstream references (python/sglang/srt/ of 0.5.23):
+`stare_tir.trainer.weight_sync`). The one exception, `push_tensor_relayed`, is rank 0's side of a
+protocol every trainer rank runs (`relay.py`). Upstream references (python/sglang/srt/ of 0.5.23):
 managers/scheduler_components/weight_updater.py (sessions, the loads, flush after an update),
 managers/tp_worker.py (one tensor payload per TP rank), model_executor/model_runner_components/
 weight_updater.py (the server's side of the group and the broadcast), entrypoints/http_server.py.
@@ -57,6 +58,8 @@ from stare_tir.rollout.backends.sglang.layout import ServerLayout, master_addres
 
 if TYPE_CHECKING:
     import torch
+
+    from stare_tir.rollout.backends.sglang.relay import TensorRelay
 
 SYNC_FILE = "model.safetensors"
 # Seconds a clean-up call (closing a session, destroying a group) may take once a push has
@@ -262,21 +265,16 @@ def push_tensor(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     version: str,
 ) -> None:
-    """`/update_weights_from_tensor` per bucket, with one payload per TP rank of each server.
+    """`/update_weights_from_tensor` per bucket, with one payload per TP rank of each server, all
+    serialized by this (the pushing) process.
 
     CUDA tensors are serialized once per rank and server (IPC refcounts, see
     `serialize_named_tensors`); CPU tensors travel by value, so one serialization is shared.
 
-    Every payload is a handle on this (the pushing) process's GPU, also for TP rank r of a server
-    colocated on GPUs 0..tp-1. SGLang's own helper instead has each trainer rank serialize the
-    bucket on its own GPU and gathers the payloads to the pusher (srt/weight_sync/utils.py
-    `update_weights`: each rank of the inference TP mesh serializes its tensors with
-    `MultiprocessingSerializer`, `dist.gather_object` to the mesh's first rank, which sends every
-    tensor as a `LocalSerializedTensor(values=[one handle per TP rank])`; the model runner opens
-    the value of its own rank), so each TP rank reads from its own GPU. Here that needs every trainer rank inside
-    every bucket (the tensors on its GPU, a gather per bucket) where the design has one pusher and
-    the other ranks waiting; not done: correct, but a colocated push is bounded by one GPU's
-    outgoing bandwidth.
+    Every payload is then a handle on this process's GPU, also for TP rank r of a server colocated
+    on GPUs 0..tp-1: the push is bounded by one GPU's outgoing bandwidth. Colocated with several
+    trainer ranks, `push_tensor_relayed` is used instead where each TP rank's GPU hosts a trainer
+    rank (SGLang's own helper's way, `relay.py`); this is its fallback and the path of one rank.
     """
     urls = [lay.url for lay in layouts]
     for bucket, _last in buckets(named_tensors, bucket_bytes(cfg)):
@@ -292,6 +290,29 @@ def push_tensor(
             for lay in layouts
         ]
         Posts(urls, "/update_weights_from_tensor", payloads, cfg.timeout_s).join()
+
+
+def push_tensor_relayed(
+    layouts: list[ServerLayout],
+    cfg: SGLangConfig,
+    relay: TensorRelay,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    version: str,
+) -> None:
+    """Rank 0's side of the colocated per-rank push (`relay.py`): every trainer rank serializes
+    the bucket on its own GPU, and server i's TP rank r gets the payload of the trainer rank on
+    its GPU (sglang srt/weight_sync/utils.py `update_weights` gathers them the same way). The
+    other ranks run `relay.run` with no `post` over the same buckets."""
+    urls = [lay.url for lay in layouts]
+
+    def post(per_server: list[list[str]]) -> None:
+        payloads = [
+            {"serialized_named_tensors": p, "load_format": None, "flush_cache": False, "weight_version": version}
+            for p in per_server
+        ]
+        Posts(urls, "/update_weights_from_tensor", payloads, cfg.timeout_s).join()
+
+    relay.run(named_tensors, post)
 
 
 # --------------------------------------------------------------------------------- distributed
