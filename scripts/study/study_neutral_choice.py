@@ -127,12 +127,32 @@ def tail_mean(steps: list[dict], key: str, tail: int) -> float | None:
     return mean(s[key] for s in steps[-tail:])
 
 
+def linear_drift(ys: list[float | None]) -> tuple[float | None, float | None]:
+    """Least-squares slope of ys over their step index times (len - 1): the drift over the run a
+    straight line gives, and its standard error (None with fewer than 3 points)."""
+    pts = [(i, y) for i, y in enumerate(ys) if y is not None]
+    if len(pts) < 3:
+        return None, None
+    n = len(pts)
+    mx, my = sum(i for i, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((i - mx) ** 2 for i, _ in pts)
+    slope = sum((i - mx) * (y - my) for i, y in pts) / sxx
+    resid = sum((y - my - slope * (i - mx)) ** 2 for i, y in pts) / (n - 2)
+    span = len(ys) - 1
+    return slope * span, (resid / sxx) ** 0.5 * span
+
+
 def per_seed_summary(curves: dict, tail: int) -> dict:
     s = curves["steps"]
     pooled = {st: sum(x[f"n_{st}"] for x in s) for st in STYLES}
     correct = {st: sum(x[f"correct_{st}"] for x in s) for st in STYLES}
+    drift, drift_se = linear_drift([x["assign_share"] for x in s])
     return {
         "steps": len(s),
+        # the assign share's straight-line drift over the run (0 for a held mix) and its s.e.
+        "assign_drift": drift,
+        "assign_drift_se": drift_se,
+        "mean_weight": mean(x["mean_weight"] for x in s),
         "minority_first": s[0]["minority_share"] if s else None,
         "minority_last": s[-1]["minority_share"] if s else None,
         "minority_tail": tail_mean(s, "minority_share", tail),
@@ -248,12 +268,15 @@ def write_doc(results: dict, docs: Path, meta: dict, tail: int) -> None:
     lines += [
         "\n## Per seed\n",
         f"First = RL step 1 (the SFT policy's own mix); tail = mean over the last {tail} steps. "
+        "Assign drift = slope of a straight line through the per-step assign share, times the "
+        "steps it spans (± its standard error): how far the mix moved over the run. STARE weight = "
+        "stare/mean_weight, mean over steps. "
         "acc by style = accuracy of the tool responses in each style over all steps (a reward-"
         "neutral choice has them equal). Other = tool responses in neither style.\n",
         "| arm | seed | minority first -> tail | choice H first -> tail | assign share first -> tail "
-        "| acc/train first -> tail | H batch first -> tail | gate on | acc print / assign | other "
-        "| held-out before -> after | RL wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| assign drift (line fit) | acc/train first -> tail | H batch first -> tail | gate on | STARE weight "
+        "| acc print / assign | other | held-out before -> after | RL wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, res in results.items():
         for seed, m in zip(res["seeds"], res["summary"]):
@@ -261,8 +284,10 @@ def write_doc(results: dict, docs: Path, meta: dict, tail: int) -> None:
                 f"| {ARMS[name]['label']} | {seed} | {fmt(m['minority_first'])} -> {fmt(m['minority_tail'])} "
                 f"| {fmt(m['choice_entropy_first'])} -> {fmt(m['choice_entropy_tail'])} "
                 f"| {fmt(m['assign_first'])} -> {fmt(m['assign_tail'])} "
+                f"| {fmt(m['assign_drift'], '{:+.3f}', m['assign_drift_se'])} "
                 f"| {fmt(m['acc_train_first'])} -> {fmt(m['acc_train_tail'])} "
                 f"| {fmt(m['entropy_first'])} -> {fmt(m['entropy_tail'])} | {fmt(m['gate_frac'], '{:.2f}')} "
+                f"| {fmt(m['mean_weight'], '{:.4f}')} "
                 f"| {fmt(m['acc_print_all'])} / {fmt(m['acc_assign_all'])} | {fmt(m['other_share'])} "
                 f"| {fmt(m['acc_before_rl'])} -> {fmt(m['acc_after_rl'])} | {fmt(m['rl_seconds'], '{:.0f}')} |"
             )

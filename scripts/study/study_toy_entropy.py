@@ -94,33 +94,34 @@ def analyse(rd: Path) -> dict:
             "last5": mean(v for _, v in vals[-5:]),
         }
 
-    # Tool-mode accuracy of the training rollouts around each evaluation (the 5 steps before it,
-    # or the first 5 for the evaluation before RL), times the held-out tool-call rate.
+    # One constant for the whole run: the tool-mode accuracy of all training rollouts, times each
+    # evaluation's tool-call rate (per-step accuracies swing with the batch's problems).
     eval_rows = [
         json.loads(line)
         for line in (rd / "metrics.jsonl").read_text().splitlines()
         if line.strip() and '"eval/acc"' in line
     ]
     by_step = {e["step"]: e for e in eval_rows if e.get("eval/acc") is not None}
+    n_tool = sum(s["n_tool"] or 0 for s in steps)
+    acc_tool = sum((s["acc_tool"] or 0.0) * (s["n_tool"] or 0) for s in steps) / n_tool if n_tool else None
+    n_direct = sum(s["n_direct"] or 0 for s in steps)
+    acc_direct = sum((s["acc_direct"] or 0.0) * (s["n_direct"] or 0) for s in steps) / n_direct if n_direct else None
     held = []
-    pooled_tool = [s["acc_tool"] for s in steps if s["acc_tool"] is not None]
     for step, acc in evals:
-        e = by_step.get(step, {})
-        near = [s for s in steps if (step - 5 < s["step"] <= step) or (step == 0 and s["step"] <= 5)]
-        acc_tool = mean(s["acc_tool"] for s in near)
-        rate = e.get("eval/tool_calls")
+        rate = by_step.get(step, {}).get("eval/tool_calls")
+        predicted = acc_tool * rate if acc_tool is not None and rate is not None else None
         held.append(
             {
                 "step": step,
                 "eval_acc": acc,
                 "eval_tool_calls": rate,
-                "acc_tool_near": acc_tool,
-                "predicted": acc_tool * rate if acc_tool is not None and rate is not None else None,
+                "predicted": predicted,
+                "error": predicted - acc if predicted is not None else None,
+                # held-out accuracy per tool call: the held-out tool-mode accuracy when direct
+                # answers score ~0 and an answer calls the tool at most once
                 "acc_per_tool_call": acc / rate if rate else None,
             }
         )
-    for h in held:
-        h["error"] = h["predicted"] - h["eval_acc"] if h["predicted"] is not None else None
     fixed_err = [abs(s["fixed_mode_error"]) for s in steps]
     return {
         "run_dir": str(rd),
@@ -130,10 +131,32 @@ def analyse(rd: Path) -> dict:
         "h_direct_step1": h_direct0,
         "fixed_mode_max_abs_error": max(fixed_err),
         "fixed_mode_mean_abs_error": sum(fixed_err) / len(fixed_err),
+        # How much of the batch entropy's fall (step 1 -> mean of the last 5 steps) the mix alone
+        # gives: the fixed-mode mix's fall over the measured one.
+        "mix_share_of_fall": (steps[0]["fixed_mode_mix"] - mean(s["fixed_mode_mix"] for s in steps[-5:]))
+        / (steps[0]["entropy_batch"] - mean(s["entropy_batch"] for s in steps[-5:])),
         "identity_max_abs_error": max(abs(s["identity_error"]) for s in steps),
         "drift": {k: drift(k) for k in ("entropy_batch", "entropy_tool", "entropy_direct", "tool_token_frac")},
-        "acc_tool_pooled": mean(pooled_tool),
-        "acc_direct_pooled": mean(s["acc_direct"] for s in steps if s["acc_direct"] is not None),
+        "acc_tool_pooled": acc_tool,
+        "acc_direct_pooled": acc_direct,
+        "n_tool_responses": n_tool,
+        "n_direct_responses": n_direct,
+        # how far code executions per trajectory exceed the share of trajectories with one (a
+        # second call in the same answer): the gap between eval/tool_calls and a tool-call rate
+        "max_calls_minus_use": max(
+            (
+                s["tool_calls"] - s["tool_use_frac"]
+                for s in steps
+                if s["tool_calls"] is not None and s["tool_use_frac"] is not None
+            ),
+            default=None,
+        ),
+        "acc_per_tool_call_range": [
+            min(h["acc_per_tool_call"] for h in held if h["acc_per_tool_call"] is not None),
+            max(h["acc_per_tool_call"] for h in held if h["acc_per_tool_call"] is not None),
+        ]
+        if any(h["acc_per_tool_call"] is not None for h in held)
+        else None,
         "held_out_max_abs_error": max((abs(h["error"]) for h in held if h["error"] is not None), default=None),
         "acc_before_rl": summary.get("acc_before_rl"),
         "acc_after_rl": summary.get("acc_after_rl"),
@@ -158,25 +181,29 @@ def write_doc(a: dict, docs: Path, command: str) -> None:
         f"{fmt(d['entropy_batch']['first'])} -> {fmt(d['entropy_batch']['last'])}.",
         f"- Holding both modes at their step-1 entropies, frac x H_tool + (1 - frac) x H_direct "
         f"reproduces entropy/batch within {fmt(a['fixed_mode_max_abs_error'])} at every step "
-        f"(mean error {fmt(a['fixed_mode_mean_abs_error'])}): the curve is the mix moving.",
+        f"(mean error {fmt(a['fixed_mode_mean_abs_error'])}); the mix alone gives "
+        f"{a['mix_share_of_fall']:.0%} of the fall from step 1 to the last 5 steps: the curve is the mix moving.",
         f"- Each mode's own entropy, first 5 -> last 5 steps: tool {fmt(d['entropy_tool']['first5'])} -> "
         f"{fmt(d['entropy_tool']['last5'])}, direct {fmt(d['entropy_direct']['first5'])} -> "
         f"{fmt(d['entropy_direct']['last5'])} (last step with direct answers: {d['entropy_direct'].get('last_step')}).",
-        f"- Accuracy in the training rollouts, pooled over steps: tool responses {fmt(a['acc_tool_pooled'])}, "
-        f"direct answers {fmt(a['acc_direct_pooled'])}. Held-out accuracy {fmt(a['acc_before_rl'])} -> "
-        f"{fmt(a['acc_after_rl'])}; (tool-mode accuracy x held-out tool calls per sample) matches each "
-        f"evaluation within {fmt(a['held_out_max_abs_error'])}.",
+        f"- Accuracy in the training rollouts, all steps pooled: tool responses {fmt(a['acc_tool_pooled'])} "
+        f"({a['n_tool_responses']} responses), direct answers {fmt(a['acc_direct_pooled'])} "
+        f"({a['n_direct_responses']}). Held-out accuracy {fmt(a['acc_before_rl'])} -> {fmt(a['acc_after_rl'])}; "
+        f"{fmt(a['acc_tool_pooled'])} x the held-out tool-call rate matches every evaluation within "
+        f"{fmt(a['held_out_max_abs_error'])}, and held-out accuracy per tool call stays in "
+        f"{fmt((a['acc_per_tool_call_range'] or [None])[0])}-{fmt((a['acc_per_tool_call_range'] or [None, None])[1])}: "
+        "RL raised accuracy by calling the tool more often, not by calling it better.",
         "\n## Held-out evaluations\n",
-        "Tool-mode accuracy = accuracy of the tool-calling training rollouts over the 5 steps up to "
-        "the evaluation (steps 1-5 for the one before RL). Tool calls = eval/tool_calls, code "
-        "executions per held-out sample (it slightly over-counts the tool-call rate: compare "
-        "rollout/tool_calls with rollout/tool_use_frac below).\n",
-        "| step | held-out acc | tool calls | tool-mode acc | predicted | error | acc per tool call |",
-        "|---|---|---|---|---|---|---|",
+        "Predicted = the pooled tool-mode accuracy of the training rollouts x eval/tool_calls (code "
+        "executions per held-out sample, used as the tool-call rate: in the training rollouts "
+        "rollout/tool_calls exceeds rollout/tool_use_frac by at most "
+        f"{fmt(a['max_calls_minus_use'])} at any step).\n",
+        "| step | held-out acc | tool calls | predicted | error | acc per tool call |",
+        "|---|---|---|---|---|---|",
     ]
     for h in a["held_out"]:
         lines.append(
-            f"| {h['step']} | {fmt(h['eval_acc'])} | {fmt(h['eval_tool_calls'])} | {fmt(h['acc_tool_near'])} "
+            f"| {h['step']} | {fmt(h['eval_acc'])} | {fmt(h['eval_tool_calls'])} "
             f"| {fmt(h['predicted'])} | {fmt(h['error'], '{:+.3f}')} | {fmt(h['acc_per_tool_call'])} |"
         )
     lines += [

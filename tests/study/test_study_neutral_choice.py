@@ -53,3 +53,13 @@ def test_choice_stats_counts_tool_responses_only():
     collapsed = choice_stats([row("print", True)] * 4)
     assert collapsed["minority_share"] == 0.0 and collapsed["choice_entropy"] == 0.0
     assert choice_stats([row(None, True, 0)])["choice_entropy"] is None
+
+
+def test_linear_drift_of_a_line_and_of_a_flat_series():
+    from study_neutral_choice import linear_drift
+
+    drift, se = linear_drift([0.5 - 0.01 * i for i in range(11)])
+    assert drift == pytest.approx(-0.1) and se == pytest.approx(0.0, abs=1e-12)
+    flat, flat_se = linear_drift([0.5, 0.52, 0.48, None, 0.5, 0.5])
+    assert abs(flat) < 0.03 and flat_se > 0
+    assert linear_drift([0.5, None]) == (None, None)
