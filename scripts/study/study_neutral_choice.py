@@ -6,7 +6,7 @@ On the default toy task the entropy curve is tool adoption (tool calls are writt
 entropy than direct answers, and RL raises their share), so STARE has nothing to act on there.
 This arm keeps a choice *inside* the tool mode that the reward cannot tell apart: the cold-start
 SFT traces all call the tool (sft.tool_fraction=1.0) and write their code in one of two styles
-drawn 50/50 (sft.code_styles=[print,assign]):
+drawn 50/50 (sft.code_styles=[print,assign]; --styles changes the mix):
 
     print(347*829)                 "print"
     x = 347*829\\nprint(x)          "assign"
@@ -26,10 +26,18 @@ per seed, the same sampling seeds: arm differences are paired by seed.
 Writes <docs>/neutral_choice.md (setup, commands, a per-step table of means over seeds, per-seed
 numbers, a verdict), <docs>/neutral_choice.json (the numbers) and <docs>/neutral_choice.png.
 
-The study as reported (2 runs at a time, 1 thread each; ~20 min on 2 loaded cores):
+Sizing: 30 RL steps of 16 prompts x 8 samples (the tiny_cpu batch) at tiny_cpu's lr 1e-4, 8000
+SFT traces (all with the tool; more tool traces than the default's 5600), held-out accuracy before
+and after RL only. On 2 cores shared with another job this took ~10 min per pair of runs.
+
+The study as reported (2 runs at a time, 1 thread each):
     OMP_NUM_THREADS=1 python scripts/study/study_neutral_choice.py
 The table again from finished runs, launching nothing:
     python scripts/study/study_neutral_choice.py --report-only
+A skewed start (80/20), where a restoring force toward the rarer style would show (its own --out
+and --docs: the SFT differs):
+    OMP_NUM_THREADS=1 python scripts/study/study_neutral_choice.py --styles print print print print assign \\
+        --out runs/neutral_choice_80_20 --docs docs/study/neutral_choice_80_20
 """
 
 from __future__ import annotations
@@ -225,6 +233,19 @@ def verdict(results: dict, tail: int) -> list[str]:
         f"({s_gone} of {len(s['summary'])} at or below {COLLAPSED}); its choice entropy minus GRPO-ds's, "
         f"paired by seed: {', '.join(f'{d:+.3f}' for d in paired)} nats (higher in {higher} of {len(paired)})."
     )
+    drifts = {
+        name: ", ".join(fmt(m["assign_drift"], "{:+.3f}", m["assign_drift_se"]) for m in res["summary"])
+        for name, res in (("grpo_ds", g), ("stare_o1", s))
+    }
+    lines.append(
+        f"- **How far did the mix move?** assign share's straight-line drift over the run, per seed: "
+        f"GRPO-ds {drifts['grpo_ds']}; STARE-O1 {drifts['stare_o1']}."
+    )
+    if g_gone == 0:
+        lines.append(
+            "- GRPO-ds kept the choice, so this arm cannot show STARE holding a choice against a "
+            "collapse: the question it answers is whether STARE moves a choice GRPO-ds leaves alone."
+        )
     return lines
 
 
@@ -236,7 +257,7 @@ def write_doc(results: dict, docs: Path, meta: dict, tail: int) -> None:
         "## Setup\n",
         "- SFT: one shared checkpoint, configs/tiny_cpu.yaml with "
         f"`{' '.join(meta['sft_set'])}`: every trace calls the tool and writes `print(EXPR)` or "
-        "`x = EXPR` + `print(x)`, drawn 50/50. Same interpreter output, same grade.",
+        "`x = EXPR` + `print(x)`, drawn uniformly from that list. Same interpreter output, same grade.",
         f"- RL: `{' '.join(meta['common'])}`; arms `algo.name=grpo_ds` and `algo.name=stare "
         "algo.stare.variant=O1` (H*=0.3, P=0.1, W=1.1, the tiny_cpu defaults), lr "
         f"{meta['lr']} after tiny_cpu's 5-step warm-up; seeds {meta['seeds']} (trainer.seed), data.seed=0.",
@@ -249,7 +270,7 @@ def write_doc(results: dict, docs: Path, meta: dict, tail: int) -> None:
         "```",
         f"OMP_NUM_THREADS=1 python scripts/study/study_neutral_choice.py {meta['argv']}".rstrip(),
         "```\n",
-        f"Wall time: {meta.get('wall_note', 'n/a')}\n",
+        f"Wall time: {meta.get('wall_note') or 'see the RL wall s column below'}\n",
         "## Per step, mean over seeds\n",
         "| step | GRPO-ds minority | choice H | acc | H batch | STARE-O1 minority | choice H | acc | H batch | gate |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -309,23 +330,27 @@ def plot(results: dict, docs: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     panels = [
-        ("choice_entropy", "choice entropy (nats)"),
-        ("acc_train", "acc/train"),
-        ("entropy_batch", "entropy/batch"),
+        ("assign_share", "share of assign style", (0, 1)),
+        ("choice_entropy", "choice entropy (nats)", (0, 0.75)),
+        ("acc_train", "acc/train", None),
+        ("entropy_batch", "entropy/batch", None),
     ]
     for name, color in (("grpo_ds", "tab:blue"), ("stare_o1", "tab:red")):
         if name not in results:
             continue
-        for ax, (key, title) in zip(axes, panels):
+        for ax, (key, title, ylim) in zip(axes, panels):
             for c in results[name]["curves"]:
                 ax.plot([s["step"] for s in c["steps"]], [s[key] for s in c["steps"]], color=color, alpha=0.25, lw=0.8)
             m = results[name]["mean"]
             ax.plot([s["step"] for s in m], [s[key] for s in m], color=color, lw=2, label=ARMS[name]["label"])
             ax.set_title(title)
             ax.set_xlabel("RL step")
-    axes[0].axhline(math.log(2), color="grey", ls=":", lw=1)
+            if ylim:
+                ax.set_ylim(*ylim)
+    axes[0].axhline(0.5, color="grey", ls=":", lw=1)
+    axes[1].axhline(math.log(2), color="grey", ls=":", lw=1)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(docs / "neutral_choice.png", dpi=110)
@@ -336,12 +361,23 @@ def main(argv: list[str] | None = None) -> None:
     p = study_parser(__doc__, seeds=[0, 1, 2], steps=30, lr=1e-4, out="runs/neutral_choice", jobs=2, threads=1)
     p.add_argument("--prompts", type=int, default=16, help="trainer.prompts_per_step (default: 16, x 8 samples)")
     p.add_argument("--num-traces", type=int, default=8000, help="SFT traces, all with a tool call (default: 8000)")
+    p.add_argument(
+        "--styles",
+        nargs="+",
+        default=["print", "assign"],
+        help="sft.code_styles of the shared SFT (each tool trace draws one; repeat a name to weigh it, "
+        "e.g. print print print print assign for an 80/20 start; default: print assign)",
+    )
     p.add_argument("--tail", type=int, default=5, help="last steps averaged for the per-seed tail numbers (default: 5)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
     args = p.parse_args(argv)
 
     out, docs = Path(args.out), Path(args.docs)
-    sft_set = [f"sft.num_traces={args.num_traces}", "sft.tool_fraction=1.0", "sft.code_styles=[print,assign]"]
+    sft_set = [
+        f"sft.num_traces={args.num_traces}",
+        "sft.tool_fraction=1.0",
+        f"sft.code_styles=[{','.join(args.styles)}]",
+    ]
     common = [
         f"trainer.steps={args.steps}",
         f"trainer.prompts_per_step={args.prompts}",
@@ -354,6 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.report_only:
         t0 = time.time()
         sft = ensure_sft(out, [*sft_set, *args.set], threads=args.threads)
+        # ensure_sft keeps whatever <out>/sft_base holds: refuse one made with other styles
+        made = json.loads((Path(sft) / "sft_key.json").read_text())["inputs"]["traces"].get("code_styles")
+        if made != args.styles:
+            raise SystemExit(f"{sft} was made with code_styles={made}, not {args.styles}: pass another --out")
         t_sft = time.time() - t0
         run_arms(
             ARMS,
@@ -388,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
             }
     argv_note = " ".join(
         f"--{k} {v}" if not isinstance(v, list) else f"--{k} {' '.join(map(str, v))}"
-        for k, v in (("seeds", args.seeds), ("steps", args.steps), ("prompts", args.prompts))
+        for k, v in (("seeds", args.seeds), ("steps", args.steps), ("prompts", args.prompts), ("styles", args.styles))
         if v != p.get_default(k)
     )
     meta = {
