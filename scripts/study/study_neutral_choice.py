@@ -249,6 +249,10 @@ def verdict(results: dict, tail: int) -> list[str]:
     return lines
 
 
+def _round(v: object) -> object:
+    return round(v, 4) if isinstance(v, float) else v
+
+
 def write_doc(results: dict, docs: Path, meta: dict, tail: int) -> None:
     lines = [
         "# A reward-neutral choice on the toy: GRPO-ds vs STARE-O1\n",
@@ -319,8 +323,14 @@ def write_doc(results: dict, docs: Path, meta: dict, tail: int) -> None:
     text = old.read_text() if old.is_file() else ""
     if NOTES_MARKER in text:  # the hand-written reading of the numbers survives a regeneration
         lines += ["", text[text.index(NOTES_MARKER) :].rstrip()]
-    payload = {"meta": meta, "arms": {n: {k: v for k, v in r.items() if k != "curves"} for n, r in results.items()}}
-    payload["per_step"] = {n: [c["steps"] for c in r["curves"]] for n, r in results.items()}
+    payload = {
+        "meta": meta,
+        "arms": {n: {"seeds": r["seeds"], "summary": r["summary"], "mean": r["mean"]} for n, r in results.items()},
+    }
+    keep = ("step", "n_tool", "n_print", "n_assign", "n_other", "assign_share", "choice_entropy", "acc_train", "entropy_batch", "gate_on")  # fmt: skip
+    payload["per_step"] = {
+        n: [[{k: _round(x[k]) for k in keep} for x in c["steps"]] for c in r["curves"]] for n, r in results.items()
+    }
     write_report(docs, "neutral_choice", lines, payload)
 
 
@@ -353,7 +363,7 @@ def plot(results: dict, docs: Path) -> None:
     axes[1].axhline(math.log(2), color="grey", ls=":", lw=1)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(docs / "neutral_choice.png", dpi=110)
+    fig.savefig(docs / "neutral_choice.png", dpi=72)
     plt.close(fig)
 
 
@@ -386,15 +396,14 @@ def main(argv: list[str] | None = None) -> None:
         "trainer.samples_every=1",
         "trainer.samples_per_step=100000",  # every trajectory of every step
     ]
-    wall_note = None
+    rl_wall_s = None
     if not args.report_only:
-        t0 = time.time()
         sft = ensure_sft(out, [*sft_set, *args.set], threads=args.threads)
         # ensure_sft keeps whatever <out>/sft_base holds: refuse one made with other styles
         made = json.loads((Path(sft) / "sft_key.json").read_text())["inputs"]["traces"].get("code_styles")
         if made != args.styles:
             raise SystemExit(f"{sft} was made with code_styles={made}, not {args.styles}: pass another --out")
-        t_sft = time.time() - t0
+        t0 = time.time()
         run_arms(
             ARMS,
             args.seeds,
@@ -404,12 +413,16 @@ def main(argv: list[str] | None = None) -> None:
             jobs=args.jobs,
             threads=args.threads,
         )
-        wall_note = (
-            f"{time.time() - t0 - t_sft:.0f} s for the {len(ARMS) * len(args.seeds)} RL runs "
-            f"({args.jobs} at a time, {args.threads} thread each), {t_sft:.0f} s for the shared SFT"
-        )
-    elif (docs / "neutral_choice.json").is_file():  # keep the time of the run that made the numbers
-        wall_note = json.loads((docs / "neutral_choice.json").read_text())["meta"].get("wall_note")
+        rl_wall_s = time.time() - t0
+    elif (docs / "neutral_choice.json").is_file():  # keep the time of the launch that made the runs
+        rl_wall_s = json.loads((docs / "neutral_choice.json").read_text())["meta"].get("rl_wall_s")
+    base = out / "sft_base" / "summary.json"
+    sft_s = (json.loads(base.read_text()).get("seconds") or {}).get("sft") if base.is_file() else None
+    wall_note = (
+        f"{fmt(rl_wall_s, '{:.0f}')} s for the {len(ARMS) * len(args.seeds)} RL runs ({args.jobs} at a time, "
+        f"{args.threads} thread each), after {fmt(sft_s, '{:.0f}')} s for the shared SFT (traces made in the "
+        "sandbox and trained on), on 2 cores shared with another job"
+    )
 
     results = {}
     for name in ARMS:
@@ -442,6 +455,8 @@ def main(argv: list[str] | None = None) -> None:
         "set": args.set,
         "tail": args.tail,
         "argv": argv_note,
+        "rl_wall_s": rl_wall_s,
+        "sft_s": sft_s,
         "wall_note": wall_note,
     }
     docs.mkdir(parents=True, exist_ok=True)
