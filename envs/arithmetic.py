@@ -20,7 +20,9 @@ SFT traces are a deliberate mix: `tool_fraction` of them call the tool (code run
 sandbox through RetoolEnv, so the observation text is byte-identical to what RL rollouts see),
 the others answer directly with the correct result. After SFT the model therefore calls the tool
 only part of the time and fails most hard problems it answers directly: RL has clear room to
-raise both the tool-call rate and the accuracy.
+raise both the tool-call rate and the accuracy. `code_styles` (default: `print(EXPR)` only) can mix
+ways of writing the tool call's code that print the same line (`x = EXPR` + `print(x)`): a
+reward-neutral choice inside the tool mode.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import asyncio
 import hashlib
 import random
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from envs.retool import RetoolConfig, RetoolEnv
 
@@ -178,9 +181,30 @@ def make_problems(
 # ----------------------------------------------------------------------------- SFT traces
 
 
-def tool_turn(problem: dict) -> str:
-    """The model turn that calls the tool (ends with the stop string, as in RL rollouts)."""
-    return f"<code>\n```python\nprint({problem['expr']})\n```\n</code>"
+# Ways to write a tool call's code. Each prints the same line, so the interpreter's output and the
+# grade are identical: which one a trace uses is a reward-neutral choice (the neutral-choice study,
+# scripts/study/study_neutral_choice.py, watches whether RL keeps or collapses a mix of them).
+CODE_STYLES: dict[str, Callable[[str], str]] = {
+    "print": lambda expr: f"print({expr})",
+    "assign": lambda expr: f"x = {expr}\nprint(x)",
+}
+DEFAULT_CODE_STYLES = ("print",)
+
+
+def check_code_styles(styles: Sequence[str]) -> None:
+    """Raise ValueError unless `styles` is a non-empty list of known code style names."""
+    if isinstance(styles, str) or not styles:
+        raise ValueError(f"code_styles={styles!r}: must be a non-empty list of names from {sorted(CODE_STYLES)}")
+    unknown = sorted({s for s in styles if s not in CODE_STYLES})
+    if unknown:
+        raise ValueError(f"code_styles={list(styles)!r}: unknown style(s) {unknown}; known: {sorted(CODE_STYLES)}")
+
+
+def tool_turn(problem: dict, style: str = "print") -> str:
+    """The model turn that calls the tool (ends with the stop string, as in RL rollouts), its code
+    written in one of CODE_STYLES."""
+    check_code_styles([style])
+    return f"<code>\n```python\n{CODE_STYLES[style](problem['expr'])}\n```\n</code>"
 
 
 def direct_answer(problem: dict) -> str:
@@ -203,6 +227,7 @@ async def amake_sft_traces(
     tool_fraction: float = 0.5,
     seed: int = 0,
     cfg: RetoolConfig | None = None,
+    code_styles: Sequence[str] = DEFAULT_CODE_STYLES,
     max_concurrency: int = 8,
     on_trace: Callable[[], None] | None = None,
 ) -> list[dict]:
@@ -210,16 +235,22 @@ async def amake_sft_traces(
     after each finished trace (progress)."""
     if not 0.0 <= tool_fraction <= 1.0:
         raise ValueError(f"tool_fraction={tool_fraction!r}: must be in [0, 1]")
+    check_code_styles(code_styles)
     cfg = cfg or sft_env_config()
     rng = random.Random(f"sft-{seed}")
     plan = [rng.random() < tool_fraction for _ in problems]
+    # Styles come from their own stream, so the tool/direct plan (and, with one style, every
+    # trace) is exactly what it was before styles existed.
+    styled = tuple(code_styles) != DEFAULT_CODE_STYLES
+    style_rng = random.Random(f"sft-style-{seed}")
+    styles = [style_rng.choice(list(code_styles)) for _ in problems] if styled else ["print"] * len(problems)
     sem = asyncio.Semaphore(max_concurrency)
 
-    async def one(problem: dict, use_tool: bool) -> dict:
+    async def one(problem: dict, use_tool: bool, style: str) -> dict:
         env = RetoolEnv(problem, sandbox, cfg)
         try:
             if use_tool:
-                turn = tool_turn(problem)
+                turn = tool_turn(problem, style)
                 for _ in range(3):  # infrastructure hiccups are retried (fresh env), code errors are not
                     async with sem:
                         res = await env.step(turn)
@@ -243,15 +274,26 @@ async def amake_sft_traces(
         messages = env.initial_messages() + [{"role": "assistant", "content": text}]
         if on_trace is not None:
             on_trace()
-        return {"id": problem["id"], "messages": messages, "uses_tool": use_tool, "answer": problem["answer"]}
+        row = {"id": problem["id"], "messages": messages, "uses_tool": use_tool, "answer": problem["answer"]}
+        if styled and use_tool:  # only then, so default traces stay byte-identical
+            row["code_style"] = style
+        return row
 
-    return list(await asyncio.gather(*(one(p, t) for p, t in zip(problems, plan))))
+    return list(await asyncio.gather(*(one(p, t, s) for p, t, s in zip(problems, plan, styles))))
 
 
 def make_sft_traces(
-    problems: list[dict], sandbox: Any, *, tool_fraction: float = 0.5, seed: int = 0, cfg: RetoolConfig | None = None
+    problems: list[dict],
+    sandbox: Any,
+    *,
+    tool_fraction: float = 0.5,
+    seed: int = 0,
+    cfg: RetoolConfig | None = None,
+    code_styles: Sequence[str] = DEFAULT_CODE_STYLES,
 ) -> list[dict]:
-    """Cold-start SFT traces {"id", "messages": [system, user, assistant], "uses_tool", "answer"}.
+    """Cold-start SFT traces {"id", "messages": [system, user, assistant], "uses_tool", "answer"}
+    (+ "code_style" on tool traces when `code_styles` mixes styles: each tool trace draws one
+    uniformly from the list, so a repeated name weighs more).
 
     `sandbox` is an async Sandbox (sandbox.make_sandbox(...)); tool traces run their code in it.
     A trace whose code does not print the right answer raises: SFT data is never wrong.
@@ -259,7 +301,11 @@ def make_sft_traces(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(amake_sft_traces(problems, sandbox, tool_fraction=tool_fraction, seed=seed, cfg=cfg))
+        return asyncio.run(
+            amake_sft_traces(
+                problems, sandbox, tool_fraction=tool_fraction, seed=seed, cfg=cfg, code_styles=code_styles
+            )
+        )
     raise RuntimeError("make_sft_traces called inside an event loop: await amake_sft_traces instead")
 
 
@@ -300,6 +346,7 @@ def _main() -> None:  # python -m envs.arithmetic --n 500 --out traces.jsonl
     ap.add_argument("--n", type=int, default=ArithmeticConfig.n_sft)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tool-fraction", type=float, default=0.5)
+    ap.add_argument("--code-styles", nargs="+", default=list(DEFAULT_CODE_STYLES), help=f"of {sorted(CODE_STYLES)}")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from sandbox import SandboxConfig, make_sandbox
@@ -307,7 +354,9 @@ def _main() -> None:  # python -m envs.arithmetic --n 500 --out traces.jsonl
     async def run() -> list[dict]:
         async with make_sandbox(SandboxConfig()) as sb:
             probs = make_problems(args.n, args.seed, "train")
-            return await amake_sft_traces(probs, sb, tool_fraction=args.tool_fraction, seed=args.seed)
+            return await amake_sft_traces(
+                probs, sb, tool_fraction=args.tool_fraction, seed=args.seed, code_styles=args.code_styles
+            )
 
     traces = asyncio.run(run())
     with open(args.out, "w", encoding="utf-8") as f:

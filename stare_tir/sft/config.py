@@ -62,6 +62,10 @@ class ColdStartConfig:
     # Share of synthetic traces that call the tool (the rest answer directly, often wrongly for a
     # tiny model): leaves RL room to learn when the tool pays off.
     tool_fraction: float = 0.5
+    # How synthetic tool traces write their code, each trace drawing one name from this list
+    # (repeat a name to weigh it): "print" = print(EXPR), "assign" = x = EXPR + print(x). Same
+    # output and grade either way: a mix is a reward-neutral choice for RL to keep or collapse.
+    code_styles: list[str] = field(default_factory=lambda: ["print"])
     # Directory of the SFT checkpoint; "" = <trainer.run_dir>/sft/model. A checkpoint is reused
     # only when made from the same inputs (base model, tokenizer, traces, sft.train; its
     # sft_key.json), also from a sibling run directory; a named one made from other inputs is refused.
@@ -77,3 +81,6 @@ class ColdStartConfig:
             raise ValueError(f"num_traces={self.num_traces!r}: must be >= 1")
         if not 0.0 <= self.tool_fraction <= 1.0:
             raise ValueError(f"tool_fraction={self.tool_fraction!r}: must be in [0, 1]")
+        from envs.arithmetic import check_code_styles
+
+        check_code_styles(self.code_styles)

@@ -24,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from envs.arithmetic import DEFAULT_CODE_STYLES
 from stare_tir.app.preflight import StartupError
 from stare_tir.config import to_dict
 from stare_tir.model import load_tokenizer, model_fingerprint
@@ -52,13 +53,16 @@ def _file_sha256(path: str | Path) -> str:
 def traces_inputs(cfg: TrainConfig) -> dict[str, Any]:
     """What the SFT traces are: the synthetic task's settings, or the content hash of a file."""
     if cfg.sft.traces == "arithmetic":
-        return {
+        inputs = {
             "kind": "arithmetic",
             "num_traces": cfg.sft.num_traces,
             "tool_fraction": cfg.sft.tool_fraction,
             "seed": cfg.data.seed,
             "env": to_dict(cfg.env),
         }
+        if list(cfg.sft.code_styles) != list(DEFAULT_CODE_STYLES):  # absent at the default: older keys still match
+            inputs["code_styles"] = list(cfg.sft.code_styles)
+        return inputs
     return {"kind": "file", "sha256": _file_sha256(cfg.sft.traces)}
 
 
@@ -184,6 +188,7 @@ def make_synthetic_traces(cfg: TrainConfig, out_path: Path) -> list[dict]:
                 tool_fraction=cfg.sft.tool_fraction,
                 seed=cfg.data.seed,
                 cfg=cfg.env,
+                code_styles=cfg.sft.code_styles,
                 on_trace=lambda: bar.update(1),
             )
 

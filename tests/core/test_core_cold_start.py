@@ -134,3 +134,18 @@ def test_sibling_reuse_can_be_turned_off(tmp_path, monkeypatch):
     second = tmp_path / "runs" / "second"
     sft_stage(cfg_for(second, "sft.reuse=false"), base, second)
     assert trained == [second / "sft" / "model"]
+
+
+def test_code_styles_enter_the_traces_key_only_when_set(tmp_path):
+    from stare_tir.config import load_config
+    from stare_tir.sft.stage import traces_inputs
+
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+    default = load_config(TrainConfig, tiny, [])
+    # The key of configs/tiny_cpu.yaml's traces as it was before sft.code_styles existed: existing
+    # runs keep reusing their traces and SFT models.
+    assert digest(traces_inputs(default)) == "245c67b40b573948"
+    assert "code_styles" not in traces_inputs(default)
+    mixed = load_config(TrainConfig, tiny, ["sft.code_styles=[print,assign]"])
+    assert traces_inputs(mixed)["code_styles"] == ["print", "assign"]
+    assert digest(sft_inputs(mixed, "tiny")) != digest(sft_inputs(default, "tiny"))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections import Counter
 
 import pytest
 
 from envs.arithmetic import (
+    CODE_STYLES,
     ArithmeticConfig,
     direct_answer,
     evaluate,
@@ -17,8 +19,9 @@ from envs.arithmetic import (
     split_assistant_segments,
     tool_turn,
 )
-from envs.retool import SHORT_SYSTEM_PROMPT
+from envs.retool import SHORT_SYSTEM_PROMPT, RetoolEnv
 from sandbox.base import ExecResult, ExecStatus
+from stare_tir.sft.config import ColdStartConfig
 
 
 def test_problems_are_seeded_and_splits_disjoint():
@@ -105,9 +108,18 @@ class _Session:
         self.wrong = wrong
 
     async def run(self, code, timeout=None):
-        expr = code.removeprefix("print(").removesuffix(")")
-        out = str(evaluate(expr) + (1 if self.wrong else 0))
-        return ExecResult(ExecStatus.OK, 0, None, out + "\n", "", False, False, 0.0)
+        # The two code styles of the traces: print(EXPR), or x = EXPR then print(x).
+        names: dict[str, int] = {}
+        out = ""
+        for line in code.splitlines():
+            if m := re.fullmatch(r"(\w+) = (.+)", line):
+                names[m[1]] = evaluate(m[2])
+            elif m := re.fullmatch(r"print\((.+)\)", line):
+                value = names[m[1]] if m[1] in names else evaluate(m[1])
+                out += str(value + (1 if self.wrong else 0)) + "\n"
+            else:
+                raise AssertionError(f"the fake sandbox does not run {line!r}")
+        return ExecResult(ExecStatus.OK, 0, None, out, "", False, False, 0.0)
 
     async def close(self):
         pass
@@ -160,3 +172,67 @@ def test_make_sft_traces_inside_a_loop_points_to_async_version():
 
     with pytest.raises(RuntimeError, match="amake_sft_traces"):
         asyncio.run(inner())
+
+
+# ----------------------------------------------------------------------------- code styles
+
+
+def test_code_styles_mix_in_the_configured_share():
+    probs = make_problems(400, seed=0, split="train")
+    mixed = make_sft_traces(probs, _Sandbox(), tool_fraction=1.0, seed=3, code_styles=["print", "assign"])
+    assert mixed == make_sft_traces(probs, _Sandbox(), tool_fraction=1.0, seed=3, code_styles=["print", "assign"])
+    counts = Counter(t["code_style"] for t in mixed)
+    assert set(counts) == {"print", "assign"} and 0.4 < counts["assign"] / len(mixed) < 0.6
+    for t, p in zip(mixed, probs):
+        code = CODE_STYLES[t["code_style"]](p["expr"])
+        assert t["messages"][2]["content"] == (
+            f"<code>\n```python\n{code}\n```\n</code>"
+            + f"\n<interpreter>\n{p['answer']}\n</interpreter>\n\\boxed{{{p['answer']}}}"
+        )
+    assert "x = " in mixed[[t["code_style"] for t in mixed].index("assign")]["messages"][2]["content"]
+    # A repeated name weighs more: one assign in three.
+    weighted = make_sft_traces(probs, _Sandbox(), tool_fraction=1.0, seed=3, code_styles=["print", "print", "assign"])
+    assert 0.25 < sum(t["code_style"] == "assign" for t in weighted) / len(weighted) < 0.42
+    # Styles do not move the tool/direct plan: the same traces call the tool as without styles.
+    half = make_sft_traces(probs[:100], _Sandbox(), tool_fraction=0.5, seed=3, code_styles=["assign", "print"])
+    plain = make_sft_traces(probs[:100], _Sandbox(), tool_fraction=0.5, seed=3)
+    assert [t["uses_tool"] for t in half] == [t["uses_tool"] for t in plain]
+    assert all(("code_style" in t) == t["uses_tool"] for t in half)
+
+
+def test_both_code_styles_grade_correct():
+    p = make_problems(1, seed=0, split="train")[0]
+    obs = f"\n<interpreter>\n{p['answer']}\n</interpreter>\n"
+    for style in ("print", "assign"):
+        env = RetoolEnv(p, _Sandbox())
+        reward, info = env.reward(tool_turn(p, style) + obs + f"\\boxed{{{p['answer']}}}")
+        assert reward == 1.0 and info["correct"], style
+        # Trace making grades every trace and raises on a wrong one: both styles pass it.
+        (trace,) = make_sft_traces([p], _Sandbox(), tool_fraction=1.0, code_styles=[style])
+        assert trace.get("code_style", "print") == style and tool_turn(p, style) in trace["messages"][2]["content"]
+
+
+def test_default_code_style_keeps_traces_identical():
+    probs = make_problems(60, seed=0, split="train")
+    default = make_sft_traces(probs, _Sandbox(), tool_fraction=0.5, seed=3)
+    assert default == make_sft_traces(probs, _Sandbox(), tool_fraction=0.5, seed=3, code_styles=["print"])
+    assert all(set(t) == {"id", "messages", "uses_tool", "answer"} for t in default)
+    tool = [(t, p) for t, p in zip(default, probs) if t["uses_tool"]]
+    # The turn every trace wrote before styles existed, spelled out.
+    assert all(t["messages"][2]["content"].startswith(f"<code>\n```python\nprint({p['expr']})\n```\n</code>") for t, p in tool)  # fmt: skip
+    assert tool_turn(probs[0]) == f"<code>\n```python\nprint({probs[0]['expr']})\n```\n</code>"
+    assert ColdStartConfig().code_styles == ["print"]
+
+
+def test_unknown_code_style_is_refused_by_name():
+    p = make_problems(1, seed=0, split="train")
+    with pytest.raises(ValueError, match=r"unknown style\(s\) \['bogus'\]; known: \['assign', 'print'\]"):
+        make_sft_traces(p, _Sandbox(), code_styles=["print", "bogus"])
+    with pytest.raises(ValueError, match="unknown style"):
+        tool_turn(p[0], "bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        ColdStartConfig(code_styles=["bogus"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        ColdStartConfig(code_styles=[])
+    with pytest.raises(ValueError, match="non-empty list"):
+        make_sft_traces(p, _Sandbox(), code_styles="print")

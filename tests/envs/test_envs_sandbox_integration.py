@@ -87,3 +87,21 @@ def test_sft_traces_from_real_sandbox_replay_exactly():
         segs = split_assistant_segments(t["messages"][2]["content"])
         assert segs[1] == (obs, False)
         assert obs == f"\n<interpreter>\n{t['answer']}\n</interpreter>\n"
+
+
+def test_both_code_styles_print_the_same_observation():
+    probs = make_problems(6, seed=5, split="train")
+
+    async def go(sb):
+        out = []
+        for p in probs:
+            obs = []
+            for style in ("print", "assign"):
+                env = RetoolEnv(p, sb, RetoolConfig(prompt="short"))
+                obs.append((await env.step(tool_turn(p, style))).observation)
+                await env.close()
+            out.append(obs)
+        return out
+
+    for p, (plain, assigned) in zip(probs, with_sandbox(go)):
+        assert plain == assigned == f"\n<interpreter>\n{p['answer']}\n</interpreter>\n"
