@@ -135,6 +135,7 @@ def sglang(args: argparse.Namespace) -> None:
 
     spec = importlib.util.spec_from_file_location("sglang_cpu_launch", ROOT / "tools" / "sglang_cpu" / "launch.py")
     launch = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = launch  # its dataclasses look their module up there
     spec.loader.exec_module(launch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
