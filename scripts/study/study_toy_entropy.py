@@ -193,6 +193,12 @@ def write_doc(a: dict, docs: Path, command: str) -> None:
         f"{fmt(a['held_out_max_abs_error'])}, and held-out accuracy per tool call stays in "
         f"{fmt((a['acc_per_tool_call_range'] or [None])[0])}-{fmt((a['acc_per_tool_call_range'] or [None, None])[1])}: "
         "RL raised accuracy by calling the tool more often, not by calling it better.",
+        f"- Where the fixed-mode mix misses: it is high by up to {fmt(max(x['fixed_mode_error'] for x in a['steps']), '{:+.3f}')} "
+        "late in the run, because each mode sharpened a little (the drifts above; the direct mode "
+        f"measured on few responses by then: {a['steps'][-1]['n_direct']} of "
+        f"{a['steps'][-1]['n_direct'] + a['steps'][-1]['n_tool']} at the last step), and off by "
+        f"{fmt(min(x['fixed_mode_error'] for x in a['steps']), '{:+.3f}')} at worst early, where step-to-step noise in the direct "
+        "mode's entropy dominates.",
         "\n## Held-out evaluations\n",
         "Predicted = the pooled tool-mode accuracy of the training rollouts x eval/tool_calls (code "
         "executions per held-out sample, used as the tool-call rate: in the training rollouts "
