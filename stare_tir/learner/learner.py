@@ -50,6 +50,7 @@ from stare_tir.learner.checkpoint_layout import (
     save_layout,
     universal_checkpoint,
 )
+from stare_tir.learner.collectives import RankCollectives
 from stare_tir.learner.config import LearnerConfig
 from stare_tir.learner.deepspeed_config import merge_deepspeed_config, offload_devices, warn_if_untested
 from stare_tir.learner.distributed import (
@@ -79,7 +80,7 @@ if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: 
     from stare_tir.algos.policy_loss import Clip, LossInputs
 
 
-class Learner:
+class Learner(RankCollectives):
     """A DeepSpeed engine around an HF causal LM; see the module docstring.
 
     Every rank constructs one and calls every method with its own share of the batch: all methods
@@ -200,66 +201,6 @@ class Learner:
         self._norm_bound = GradNormBound(self._module.parameters(), self.device)
         self.steps_applied = 0  # optimizer steps actually taken
         self.steps_skipped = 0  # steps skipped for a non-finite loss or gradient
-
-    # ------------------------------------------------------------------ distributed helpers
-
-    def all_reduce_sum(self, x: Tensor) -> Tensor:
-        """Sum a tensor over ranks (returns a new CPU tensor; identity with one process)."""
-        import torch.distributed as dist
-
-        y = x.detach().to(self.device, copy=True)
-        if self.world_size > 1:
-            dist.all_reduce(y, op=dist.ReduceOp.SUM)
-        return y.cpu()
-
-    def all_reduce_max(self, x: Tensor) -> Tensor:
-        import torch.distributed as dist
-
-        y = x.detach().to(self.device, copy=True)
-        if self.world_size > 1:
-            dist.all_reduce(y, op=dist.ReduceOp.MAX)
-        return y.cpu()
-
-    def gather_object(self, obj: Any) -> list[Any] | None:
-        """Every rank's picklable `obj` on rank 0, in rank order; None on the other ranks. Under
-        NCCL the pickles travel through this rank's GPU (torch.distributed `gather_object`)."""
-        import torch.distributed as dist
-
-        if self.world_size == 1:
-            return [obj]
-        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, out, dst=0)
-        return out
-
-    def all_gather_flat(self, x: Tensor) -> tuple[Tensor, slice]:
-        """Concatenate every rank's 1-D tensor (lengths may differ), in rank order.
-
-        Returns (global vector on CPU, the slice of it that is this rank's `x`). Used for STARE's
-        batch scope: select over all response tokens of the step, keep this rank's slice.
-        """
-        import torch
-        import torch.distributed as dist
-
-        x = x.detach().reshape(-1)
-        if self.world_size == 1:
-            return x.cpu().clone(), slice(0, x.numel())
-        n = torch.tensor([x.numel()], dtype=torch.long, device=self.device)
-        sizes = [torch.zeros_like(n) for _ in range(self.world_size)]
-        dist.all_gather(sizes, n)
-        sizes_l = [int(s.item()) for s in sizes]
-        buf = torch.zeros(max(sizes_l), dtype=x.dtype, device=self.device)  # pad to the longest
-        buf[: x.numel()] = x.to(self.device)
-        parts = [torch.empty_like(buf) for _ in range(self.world_size)]
-        dist.all_gather(parts, buf)
-        out = torch.cat([p[:s] for p, s in zip(parts, sizes_l)]).cpu()
-        start = sum(sizes_l[: self.rank])
-        return out, slice(start, start + sizes_l[self.rank])
-
-    def shard(self, items: Sequence[Any]) -> list[Any]:
-        """This rank's share of a list every rank holds in full (round robin)."""
-        return list(items[self.rank :: self.world_size])
-
-    # ------------------------------------------------------------------ micro-batches
 
     def micro_batch_plan(self, trajs: Sequence[Any], forward_only: bool = False) -> list[list[int]]:
         """Indices of `trajs` per micro-batch, exactly as train_step / the recompute pass form them."""
