@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, AsyncContextManager, Protocol, runtime_checkable
 
-from .registry import Registry
+from registry import Registry
 
 
 @dataclass(frozen=True)

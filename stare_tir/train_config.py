@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
-from sandbox.registry import Registry
+from registry import Registry
 from stare_tir.algos.advantage import ADVANTAGE_ESTIMATORS, OverlongPenaltyConfig
 from stare_tir.algos.off_policy_config import OffPolicyConfig
 from stare_tir.algos.policy_loss import POLICY_LOSSES

@@ -97,7 +97,7 @@ from envs.grading.equivalence import (
 from envs.grading.extract import boxed_set, extract_answer, option_in_prose
 from envs.grading.forms import percent_rate_equal
 from envs.grading.units import compare_quantities
-from sandbox.registry import Registry
+from registry import Registry
 
 __all__ = ["GRADERS", "GradeResult", "Grader", "answers_equivalent", "get_grader", "grade_answer"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from sandbox.registry import Registry
+from registry import Registry
 
 if TYPE_CHECKING:  # torch is imported inside the functions: the config reads this registry torch-free
     from torch import Tensor

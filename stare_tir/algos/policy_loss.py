@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal
 
-from sandbox.registry import Registry
+from registry import Registry
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
-from sandbox.registry import Registry
+from registry import Registry
 
 if TYPE_CHECKING:
     import torch

@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("stare_tir", "envs", "sandbox")
+PACKAGES = ("stare_tir", "envs", "sandbox", "registry")
 # A package may import itself and the packages to its right, never those to its left.
 ORDER = {name: i for i, name in enumerate(PACKAGES)}
 

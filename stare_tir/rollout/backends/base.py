@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Literal, Protocol, runtime_checkable
 
-from sandbox.registry import Registry
+from registry import Registry
 
 FinishReason = Literal["stop", "eos", "length"]
 

@@ -17,8 +17,9 @@ the config's allowed values, `--help`, presets and error hints read the registry
 so a registry can be declared in a light module and filled by the modules that define its entries.
 Those modules must themselves be light where a light caller (a config, `--help`) reads the names.
 
-It lives in the lowest of the three packages (stare_tir -> envs -> sandbox) so that every layer can
-use it; it knows nothing of what it holds.
+It is its own package below the three (stare_tir -> envs -> sandbox -> registry) so that every layer
+can use it without importing another layer by name (a tensor function must not import the
+code-execution package); it knows nothing of what it holds and imports nothing of the project.
 """
 
 from __future__ import annotations

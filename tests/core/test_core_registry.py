@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from sandbox.registry import Registry
+from registry import Registry
 
 
 def test_register_get_config_and_unknown_name_lists_valid_ones():
@@ -48,7 +48,7 @@ def test_load_imports_the_defining_modules_on_first_lookup(monkeypatch):
         reg.add("w", object())
         return module
 
-    monkeypatch.setattr("sandbox.registry.importlib.import_module", fake_import)
+    monkeypatch.setattr("registry.importlib.import_module", fake_import)
     assert imported == []  # declared, nothing imported yet
     assert reg.names() == ("w",) and imported == ["fake_widgets_mod"]
     reg.names()
