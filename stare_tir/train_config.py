@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from envs.retool import RetoolConfig
-from sandbox import SandboxConfig
 from registry import Registry
+from sandbox import SandboxConfig
 from stare_tir.algos.advantage import ADVANTAGE_ESTIMATORS, OverlongPenaltyConfig
 from stare_tir.algos.off_policy_config import OffPolicyConfig
 from stare_tir.algos.policy_loss import POLICY_LOSSES
