@@ -410,6 +410,14 @@ def load_tokenizer(model: ModelConfig, model_path: str) -> Any:
     return tokenizer
 
 
+def chat_template_name(model: ModelConfig, model_path: str) -> str:
+    """How messages name the chat template in use: model.chat_template's file, or the tokenizer's."""
+    template = model.chat_template
+    if template:
+        return template if "{" not in template else "given inline in model.chat_template"
+    return f"of {model.tokenizer or model_path}"
+
+
 def model_fingerprint(model_path: str) -> str:
     """What identifies a model's weights: for a local directory, a hash of its files' names, sizes
     and first and last MiB (a retrained model at the same path gets a new fingerprint; reading a

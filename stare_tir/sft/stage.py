@@ -231,6 +231,19 @@ def sft_traces(cfg: TrainConfig, run_dir: Path) -> list[dict] | Path:
     return make_synthetic_traces(cfg, own)
 
 
+def check_template_for_tools(cfg: TrainConfig, tokenizer: Any, base_model: str) -> None:
+    """A chat tool format (env.tool_format=hermes) needs a chat template that shows tools and keeps
+    earlier turns as they were: refused in one line before traces are made (chat_turns.py)."""
+    from envs.tool_formats import make_tool_format
+    from stare_tir.model import chat_template_name
+    from stare_tir.rollout.chat_turns import TemplateError, check_tool_template
+
+    try:
+        check_tool_template(tokenizer, make_tool_format(cfg.env.tool_format), chat_template_name(cfg.model, base_model))
+    except TemplateError as e:
+        raise StartupError(str(e)) from None
+
+
 def sft_stage(
     cfg: TrainConfig, base_model: str, run_dir: Path, *, resume: bool = False, overwrite: bool = False
 ) -> tuple[str, dict]:
@@ -268,6 +281,8 @@ def sft_stage(
                 _link_copy(source, out)
             return str(source), {"reused": True, "from": str(source), "key": key}
     check_sft_traces(cfg)
+    tokenizer = load_tokenizer(cfg.model, base_model)
+    check_template_for_tools(cfg, tokenizer, base_model)
     data = sft_traces(cfg, run_dir)
     # The policy's tokenizer (model.tokenizer, model.chat_template) is saved with the checkpoint.
     summary = run_sft(
@@ -275,7 +290,7 @@ def sft_stage(
         base_model,
         data,
         out,
-        tokenizer=load_tokenizer(cfg.model, base_model),
+        tokenizer=tokenizer,
         trust_remote_code=cfg.model.trust_remote_code,
         checkpoints=sft_checkpoints(out),
         key=key,
