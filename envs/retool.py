@@ -208,7 +208,11 @@ class RetoolEnv:
 
     # -- prompt
     def initial_messages(self) -> list[dict]:
-        system = self.cfg.system_prompt if self.cfg.system_prompt is not None else self.format.system_prompts[self.cfg.prompt]
+        system = (
+            self.cfg.system_prompt
+            if self.cfg.system_prompt is not None
+            else self.format.system_prompts[self.cfg.prompt]
+        )
         user = self.cfg.user_template.replace("{problem}", str(self.problem["problem"]))
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 

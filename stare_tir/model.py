@@ -227,6 +227,10 @@ def build_tiny_model(
 
 # The pretrained tiny base shipped with the package (made by scripts/pretrain_tiny.py).
 PRETRAINED_TINY_BASE = Path(__file__).parent / "assets" / "tiny-base"
+# Chat templates shipped with the package; tiny_tools.jinja: the tiny model's template with tool
+# calling in the Qwen2.5 convention (`model.chat_template=<this dir>/tiny_tools.jinja` with
+# `env.tool_format=hermes`).
+TINY_TEMPLATES = Path(__file__).parent / "assets" / "templates"
 
 
 def pretrained_tiny_base() -> Path:

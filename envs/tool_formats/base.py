@@ -80,9 +80,7 @@ class ToolFormat(Protocol):
         ...
 
 
-TOOL_FORMATS: Registry[type] = Registry(
-    "tool format", load=("envs.tool_formats.retool", "envs.tool_formats.hermes")
-)
+TOOL_FORMATS: Registry[type] = Registry("tool format", load=("envs.tool_formats.retool", "envs.tool_formats.hermes"))
 
 
 def make_tool_format(name: str) -> ToolFormat:

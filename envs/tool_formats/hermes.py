@@ -41,7 +41,8 @@ HERMES_SYSTEM_PROMPT = (
     "<answer>\n\\boxed{final answer}\n</answer>"
 )
 HERMES_SHORT_PROMPT = "Call python to compute. Answer in \\boxed{}."
-EXAMPLE_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1 + 1)"}}\n</tool_call>'
+# How an error message shows a well-formed call (no tags: the observation breaks tags apart).
+EXAMPLE_CALL = '{"name": "python", "arguments": {"code": "print(1 + 1)"}} inside the tool_call tags'
 
 # What printed output must never carry to the model verbatim: our tags and the template's.
 _TAGS = (

@@ -38,9 +38,7 @@ class TemplateError(ValueError):
 
 def render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
     kwargs = {"tools": tools} if tools else {}
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
-    )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
 
 
 def encode_template_text(tokenizer: Any, text: str) -> list[int]:
