@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stare_tir.model import TINY_TEMPLATES
+
 # The probe of the start-up check: a thinking model's tool call, its result, the final answer.
 PROBE_THINK_1 = "<think>\nI should multiply 6 by 7 with code.\n</think>\n\nLet me run it."
 PROBE_CODE = "print(6 * 7)"
@@ -114,7 +116,7 @@ def check_tool_template(tokenizer: Any, fmt: Any, template: str = "") -> None:
         raise TemplateError(
             f"chat template {name} cannot call tools (it ignores `tools=`: no tool schema reaches the model): "
             f"set env.tool_format=retool, or model.chat_template=FILE with a template that can "
-            "(the tiny model's: stare_tir/assets/templates/tiny_tools.jinja)"
+            f"(the tiny model's: {TINY_TEMPLATES / 'tiny_tools.jinja'})"
         )
     system = {"role": "system", "content": fmt.system_prompts["short"]}
     user = {"role": "user", "content": "What is 6*7?"}
