@@ -60,6 +60,8 @@ def traces_inputs(cfg: TrainConfig) -> dict[str, Any]:
             "seed": cfg.data.seed,
             "env": to_dict(cfg.env),
         }
+        if inputs["env"].get("tool_format") == "retool":  # absent at the default: older keys still match
+            del inputs["env"]["tool_format"]
         if list(cfg.sft.code_styles) != list(DEFAULT_CODE_STYLES):  # absent at the default: older keys still match
             inputs["code_styles"] = list(cfg.sft.code_styles)
         return inputs

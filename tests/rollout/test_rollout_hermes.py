@@ -208,3 +208,13 @@ def test_a_turn_cut_by_the_budget_is_not_run(scripted_backend_cls):
     finally:
         engine.close()
     assert traj.finish_reason == "max_tokens" and traj.tool_calls == 0
+
+
+def test_the_sft_traces_key_is_unchanged_at_the_default_format():
+    from stare_tir.sft.stage import traces_inputs
+    from stare_tir.train_config import TrainConfig
+
+    cfg = TrainConfig()
+    assert "tool_format" not in traces_inputs(cfg)["env"]  # keys made before formats existed still match
+    cfg.env.tool_format = "hermes"
+    assert traces_inputs(cfg)["env"]["tool_format"] == "hermes"  # hermes traces are other traces

@@ -21,8 +21,10 @@ TEMPLATE = TINY_TEMPLATES / "tiny_tools.jinja"  # absolute: the run's config.yam
 
 # The fast tiny-run overrides of tests/trainer/test_trainer_e2e.py, with what the JSON format needs:
 # a larger SFT (the tiny base has never seen a <tool_call>, 8 pieces of its vocabulary) and room
-# in the budget for a call, its tool turn and the answer. A format penalty gives rewards spread
-# inside groups (the tiny model rarely copies the result right), so the steps update.
+# in the budget for a call, its tool turn and the answer. Sampling at 0.5 (learner alike): at 1.0 a
+# third of this small SFT's calls are well-formed JSON, and 32 trajectories may hold none. A format
+# penalty gives rewards spread inside groups (the tiny model rarely copies the result right), so
+# the steps update.
 HERMES = [
     "env.tool_format=hermes",
     f"model.chat_template={TEMPLATE}",
@@ -41,6 +43,8 @@ HERMES = [
     "algo.dynamic_sampling_rounds=2",
     "algo.stare.target_entropy=100",
     "env.format_penalty=0.5",
+    "rollout.temperature=0.5",
+    "learner.temperature=0.5",
 ]
 
 
@@ -69,7 +73,18 @@ def test_hermes_sft_then_rl_with_tool_calls_then_eval_with_tool_statistics(tmp_p
     assert (run_dir / "final" / "chat_template.jinja").read_text() == TEMPLATE.read_text()
 
     out = tmp_path / "eval"
-    cmd = [sys.executable, str(EVAL), "--model", str(run_dir), "--datasets", "arithmetic", "--limit", "8"]
+    cmd = [
+        sys.executable,
+        str(EVAL),
+        "--model",
+        str(run_dir),
+        "--datasets",
+        "arithmetic",
+        "--limit",
+        "8",
+        "--temperature",
+        "0.5",
+    ]
     proc = subprocess.run(
         [*cmd, "--n", "2", "--out", str(out), "rollout.progress=false"],
         capture_output=True,
