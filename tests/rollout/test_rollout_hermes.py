@@ -218,3 +218,16 @@ def test_the_sft_traces_key_is_unchanged_at_the_default_format():
     assert "tool_format" not in traces_inputs(cfg)["env"]  # keys made before formats existed still match
     cfg.env.tool_format = "hermes"
     assert traces_inputs(cfg)["env"]["tool_format"] == "hermes"  # hermes traces are other traces
+
+
+def test_malformed_calls_cost_turns_until_max_turns_and_are_counted(scripted_backend_cls):
+    tok = tokenizer("tiny", TINY_TOOLS)
+    engine, _ = engine_for(tok, [BAD_CALL], scripted_backend_cls, max_turns=3)
+    try:
+        (traj,), stats = engine.run([PROBLEM])
+    finally:
+        engine.close()
+    traj.check()
+    assert traj.finish_reason == "max_turns" and traj.num_turns == 3 and traj.tool_calls == 0
+    assert stats["rollout/tool_format_errors"] == 3 and stats["rollout/error_rate"] == 0
+    assert tok.decode(traj.response_ids).count("Error: the tool call is not valid JSON") == 2  # read twice
