@@ -13,12 +13,12 @@ For every (problem, sample) the engine runs one small state machine, many of the
               observation           -> tokenized once as plain text, appended (loss_mask=0),
                                        cut to the remaining budget (-> "max_tokens")
             back to GEN
+    END     env.reward(decoded response) -> reward; env.close()
 
 An env that declares `tools` (a chat tool format, `env.tool_format=hermes`) gets them in its prompt
 (`apply_chat_template(..., tools=...)`), and its observations are the content of `tool` messages:
 the tokens appended are exactly the suffix its chat template renders for that message after the
 conversation so far (`chat_turns.ChatTurns`), the model's own ids kept as sampled.
-    END     env.reward(decoded response) -> reward; env.close()
 
 Each turn's max_new_tokens is clamped to min(max_new_tokens_per_turn, tokens left of
 max_total_tokens), so no trajectory ever exceeds its budget. Trajectories run as asyncio tasks
