@@ -70,7 +70,8 @@ def test_hermes_sft_then_rl_with_tool_calls_then_eval_with_tool_statistics(tmp_p
     assert any(math.isfinite(r.get("update/loss", float("nan"))) for r in steps.values())
     config = (run_dir / "config.yaml").read_text()
     assert "tool_format: hermes" in config and str(TEMPLATE) in config
-    assert (run_dir / "final" / "chat_template.jinja").read_text() == TEMPLATE.read_text()
+    for stage in ("sft/model", "final"):  # model.chat_template reached every stage's tokenizer
+        assert (run_dir / stage / "chat_template.jinja").read_text() == TEMPLATE.read_text()
 
     out = tmp_path / "eval"
     cmd = [
@@ -95,7 +96,8 @@ def test_hermes_sft_then_rl_with_tool_calls_then_eval_with_tool_statistics(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())["datasets"]["arithmetic"]
     assert summary["samples"] == 16 and summary["mean_tool_calls"] > 0
-    assert "tool_format: hermes" in (out / "config.yaml").read_text()
+    eval_config = (out / "config.yaml").read_text()
+    assert "tool_format: hermes" in eval_config and str(TEMPLATE) in eval_config
 
 
 def test_hermes_with_a_template_that_cannot_call_tools_is_refused_in_one_line(tmp_path):
