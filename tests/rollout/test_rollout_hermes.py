@@ -231,3 +231,22 @@ def test_malformed_calls_cost_turns_until_max_turns_and_are_counted(scripted_bac
     assert traj.finish_reason == "max_turns" and traj.num_turns == 3 and traj.tool_calls == 0
     assert stats["rollout/tool_format_errors"] == 3 and stats["rollout/error_rate"] == 0
     assert tok.decode(traj.response_ids).count("Error: the tool call is not valid JSON") == 2  # read twice
+
+
+def test_a_mid_run_rewrite_of_the_models_turn_ends_that_trajectory_as_an_error(scripted_backend_cls, tmp_path):
+    # Passes the start-up probe (its turns have no outer whitespace), but trims what the model wrote.
+    text = TINY_TOOLS.read_text().replace(
+        "'<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n'",
+        "'<|im_start|>' + message.role + '\\n' + (message.content | trim) + '<|im_end|>\\n'",
+    )
+    assert text != TINY_TOOLS.read_text()
+    (tmp_path / "trims.jinja").write_text(text)
+    tok = tokenizer("tiny", tmp_path / "trims.jinja")
+    check_tool_template(tok, make_tool_format("hermes"), "trims.jinja")
+    engine, backend = engine_for(tok, ["\n" + CALL_1, FINAL + "<EOS>"], scripted_backend_cls)
+    try:
+        (traj,), stats = engine.run([PROBLEM])
+    finally:
+        engine.close()
+    assert traj.finish_reason == "error" and traj.infra_failure and "not prefix-preserving" in traj.info["error"]
+    assert len(backend.calls) == 1 and traj.turns == [(0, len(traj.response_ids), "model")]  # no tool turn appended
