@@ -212,3 +212,28 @@ def test_the_trainers_mini_batches_follow_the_configured_layout():
         for m, lay, want in zip(members, layouts, expected):
             assert m == sorted(i for r in want for mb in r for i in mb)
             assert _sorted([[[[m[p] for p in mb] for mb in r] for r in lay]]) == [want]
+
+
+def test_steer_header_offers_its_authors_groups():
+    """The overrides the STEER config's header gives reproduce STEER's groups: 1 node x 8 GPUs,
+    micro-batches of 8 sequences (4 per GPU per mini-batch of 32 prompts x 8 rollouts)."""
+    path = ROOT / "configs" / "retool_qwen2.5_7b_steer.yaml"
+    header = path.read_text().split("\nbase:")[0]
+    line = next(x for x in header.splitlines() if "algo.verl_partition.layout" in x)
+    overrides = (
+        header.splitlines()[header.splitlines().index(line) - 1].lstrip("# ").split() + line.lstrip("# ").split()
+    )
+    cfg = load_config(TrainConfig, path, overrides)
+    a, vp = cfg.algo, cfg.algo.verl_partition
+    assert (a.scope, a.loss_agg, vp.ranks, vp.layout, vp.micro_batch_size) == (
+        "verl",
+        "verl",
+        8,
+        "seqlen_index_order",
+        8,
+    )
+    k = a.mini_batches(cfg.trainer.prompts_per_step)
+    lens = [200 + (37 * i) % 3000 for i in range(cfg.trainer.prompts_per_step * cfg.rollout.n_per_prompt)]
+    mini = verl_mini_batches(lens, vp.ranks, vp.token_budget, k, vp.layout, vp.sequence_parallel, vp.micro_batch_size)
+    assert {len(mb) for m in mini for r in m for mb in r} == {8}
+    assert {len(r) for m in mini for r in m} == {4}
