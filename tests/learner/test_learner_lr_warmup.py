@@ -134,3 +134,10 @@ def test_unit_is_checked():
         LearnerConfig(schedule_unit="epoch")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="clock"):
         lr_lambda(10, 0, "constant", 0.0, "rl_step")
+
+
+def test_sft_refuses_the_rl_step_unit():
+    from stare_tir.sft.config import SFTConfig
+
+    with pytest.raises(ValueError, match="SFT has no RL steps"):
+        SFTConfig(learner=LearnerConfig(schedule_unit="rl_step"))
