@@ -138,7 +138,9 @@ def rank_shares(
     workload_interleaved: its set sorted by (workload, index), then the even positions followed by
     the odd ones reversed. seqlen_index_order: ranks x sequence_parallel sets balanced on length,
     each in index order, rank r taking sets r*sp .. r*sp + sp - 1 one after the other. Falls back to
-    sets of unequal size when the batch does not divide (verl would refuse such a batch)."""
+    sets of unequal size when the batch does not divide, and to one set per rank when it has fewer
+    sequences than ranks x sp (verl would refuse either batch; a batch that dynamic sampling filled
+    only in part can be one)."""
     values = _balance_values(seq_lens, layout)
     if layout == "workload_interleaved":
         sets = balanced_partition(values, ranks, equal_size=len(values) % ranks == 0)
@@ -147,9 +149,10 @@ def rank_shares(
             s = sorted(s, key=lambda i: (values[i], i))
             shares.append(s[::2] + s[1::2][::-1])
         return shares
-    world = ranks * sequence_parallel
+    sp = sequence_parallel if len(values) >= ranks * sequence_parallel else 1
+    world = ranks * sp
     sets = balanced_partition(values, world, equal_size=len(values) % world == 0)  # each in index order
-    return [[i for s in sets[r * sequence_parallel : (r + 1) * sequence_parallel] for i in s] for r in range(ranks)]
+    return [[i for s in sets[r * sp : (r + 1) * sp] for i in s] for r in range(ranks)]
 
 
 def _check_budget(seq_lens: Sequence[int], token_budget: int) -> None:

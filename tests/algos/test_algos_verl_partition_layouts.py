@@ -165,6 +165,14 @@ def test_one_mini_batch_layouts_differ_only_in_what_is_balanced():
     assert sorted(sorted(i for mb in r for i in mb) for r in old) == sorted(sorted(s) for s in OLD_R4_SHARES)
 
 
+def test_small_batches_still_get_a_layout():
+    """Fewer sequences than ranks x sp (a batch dynamic sampling filled only in part; verl would
+    refuse it): one set per rank, nothing lost; a batch that does not divide: unequal sets."""
+    for n in (6, 30):
+        per_rank = verl_micro_batches(LENS[:n], 4, 6000, layout="seqlen_index_order", sequence_parallel=2)
+        assert sorted(i for r in per_rank for mb in r for i in mb) == list(range(n))
+
+
 def test_config_checks_and_names_the_choices():
     with pytest.raises(ValueError, match="workload_interleaved, seqlen_index_order"):
         VerlPartitionConfig(layout="sorted")  # type: ignore[arg-type]
