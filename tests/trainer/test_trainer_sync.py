@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stare_tir.algos.stare import StareController
 from stare_tir.data import PromptSampler
 from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
@@ -101,7 +100,6 @@ def _run(learner, backend, cfg=None, engine=None, run_dir=None) -> Run:
         run_dir=run_dir,
         learner=learner,
         parts=SimpleNamespace(engine=engine, backend=backend, tokenizer=None),
-        controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler([{"id": "a"}], seed=0),
         eval_problems=[],
         log=None,
@@ -292,7 +290,6 @@ def test_checkpoint_keeps_the_empty_step_count(tmp_path):
     cfg = TrainConfig()
     learner = CkptLearner(rank=0, world_size=1)
     run = _run(learner, NullBackend(), cfg, run_dir=tmp_path)
-    run.controller = StareController.from_config(cfg.algo.stare)
     run.log = SimpleNamespace(truncate_after=lambda step: None)
     run.empty_in_row = 2
     save_checkpoint(run, 5)
