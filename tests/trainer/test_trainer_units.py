@@ -149,6 +149,17 @@ def test_stare_off_gate_means_plain_grpo_and_batch_scope_selects_globally():
     assert inputs.metrics["algo/selected_frac"] == pytest.approx(n_sel / int(flat_m.sum()))
 
 
+def test_stare_disabled_is_grpo_ds_and_logs_nothing_of_stare():
+    trajs = [traj(0, 1.0, n_model=4), traj(0, -1.0, n_model=4)]
+    lps, ents = recompute(trajs)
+    algo = AlgoConfig(stare=StareConfig(enabled=False))
+    assert algo.token_methods == ["stare"]
+    methods = observed(algo, 0.0)  # below the target: the gate would be on
+    inputs = shaped(OneRankLearner(), trajs, [1.0, -1.0], lps, ents, algo, methods)
+    assert inputs.token_weights is None and not any(k.startswith("stare/") for k in inputs.metrics)
+    assert methods.get("stare").state_dict()["steps"] == 0  # its controller never moved
+
+
 def test_stare_lplus_s_gt_h_frac_counts_only_l_plus_tokens_above_their_entropy():
     from stare_tir.algos.token_methods import TokenInputs
 

@@ -33,7 +33,6 @@ class Stare:
     over the selection groups), the controller's, `stare/gate_on`, and `stare/lplus_s_gt_h_frac`.
     """
 
-    # The trainer logs `step_metrics` for this method instead of the generic algo/stare/* keys.
     def __init__(self, cfg: StareConfig) -> None:
         from stare_tir.algos.stare import StareController
 
