@@ -46,7 +46,7 @@ class E2BConfig:
 class SandboxConfig:
     # a name of SANDBOX_BACKENDS (sandbox/base.py): local = namespaces+cgroups on this host (default),
     # docker = the same worker in one container per session, e2b = cloud sandboxes
-    backend: str = "local"
+    backend: str = field(default="local", metadata={"choices": SANDBOX_BACKENDS.names})
     limits: Limits = field(default_factory=Limits)  # per-cell limits, enforced by every backend
     workers: int = 2  # cells executing at once; more calls wait in the queue (one per core is right)
     queue_size: int = 1024  # calls allowed to wait for a worker; beyond it a call fails at once
@@ -78,7 +78,7 @@ class SandboxConfig:
             self.docker = DockerConfig(**self.docker)
         if isinstance(self.e2b, dict):
             self.e2b = E2BConfig(**self.e2b)
-        SANDBOX_BACKENDS.check(self.backend, "sandbox.backend")
+        SANDBOX_BACKENDS.check(self.backend, "backend")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers!r}: must be >= 1")
         if self.queue_size < 0:

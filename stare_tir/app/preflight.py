@@ -24,14 +24,11 @@ from typing import Any, Literal
 from envs.data import SHIPPED, DataError
 from sandbox import SandboxConfig, SandboxError, make_sandbox
 from stare_tir.data import DataConfig, load_split
+from stare_tir.errors import StartupError
 from stare_tir.model import PACKAGED_MODELS, TINY_MODELS, ModelConfig, check_packaged_model
 
 # Seconds a start-up check waits for a remote piece (hub, SGLang server) before reporting it.
 REMOTE_TIMEOUT_S = 10.0
-
-
-class StartupError(RuntimeError):
-    """A setting that cannot work, found before the run started; the message says how to fix it."""
 
 
 def _looks_like_a_path(name: str) -> bool:

@@ -439,6 +439,7 @@ def rollout_stats(trajs: list[Trajectory], wall_s: float | None = None) -> dict[
         "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
         "grade/seconds": sum(float(t.info.get("grade_s", 0.0)) for t in trajs) / n,
         "grade/timeout_rate": sum(bool(t.info.get("grade_timeout")) for t in trajs) / n,
+        "grade/error_rate": sum(bool(t.info.get("grade_error")) for t in trajs) / n,
     }
     stats.update({f"finish/{k}": v / n for k, v in finish.items()})
     if wall_s is not None:

@@ -25,8 +25,8 @@ from typing import Any
 from loguru import logger
 
 from envs.arithmetic import DEFAULT_CODE_STYLES
-from stare_tir.app.preflight import StartupError
 from stare_tir.config import to_dict
+from stare_tir.errors import StartupError
 from stare_tir.model import load_tokenizer, model_fingerprint
 from stare_tir.train_config import TrainConfig
 
