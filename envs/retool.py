@@ -311,6 +311,7 @@ class RetoolEnv:
             "grade_s": graded.seconds,
             "grade_timeout": graded.timed_out,
             "grade_stage": graded.stage,
+            "gold": gold,
         }
 
     def _own_reward(self, model_text: str) -> tuple[float, dict]:
@@ -331,6 +332,7 @@ class RetoolEnv:
             "grade_timeout": got.timed_out,
             "grade_error": bool(got.error) and not got.timed_out,
             "grade_stage": "reward_fn",
+            "gold": str(self.problem.get("answer", "")),
         }
         if got.error:
             info["reward_error"] = got.error
