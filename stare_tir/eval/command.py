@@ -177,6 +177,9 @@ def eval_identity(cfg: EvalRunConfig, model_path: str) -> dict[str, Any]:
     identity = {"model": model_fingerprint(model_path), "model.path": cfg.model.path}
     identity.update({k: v for k, v in flat.items() if k in _SAMPLE_SETTINGS or k.startswith(_SAMPLE_PREFIXES)})
     identity.update({f"sampling.{k}": getattr(effective, k) for k in _ROLLOUT_SAMPLE_KEYS})
+    if not cfg.env.reward:  # the grader grades: absent, so evaluations from before env.reward keep their key
+        identity.pop("env.reward", None)
+        identity.pop("env.reward_timeout_s", None)
     return identity
 
 

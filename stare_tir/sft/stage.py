@@ -58,7 +58,8 @@ def traces_inputs(cfg: TrainConfig) -> dict[str, Any]:
             "num_traces": cfg.sft.num_traces,
             "tool_fraction": cfg.sft.tool_fraction,
             "seed": cfg.data.seed,
-            "env": to_dict(cfg.env),
+            # the reward function does not write traces (and leaving it out keeps older keys)
+            "env": {k: v for k, v in to_dict(cfg.env).items() if k not in ("reward", "reward_timeout_s")},
         }
         if list(cfg.sft.code_styles) != list(DEFAULT_CODE_STYLES):  # absent at the default: older keys still match
             inputs["code_styles"] = list(cfg.sft.code_styles)

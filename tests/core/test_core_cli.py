@@ -101,7 +101,7 @@ def help_values(text: str) -> dict[str, str]:
     for line in text.splitlines():
         if line.startswith("  ") and "=" in line and not line.lstrip().startswith("-"):
             key, _, rest = line.strip().partition("=")
-            if "." in key or key in ("backend", "out_dir"):
+            if "." in key or key in ("backend", "out_dir", "plugins"):
                 out[key] = rest.split("  # ")[0]
     return out
 
