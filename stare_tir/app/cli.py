@@ -38,6 +38,7 @@ from stare_tir.app.command_line import (
     alias_overrides,
     build_parser,
     config_error,
+    config_keys,
     load_collecting,
     parse_train_args,
     plugins_first,
@@ -46,6 +47,23 @@ from stare_tir.app.command_line import (
 )
 
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+
+# The entry points, and the convention's pieces callers have always imported from here.
+__all__ = [
+    "DEFAULT_TRAIN_CONFIG",
+    "EVAL_ALIASES",
+    "SFT_ALIASES",
+    "Alias",
+    "alias_overrides",
+    "build_parser",
+    "config_keys",
+    "eval_main",
+    "eval_parser",
+    "parse_train_args",
+    "run_cli",
+    "sft_main",
+    "train_main",
+]
 
 
 # ----------------------------------------------------------------------------------------------
