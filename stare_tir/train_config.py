@@ -304,6 +304,11 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
+        if self.data.fields.get("answer") == "" and not self.env.reward:
+            raise ValueError(
+                "data.fields.answer='' (rows without a gold answer) with no env.reward: the grader would mark "
+                "every answer wrong; name a reward function of your own, env.reward=MODULE:FUNCTION"
+            )
         check_sampling_matches_learner(self.rollout, self.learner, self.algo)
         self.algo.mini_batches(self.trainer.prompts_per_step)  # raises unless it divides
         if self.trainer.max_staleness > 0 and self.trainer.backend == "sglang" and self.rollout.sglang.colocate:

@@ -139,3 +139,26 @@ def test_interpret_rejects_what_is_no_reward():
     assert interpret(True).error and interpret(float("nan")).error and interpret({"correct": True}).error
     assert interpret(3).reward == 3.0 and interpret(3).correct and not interpret(-1).correct
     assert interpret({"reward": -1, "correct": True}).correct  # the function's own verdict wins
+
+
+def test_a_dataset_without_gold_answers_reaches_the_reward_function_whole(tmp_path):
+    """fields={"answer": ""}: rows without an answer column load (answer ""), every other column
+    kept for the reward function; a grader-only config refuses such data."""
+    import json
+
+    from envs.data import load_problems
+
+    path = tmp_path / "tests.jsonl"
+    rows = [{"prompt": "Write f(x) = 2x.", "tests": ["assert f(2) == 4"]}, {"prompt": "Write g.", "tests": []}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    problems = load_problems(str(path), fields={"problem": "prompt", "answer": ""})
+    assert [p["answer"] for p in problems] == ["", ""] and problems[0]["tests"] == ["assert f(2) == 4"]
+    assert problems[0]["problem"] == "Write f(x) = 2x." and "prompt" not in problems[0]
+
+    from stare_tir.config import ConfigError, resolve_config
+    from stare_tir.train_config import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^data.fields.answer='' \(rows without a gold answer\) with no env.reward"):
+        resolve_config(TrainConfig, {"data": {"fields": {"answer": ""}}})
+    cfg = resolve_config(TrainConfig, {"data": {"fields": {"answer": ""}}, "env": {"reward": "json:dumps"}})
+    assert cfg.env.reward == "json:dumps"
