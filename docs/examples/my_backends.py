@@ -1,7 +1,7 @@
 """A rollout backend and a sandbox backend of one's own.
 
     stare-train --plugin docs/examples/my_backends.py trainer.backend=canned rollout.canned.text="..."
-    stare-train --plugin docs/examples/my_backends.py sandbox.backend=disabled
+    stare-train --plugin docs/examples/my_backends.py sandbox.backend=subprocess env.stateful=false
 
 A rollout backend is a class registered in ROLLOUT_BACKENDS with its settings dataclass
 (`config=`: its section is `rollout.<name>`); it subclasses `BackendBase` (the defaults of every
@@ -14,7 +14,10 @@ cell comes back as an `ExecResult`, never an exception.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,36 +59,66 @@ class CannedBackend(BackendBase):
 
 
 @dataclass
-class DisabledSandboxConfig:
-    # What the model reads instead of its code's output (a no-tool ablation keeps the format).
-    message: str = "code execution is disabled in this run"
+class SubprocessConfig:
+    # The interpreter that runs each cell ("": this process's own, with its packages).
+    python: str = ""
 
 
-@SANDBOX_BACKENDS.register("disabled", config=DisabledSandboxConfig)
-class DisabledSandbox(SandboxBase):
-    """Runs nothing: every cell answers `sandbox.disabled.message` as a failed cell."""
+@SANDBOX_BACKENDS.register("subprocess", config=SubprocessConfig)
+class SubprocessSandbox(SandboxBase):
+    """Each cell in a fresh `python -c` child process, under sandbox.limits.wall_time_s and
+    max_output_bytes. NO isolation: trusted code only (the model's code runs as you, with your
+    files and network), and no state between cells (run it with env.stateful=false). `info`
+    says so, as every backend must say what it does not enforce."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any) -> None:  # cfg: the SandboxConfig; this backend's section: cfg.subprocess
         super().__init__()
-        self.message = cfg.disabled.message  # cfg: the SandboxConfig; its section sandbox.disabled
+        self.python = cfg.subprocess.python or sys.executable
+        self.limits = cfg.limits
 
     async def start(self) -> None:
-        self.info = {"backend": "disabled", "not_enforced": []}  # nothing runs, nothing to enforce
+        not_enforced = ["isolation", "network", "memory_mb", "disk_mb", "max_processes", "cpus", "stateful sessions"]
+        self.info = {"backend": "subprocess", "not_enforced": not_enforced}
 
     @contextlib.asynccontextmanager
     async def session(self, stateless: bool = False):
-        yield _Session(self.message)
+        yield _Session(self.python, self.limits)
 
     async def close(self) -> None:
         pass
 
 
 class _Session:
-    def __init__(self, message: str) -> None:
-        self.message = message
+    def __init__(self, python: str, limits: Any) -> None:
+        self.python, self.limits = python, limits
 
     async def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        return ExecResult(ExecStatus.ERROR, 1, None, "", f"RuntimeError: {self.message}", False, False, 0.0)
+        start = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.python, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except OSError as e:  # the infrastructure failed: a result, never an exception
+            return ExecResult.infra_failure(f"cannot start {self.python}: {e}")
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.limits.wall_time(timeout))
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return ExecResult(ExecStatus.TIMEOUT, 137, 9, "", "", False, False, time.monotonic() - start, "wall time")
+        cap, rc = self.limits.max_output_bytes, proc.returncode
+        signal = -rc if rc < 0 else None
+        status = ExecStatus.OK if rc == 0 else ExecStatus.KILLED if signal else ExecStatus.ERROR
+        return ExecResult(
+            status,
+            128 + signal if signal else rc,
+            signal,
+            out[:cap].decode(errors="replace"),
+            err[:cap].decode(errors="replace"),
+            len(out) > cap,
+            len(err) > cap,
+            time.monotonic() - start,
+        )
 
     async def close(self) -> None:
         pass

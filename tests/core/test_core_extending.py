@@ -48,8 +48,8 @@ def test_every_example_is_selected_by_name_with_its_settings():
         "env.reward=my_reward:exact_answer",
         "trainer.backend=canned",
         "rollout.canned.text=hello",
-        "sandbox.backend=disabled",
-        "sandbox.disabled.message=no_code_today",
+        "sandbox.backend=subprocess",
+        "sandbox.subprocess.python=python3",
     ]
     r = python("", str(ROOT / "scripts" / "train_tir.py"), *PLUGINS, "--print-config", *selections)
     assert r.returncode == 0, r.stderr
@@ -62,14 +62,14 @@ def test_every_example_is_selected_by_name_with_its_settings():
         "reward: my_reward:exact_answer",
         "backend: canned",
         "text: hello",
-        "backend: disabled",
-        "message: no_code_today",
+        "backend: subprocess",
+        "python: python3",
     ):
         assert text in r.stdout, text
     help_text = python("", str(ROOT / "scripts" / "train_tir.py"), *PLUGINS, "--help").stdout
-    for key in ("algo.my_pos_scale.scale=", "rollout.canned.text=", "sandbox.disabled.message="):
+    for key in ("algo.my_pos_scale.scale=", "rollout.canned.text=", "sandbox.subprocess.python="):
         assert key in help_text, key
-    for listed in ("| rank]", "| plain_pg]", "| last_number]", "| canned]", "| disabled]"):
+    for listed in ("| rank]", "| plain_pg]", "| last_number]", "| canned]", "| subprocess]"):
         assert listed in help_text, listed
 
 
@@ -107,9 +107,19 @@ def test_every_example_works():
     assert got["reward"] == 1.0 and got["correct"] and got["pred"] == "42", got
 
     from sandbox import SandboxConfig, SyncSandbox
-    with SyncSandbox(SandboxConfig(backend="disabled", backends={"disabled": {"message": "off"}})) as box:
-        r = box.run("print(1)")
-        assert r.status == "error" and r.stderr == "RuntimeError: off", r
+    cfg = SandboxConfig(backend="subprocess", limits={"wall_time_s": 1.0, "max_output_bytes": 256})
+    with SyncSandbox(cfg) as box:
+        assert "isolation" in box.sandbox.info["not_enforced"]
+        r = box.run("print(6 * 7)")
+        assert r.status == "ok" and r.stdout == "42\\n", r
+        r = box.run("raise ValueError('x')")
+        assert r.status == "error" and r.exit_code == 1 and r.stderr.strip().endswith("ValueError: x"), r
+        r = box.run("while True: pass")
+        assert r.status == "timeout", r
+        r = box.run("print('y' * 1000)")
+        assert r.stdout_truncated and len(r.stdout) == 256, r
+    from stare_tir.app.preflight import check_sandbox
+    assert check_sandbox(SandboxConfig(backend="subprocess"))["backend"] == "subprocess"  # the start-up check
 
     from stare_tir.components import make_backend
     from stare_tir.rollout.backends.base import SamplingParams
