@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from stare_tir.algos.policy_loss import POLICY_LOSSES
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
     "train": ROOT / "scripts" / "train_tir.py",
@@ -51,7 +53,10 @@ def test_sft_and_train_read_the_same_config(tmp_path):
     [
         (["model.path=./no/such/model"], "error: model.path='./no/such/model': no such directory"),
         (["data.train=missing.jsonl"], "error: data.train='missing.jsonl'"),
-        (["algo.policy_loss=ppo"], "error: algo.policy_loss='ppo': unknown policy loss; choose one of clip, kl_cov"),
+        (
+            ["algo.policy_loss=ppo"],
+            f"error: algo.policy_loss='ppo': unknown policy loss; choose one of {', '.join(POLICY_LOSSES.names())}\n",
+        ),
     ],
 )
 def test_train_start_up_errors_are_one_clean_line(tmp_path, monkeypatch, capsys, args, message):
