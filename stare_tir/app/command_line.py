@@ -178,7 +178,7 @@ def early_plugins(argv: Sequence[str] | None, default_config: str | None = None,
     from stare_tir.config import ConfigError, import_config_plugins, parse_override, read_config_layers
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--plugin", action="append", default=[])
     pre.add_argument("--config", default=None)
     if resume:
