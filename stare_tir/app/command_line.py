@@ -169,12 +169,12 @@ def alias_overrides(args: argparse.Namespace, aliases: Sequence[Alias]) -> list[
     return out
 
 
-def early_plugins(argv: Sequence[str] | None, default_config: str | None = None, resume: bool = False) -> list[str]:
+def early_plugins(argv: Sequence[str] | None, default_config: str | None = None, resume: bool = False) -> None:
     """Import the plugins a command names, before its parser is built (so `--help` lists what they
     register) and before its config is validated: `--plugin` flags, the `plugins` of the --config
     file (over the command's default config), a `plugins=` override and, with --resume, those of
-    the run's saved config.yaml. Returns the `--plugin` values (the caller adds them to the config).
-    A plugin that fails to import raises ConfigError (one line naming it)."""
+    the run's saved config.yaml (`add_plugin_override` then saves the `--plugin` values with the
+    config). A plugin that fails to import raises ConfigError (one line naming it)."""
     from stare_tir.config import ConfigError, import_config_plugins, parse_override, read_config_layers
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -207,7 +207,6 @@ def early_plugins(argv: Sequence[str] | None, default_config: str | None = None,
                 import_config_plugins(yaml.safe_load(saved.read_text()) or {})
             except yaml.YAMLError:
                 pass  # --resume reports a broken config.yaml itself
-    return list(known.plugin)
 
 
 def _default_run_dir() -> str:
@@ -221,10 +220,13 @@ def add_plugin_override(args: argparse.Namespace, default_config: str | None = N
     override, so they are saved in config.yaml and a resumed run imports them again."""
     if not args.plugins:
         return
-    from stare_tir.config import parse_override, read_config_layers
+    from stare_tir.config import ConfigError, parse_override, read_config_layers
 
     path = args.config or default_config
-    current = (read_config_layers(path, default_config) if path else {}).get("plugins") or []
+    try:
+        current = (read_config_layers(path, default_config) if path else {}).get("plugins") or []
+    except ConfigError:
+        current = []  # the full load reports an unreadable file, with its own message
     for text in args.overrides:
         keys, value = parse_override(text)
         if keys == ["plugins"]:
