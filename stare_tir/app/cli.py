@@ -153,9 +153,10 @@ def train_main(argv: list[str] | None = None) -> int:
 
 def rerun_command(auto: bool) -> Callable[[str, str], str]:
     """`(flag, run_dir) -> the command line` that continues (`--resume`) or restarts (`--overwrite`) a
-    run, in the form the user ran it: `make train` runs this command with `--resume auto` (the
-    Makefile), so its user is sent back to `make train`, which resumes by itself."""
-    if auto and os.environ.get("MAKELEVEL"):
+    run, in the form the user ran it: `make train` runs scripts/train_tir.py with `--resume auto`
+    (the Makefile; make marks its children with MAKELEVEL), so its user is sent back to `make
+    train`, which resumes by itself."""
+    if auto and os.environ.get("MAKELEVEL") and Path(sys.argv[0]).name == "train_tir.py":
 
         def make(flag: str, run_dir: str) -> str:
             given = f"trainer.run_dir={run_dir}" if flag == "--resume" else f"{flag} trainer.run_dir={run_dir}"

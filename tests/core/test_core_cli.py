@@ -186,6 +186,7 @@ def test_the_ctrl_c_hint_names_the_command_the_user_ran(tmp_path, monkeypatch, c
     )
     # `make train` runs this command with --resume auto: its user is sent back to `make train`
     monkeypatch.setenv("MAKELEVEL", "1")
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "scripts" / "train_tir.py")])
     rc, line, _ = _interrupt_during_sft(tmp_path, monkeypatch, capsys, "--resume", "auto")
     assert rc == 130 and f'start again with: make train ARGS="--overwrite trainer.run_dir={tmp_path / "run"}"' in line
     # ... and that command starts over (--resume auto gives way to --overwrite when nothing can resume)
