@@ -34,6 +34,52 @@ def config_keys(schema: Any, defaults: Any = None) -> list[str]:
     return lines
 
 
+def key_help(schema: type, defaults: Any, key: str) -> str:
+    """The whole comment of one config key (or of every key under a section such as `sandbox`), with
+    the value a plain run uses and, for a registry-backed key, the names it holds now."""
+    import textwrap
+
+    from stare_tir.config import field_choices, field_comments, flatten
+
+    comments, choices = field_comments(schema), field_choices(schema)
+    values = flatten(defaults if defaults is not None else schema())
+    keys = [k for k in values if k == key or k.startswith(key + ".")]
+    if not keys:
+        import difflib
+
+        near = difflib.get_close_matches(key, list(values), n=3)
+        hint = f"; did you mean {', '.join(near)}?" if near else "; `--help` lists every key"
+        raise ValueError(f"--help {key}: no such config key{hint}")
+    out = []
+    for k in keys:
+        v = values[k]
+        out.append(f"{k}={repr(v) if isinstance(v, str) else json.dumps(v)}")
+        if k in choices:
+            out.append(f"  one of: {', '.join(choices[k])}")
+        text = comments.get(k, "") or "(no comment)"
+        out += textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="  ")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+class _HelpAction(argparse.Action):
+    """`--help`: the one-line view of every key; `--help KEY`: that key's whole comment."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, schema: type, defaults: Any, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, metavar="KEY", **kwargs)
+        self.schema, self.defaults = schema, defaults
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None):
+        if values is None or "=" in values:
+            parser.print_help()
+            parser.exit()
+        try:
+            print(key_help(self.schema, self.defaults, values))
+        except ValueError as e:
+            parser.exit(2, f"error: {e}\n")
+        parser.exit()
+
+
 def _last(values: list) -> Any:
     return values[-1]  # a repeated flag: the last one wins, as with overrides
 
@@ -80,11 +126,21 @@ def build_parser(
             "",
             "The other flags above are aliases, kept for compatibility: each sets the dotted key(s) its help names.",
         ]
+    epilog += ["", "`--help KEY` prints one key's whole comment (or every key of a section: `--help sandbox`)."]
     p = argparse.ArgumentParser(
         prog=prog,
         description=description,
         epilog="\n".join(epilog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    p.add_argument(
+        "-h",
+        "--help",
+        action=_HelpAction,
+        schema=schema,
+        defaults=defaults,
+        help="show this help (every key, one line each) and exit; --help KEY: that key's whole comment",
     )
     p.add_argument(
         "--config",

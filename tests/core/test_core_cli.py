@@ -194,3 +194,35 @@ def test_the_ctrl_c_hint_names_the_command_the_user_ran(tmp_path, monkeypatch, c
     (tmp_path / "run" / "config.yaml").write_text("{}\n")
     rc, _, calls = _interrupt_during_sft(tmp_path, monkeypatch, capsys, "--resume", "auto", "--overwrite")
     assert rc == 130 and calls[-1]["resume"] is False and calls[-1]["overwrite"] is True
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_help_key_prints_that_keys_whole_comment(script):
+    """`--help KEY`: the comment `--help` cuts to its first sentences, whole, with the value a plain run
+    uses and the registry's names; a section prints each of its keys; a wrong key is one line, rc 2."""
+    from stare_tir.config import field_comments
+    from stare_tir.eval.command import EvalRunConfig
+    from stare_tir.train_config import TrainConfig
+
+    schema = EvalRunConfig if script == "eval" else TrainConfig
+    whole = field_comments(schema)["sandbox.backend"]
+    r = run(script, "--help", "sandbox.backend")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "sandbox.backend='local'"
+    assert lines[1].strip().startswith("one of: local, docker")
+    assert " ".join(x.strip() for x in lines[2:]) == whole  # every word of the comment, in order
+    section = run(script, "--help", "sandbox.limits").stdout
+    assert "sandbox.limits.wall_time_s=" in section and "sandbox.limits.memory_mb=" in section
+    if script == "train":  # a long comment that the one-line view cuts at "..."
+        key = next(k for k, c in field_comments(TrainConfig).items() if len(c) > 300)
+        out = run(script, "--help", key).stdout
+        assert (
+            " ".join(x.strip() for x in out.splitlines()[1:] if not x.strip().startswith("one of:"))
+            == (field_comments(TrainConfig)[key])
+        )
+    bad = run(script, "--help", "sandbox.backnd")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "error: --help sandbox.backnd: no such config key; did you mean sandbox.backend, sandbox.env, sandbox.preload?"
+    ]
