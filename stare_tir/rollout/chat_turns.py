@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stare_tir.errors import StartupError
 from stare_tir.model import TINY_TEMPLATES
 
 # The probe of the start-up check: a thinking model's tool call, its result, the final answer.
@@ -34,8 +35,9 @@ PROBE_OUTPUT = "42"
 PROBE_FINAL = "<think>\nThe tool printed 42.\n</think>\n\nThe answer is \\boxed{42}."
 
 
-class TemplateError(ValueError):
-    """The chat template cannot serve a chat tool format (one line: which template, what, where)."""
+class TemplateError(StartupError):
+    """The chat template cannot serve a chat tool format (one line: which template, what, where).
+    A user-fixable start-up error: the console prints it alone, exit status 2."""
 
 
 def render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:

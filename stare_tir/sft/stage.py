@@ -25,8 +25,8 @@ from typing import Any
 from loguru import logger
 
 from envs.arithmetic import DEFAULT_CODE_STYLES
-from stare_tir.app.preflight import StartupError
 from stare_tir.config import to_dict
+from stare_tir.errors import StartupError
 from stare_tir.model import load_tokenizer, model_fingerprint
 from stare_tir.train_config import TrainConfig
 
@@ -58,7 +58,8 @@ def traces_inputs(cfg: TrainConfig) -> dict[str, Any]:
             "num_traces": cfg.sft.num_traces,
             "tool_fraction": cfg.sft.tool_fraction,
             "seed": cfg.data.seed,
-            "env": to_dict(cfg.env),
+            # the reward function does not write traces (and leaving it out keeps older keys)
+            "env": {k: v for k, v in to_dict(cfg.env).items() if k not in ("reward", "reward_timeout_s")},
         }
         if inputs["env"].get("tool_format") == "retool":  # absent at the default: older keys still match
             del inputs["env"]["tool_format"]
@@ -238,12 +239,9 @@ def check_template_for_tools(cfg: TrainConfig, tokenizer: Any, base_model: str) 
     earlier turns as they were: refused in one line before traces are made (chat_turns.py)."""
     from envs.tool_formats import make_tool_format
     from stare_tir.model import chat_template_name
-    from stare_tir.rollout.chat_turns import TemplateError, check_tool_template
+    from stare_tir.rollout.chat_turns import check_tool_template
 
-    try:
-        check_tool_template(tokenizer, make_tool_format(cfg.env.tool_format), chat_template_name(cfg.model, base_model))
-    except TemplateError as e:
-        raise StartupError(str(e)) from None
+    check_tool_template(tokenizer, make_tool_format(cfg.env.tool_format), chat_template_name(cfg.model, base_model))
 
 
 def sft_stage(

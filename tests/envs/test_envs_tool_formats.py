@@ -55,7 +55,7 @@ def test_registry_holds_both_formats_and_names_the_valid_ones():
     assert {"retool", "hermes"} <= set(TOOL_FORMATS.names())
     for name in ("retool", "hermes"):
         assert isinstance(make_tool_format(name), ToolFormat)
-    with pytest.raises(ValueError, match="env.tool_format='xml': unknown tool format; choose one of"):
+    with pytest.raises(ValueError, match="tool_format='xml': unknown tool format; choose one of"):
         RetoolConfig(tool_format="xml")
 
 
