@@ -25,6 +25,7 @@ from stare_tir.sft.train import encode_record
 HERE = Path(__file__).parent / "templates"
 TINY_TOOLS = TINY_TEMPLATES / "tiny_tools.jinja"
 QWEN25 = HERE / "qwen2_5_instruct.jinja"
+QWEN3 = HERE / "qwen3.jinja"
 PROBLEM = {"id": "p", "problem": "What is 6*7?", "answer": "42"}
 CALL_1 = '<think>\nMultiply with code.\n</think>\n\n<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>'
 BAD_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": \n</tool_call>'
@@ -75,7 +76,7 @@ def engine_for(tok, turns, scripted_backend_cls, **rollout):
 
 
 @pytest.mark.parametrize(
-    "kind, template", [("tiny", TINY_TOOLS), ("qwen", TINY_TOOLS), ("qwen", QWEN25), ("tiny", QWEN25)]
+    "kind, template", [("tiny", TINY_TOOLS), ("qwen", TINY_TOOLS), ("qwen", QWEN25), ("tiny", QWEN25), ("qwen", QWEN3)]
 )
 def test_trained_ids_are_the_conditioned_ids_at_every_turn_boundary(kind, template, scripted_backend_cls):
     tok = tokenizer(kind, template)
@@ -250,3 +251,20 @@ def test_a_mid_run_rewrite_of_the_models_turn_ends_that_trajectory_as_an_error(s
         engine.close()
     assert traj.finish_reason == "error" and traj.infra_failure and "not prefix-preserving" in traj.info["error"]
     assert len(backend.calls) == 1 and traj.turns == [(0, len(traj.response_ids), "model")]  # no tool turn appended
+
+
+def test_qwen3_keeps_think_blocks_inside_the_tool_loop_and_a_respaced_one_is_an_error(scripted_backend_cls):
+    """Qwen3's template passes the check (within one user query it keeps earlier <think> blocks; the
+    turn-boundary test above runs it too), but it re-renders a <think> block from its parts: a turn
+    whose block is not spaced its way would be conditioned on other text than the template renders,
+    so that trajectory ends as an error instead of being trained on."""
+    tok = tokenizer("qwen", QWEN3)
+    check_tool_template(tok, make_tool_format("hermes"), str(QWEN3))
+    squeezed = CALL_1.replace("<think>\n", "<think>").replace("\n</think>\n\n", "</think>\n")
+    assert squeezed != CALL_1
+    engine, _ = engine_for(tok, [squeezed, FINAL + "<EOS>"], scripted_backend_cls)
+    try:
+        (traj,), _ = engine.run([PROBLEM])
+    finally:
+        engine.close()
+    assert traj.finish_reason == "error" and "not prefix-preserving" in traj.info["error"]
