@@ -16,9 +16,10 @@ nothing printed by code can become a control token.
 This is exact only for a template that is prefix-preserving: rendering a longer conversation
 leaves the rendering of its earlier turns as it was. `check_tool_template` renders a probe
 conversation turn by turn and whole at start and refuses, in one line naming the template and the
-first differing position, a template that is not (one that drops earlier `<think>` blocks,
-re-renders the model's tool call from parsed JSON, or tokenizes a turn boundary differently), and
-one that cannot show tools to the model at all (a bare ChatML loop such as SmolLM2's).
+first differing position, a template that is not (one that drops or rewrites earlier `<think>`
+blocks, or tokenizes a turn boundary differently), and one that cannot show tools to the model at
+all (a bare ChatML loop such as SmolLM2's). A template that passes the probe but rewrites some other
+turn during a rollout raises `TemplateError` there: that trajectory ends as an error, never trained.
 """
 
 from __future__ import annotations
