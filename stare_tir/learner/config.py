@@ -38,11 +38,20 @@ class LearnerConfig:
     # Learning-rate shape after warm-up: constant (RL default), or linear/cosine decay to
     # min_lr_ratio * lr at total_steps (needs total_steps > 0).
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
-    # Optimizer steps of linear warm-up from lr/warmup_steps to lr (0: none).
+    # Steps of linear warm-up (0: none), counted in schedule_unit.
     warmup_steps: int = 0
-    # Optimizer steps of the whole run, for linear/cosine decay. 0 = not known yet: the caller
-    # must fill it in (SFT derives it from the data); a Learner refuses decay with 0.
+    # Steps of the whole run, for linear/cosine decay, counted in schedule_unit. 0 = not known yet:
+    # the caller must fill it in (the RL trainer: trainer.steps; SFT derives it from the data); a
+    # Learner refuses decay with 0.
     total_steps: int = 0
+    # What warmup_steps and total_steps count. optimizer_step: optimizer steps, the warm-up going
+    # lr/warmup_steps, 2 lr/warmup_steps, ... so the first step already trains; with several
+    # mini-batches per RL step (algo.ppo_mini_batch_size) it ends within the first RL steps.
+    # rl_step: RL steps as verl counts them (its get_constant_schedule_with_warmup is stepped once per
+    # update_actor, whatever the mini-batch count): every mini-batch of RL step t (0-based) trains at
+    # lr x t / warmup_steps, the first RL step at lr 0, as the verl recipes with optim.lr_warmup_steps
+    # ran (DAPO, the 80/20 rule, JustRL). RL only: the trainer advances the step (SFT has none).
+    schedule_unit: Literal["optimizer_step", "rl_step"] = "optimizer_step"
     # Floor of the decayed learning rate as a fraction of lr.
     min_lr_ratio: float = 0.0
     # Clip the global gradient L2 norm to this value (0 disables clipping; the norm is still
@@ -107,6 +116,8 @@ class LearnerConfig:
             raise ValueError(f"eps={self.eps!r}: must be > 0")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps={self.warmup_steps!r}: must be >= 0")
+        if self.schedule_unit not in ("optimizer_step", "rl_step"):
+            raise ValueError(f"schedule_unit={self.schedule_unit!r}: optimizer_step or rl_step")
         if self.total_steps < 0:
             raise ValueError(f"total_steps={self.total_steps!r}: must be >= 0")
         if self.lr_scheduler != "constant" and 0 < self.total_steps <= self.warmup_steps:

@@ -41,7 +41,7 @@ OWNED: dict[str, str] = {
     "gradient_clipping": "set learner.grad_clip",
     "optimizer": "the learner passes its own torch AdamW: set learner.lr, learner.betas, learner.eps, "
     "learner.weight_decay",
-    "scheduler": "set learner.lr_scheduler, learner.warmup_steps, learner.total_steps",
+    "scheduler": "set learner.lr_scheduler, learner.warmup_steps, learner.total_steps, learner.schedule_unit",
     "bf16": "set learner.dtype",
     "fp16": "fp16 is not supported: set learner.dtype=bf16 or fp32",
     "torch_autocast": "set learner.dtype (the learner trains in bf16 weights, not under autocast)",

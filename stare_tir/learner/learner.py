@@ -70,7 +70,7 @@ from stare_tir.learner.micro_batch import (
     empty_micro_batch,
     plan_micro_batches,
 )
-from stare_tir.learner.parts import lr_lambda, token_logprob_model
+from stare_tir.learner.parts import RlStepClock, lr_lambda, token_logprob_model
 from stare_tir.learner.step_guard import GradNormBound, discard_partition_gradients, frozen_update, step_is_finite
 
 if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: LearnerConfig
@@ -174,8 +174,12 @@ class Learner(RankCollectives):
             weight_decay=cfg.weight_decay,
             fused=True if offloaded else None,
         )
+        self.lr_clock = RlStepClock()  # advanced by the trainer under learner.schedule_unit rl_step
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(cfg.warmup_steps, cfg.total_steps, cfg.lr_scheduler, cfg.min_lr_ratio)
+            optimizer,
+            lr_lambda(
+                cfg.warmup_steps, cfg.total_steps, cfg.lr_scheduler, cfg.min_lr_ratio, cfg.schedule_unit, self.lr_clock
+            ),
         )
         # bf16 without ZeRO wraps the optimizer in FP16_UnfusedOptimizer, whose constructor takes a
         # real optimizer step on zero gradients (runtime/fp16/unfused_optimizer.py

@@ -46,6 +46,11 @@ class SFTConfig:
             raise ValueError(f"save_every={self.save_every!r}: must be >= 0 (0: no SFT checkpoints)")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction={self.val_fraction!r}: must be in [0, 1)")
+        if self.learner.schedule_unit != "optimizer_step":
+            # rl_step reads a clock only the RL trainer advances: SFT's lr would never move.
+            raise ValueError(
+                f"learner.schedule_unit={self.learner.schedule_unit!r}: SFT has no RL steps; use optimizer_step"
+            )
 
 
 @dataclass

@@ -19,6 +19,7 @@ import torch
 from loguru import logger
 
 from stare_tir.eval.evaluate import evaluate_problems
+from stare_tir.learner.parts import begin_rl_step
 from stare_tir.tracking import progress
 from stare_tir.train_config import TrainConfig
 from stare_tir.trainer.async_rollouts import AsyncRollouts
@@ -123,6 +124,8 @@ def train_rl(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = Fa
         with stop.installed(), bar:  # the bar is closed before any message below it
             while run.step < cfg.trainer.steps:
                 step = run.step + 1
+                learner = run.learner  # the lr of this step, under learner.schedule_unit rl_step (verl's count)
+                begin_rl_step(learner.scheduler, learner.lr_clock, step - 1, cfg.learner.schedule_unit)
                 metrics = rl_step(run, step, rollouts)
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.steps:
                     metrics.update(evaluate_heldout(run, f"step {step}"))

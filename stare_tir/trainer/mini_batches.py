@@ -9,7 +9,10 @@ dynamic sampling filled only in part gives k smaller mini-batches (verl would wa
 algo.loss_agg = verl) the mini-batches are verl's instead: balance_batch over the simulated ranks
 of algo.verl_partition, each simulated rank's share cut into k runs (`verl_mini_batches`), so the
 selection groups and aggregation of every mini-batch are those of the authors' runs; each real
-rank then trains its own trajectories of that mini-batch.
+rank then trains its own trajectories of that mini-batch. Which trajectories share a mini-batch
+depends on the verl version the authors ran (algo.verl_partition.layout): verl >= 0.6.1 hands each
+rank its share sorted by length, so each mini-batch holds similar lengths; verl <= 0.6.0 keeps
+generation order, so each mini-batch mixes them.
 """
 
 from __future__ import annotations
@@ -48,8 +51,15 @@ def mini_batch_plan(
     if algo.scope != "verl" and algo.loss_agg != "verl":
         return consecutive_runs(len(trajs), k), None
     lens, mine = learner.all_gather_flat(torch.tensor([float(_seq_len(t)) for t in trajs]))
+    vp = algo.verl_partition
     layout = verl_mini_batches(
-        [int(x) for x in lens.tolist()], algo.verl_partition.ranks, algo.verl_partition.token_budget, k
+        [int(x) for x in lens.tolist()],
+        vp.ranks,
+        vp.token_budget,
+        k,
+        layout=vp.layout,
+        sequence_parallel=vp.sequence_parallel,
+        micro_batch_size=vp.micro_batch_size,
     )
     members, layouts = [], []
     for per_rank in layout:

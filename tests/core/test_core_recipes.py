@@ -18,7 +18,7 @@ RECIPES = {
     "kl_cov": (8, "verl", "verl", 10.0, False, False, 0, 0.0, "recipe/entropy/7b_kl_cov.sh"),
     "clip_cov": (8, "verl", "verl", None, False, False, 0, 0.0, "recipe/entropy/7b_clip_cov.sh"),
     "dapo": (16, "batch", "verl", 10.0, False, True, 10, 0.1, "recipe/dapo/run_dapo_qwen2.5_32b.sh"),
-    "entropy_80_20": (16, "verl", "verl", 10.0, False, True, 10, 0.1, "recipe/dapo/run_dapo_qwen2.5_32b.sh"),
+    "entropy_80_20": (16, "verl", "verl", 10.0, False, True, 10, 0.1, "Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR@"),
     "steer": (16, "micro_batch", "token-mean", 10.0, False, False, 0, 0.01, "zz-haooo/STEER@"),
     "justrl": (4, "batch", "verl", 10.0, False, False, 10, 0.1, "thunlp/JustRL@"),
     "stare_official": (1, "verl", "verl", 10.0, False, False, 0, 0.01, "hp-luo/STARE@"),
