@@ -27,11 +27,12 @@ from stare_tir.sft.config import ColdStartConfig
 
 # algo.name presets: the values each name gives the settings left unset (None). All but grpo and
 # justrl build on GRPO-ds (clip-higher, token-mean, dynamic sampling), as the STARE paper's comparisons do. Every
-# registered token method is a preset of its own name too: GRPO-ds plus that method (`algo_presets`).
+# registered token method is a preset of its own name too: GRPO-ds plus that method (`algo_presets`); stare
+# is one of them (stare_tir/algos/methods/stare.py).
 BASE_PRESETS: dict[str, dict] = {
     "grpo": {"dynamic_sampling": False, "clip_high": "clip_low"},  # symmetric clip
     "grpo_ds": {},
-    "stare": {},
+    "stare": {},  # a token method's preset (below): listed here for its place in the list
     "dapo": {"overlong_penalty": True, "oversample": 3},
     # JustRL (arXiv 2512.16649, thunlp/JustRL train/run_training.sh): plain GRPO with clip-higher,
     # no dynamic sampling (all-equal groups stay, A = 0, in the token-mean's normaliser), no KL, no
@@ -76,9 +77,9 @@ class AlgoConfig:
     # surrogate with clip-higher, dual clip, TIS and token weights; "kl_cov" KL-Cov's unclipped one.
     # Unset: the preset's (kl_cov for algo.name=kl_cov, clip otherwise).
     policy_loss: str | None = field(default=None, metadata={"choices": POLICY_LOSSES.names})
-    # Token-level methods applied in order, by their registered names (stare_tir/algos/
-    # token_methods.py); each method's settings are the section of its own name in algo
-    # (algo.kl_cov.ratio, ...). Unset: the preset's. STARE's own weights come on top for algo.name=stare.
+    # Token-level methods applied in order, by their registered names (stare_tir/algos/methods/);
+    # each method's settings are the section of its own name in algo (algo.kl_cov.ratio, ...). Unset:
+    # the preset's. For algo.name=stare, stare is added last when not listed: its weights come on top.
     token_methods: list[str] | None = field(default=None, metadata={"choices": TOKEN_METHODS.names})
     # Lower clip; 1 removes it (Clip-Cov's script).
     clip_low: float = 0.2
@@ -138,6 +139,7 @@ class AlgoConfig:
     # ones use the stored old log-probs; selections are made again per mini-batch from the current
     # policy (stare_tir/trainer/mini_batches.py). Unset: the whole batch, one step.
     ppo_mini_batch_size: int | None = None
+    # STARE's settings, the section of the token method `stare` (the same object as methods["stare"]).
     stare: StareConfig = field(default_factory=StareConfig)
     # One settings section per registered token method, read and written as algo.<method name>
     # (stare_tir.config: `SECTIONS`); every registered method has one, at its defaults unless set.
@@ -156,6 +158,7 @@ class AlgoConfig:
             TOKEN_METHODS.check(method, "token_methods")
         if len(set(self.token_methods)) != len(self.token_methods):
             raise ValueError(f"token_methods={self.token_methods!r}: a method is listed twice; list each once")
+        self.methods = {**self.methods, "stare": self.stare}  # one object: algo.stare is stare's section
         for entry in TOKEN_METHODS.entries():  # a section for every method, its defaults unless given
             if entry.config is not None and entry.name not in self.methods:
                 self.methods[entry.name] = entry.config()
@@ -204,6 +207,8 @@ class AlgoConfig:
             self.policy_loss = str(value("policy_loss"))
         if self.token_methods is None:
             self.token_methods = list(value("token_methods"))  # type: ignore[arg-type]
+        elif self.name == "stare" and "stare" not in self.token_methods:  # STARE on top of the listed
+            self.token_methods = [*self.token_methods, "stare"]
         if self.clip_high is None:
             self.clip_high = float(value("clip_high"))  # type: ignore[arg-type]
         if self.dynamic_sampling is None:
@@ -214,10 +219,6 @@ class AlgoConfig:
             self.overlong_penalty.enabled = bool(value("overlong_penalty"))
         if self.scope is None:
             self.scope = value("scope")  # type: ignore[assignment]
-
-    @property
-    def use_stare(self) -> bool:
-        return self.name == "stare" and self.stare.enabled
 
 
 @dataclass

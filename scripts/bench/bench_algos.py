@@ -33,7 +33,7 @@ import torch
 from stare_tir.algos.logprobs import logprobs_and_entropy
 from stare_tir.algos.policy_loss import LossInputs, clip_loss
 from stare_tir.algos.stare import StareController, stare_token_weights
-from stare_tir.algos.token_methods import TOKEN_METHODS, TokenInputs
+from stare_tir.algos.token_methods import TOKEN_METHODS, RunMethods, TokenInputs
 
 QWEN25_VOCAB = 151_665
 
@@ -122,14 +122,14 @@ def bench_methods(n_tokens: int, repeats: int) -> dict[str, float]:
         loss.backward()
 
     def method(name: str) -> Callable[[], None]:
-        fn = TOKEN_METHODS.get(name)
         settings = TOKEN_METHODS.config_of(name)()  # the method's defaults
+        fn = RunMethods().get(name, settings)  # a stateful method: a fresh instance
         loss_fn = POLICY_LOSSES.get("kl_cov" if name == "kl_cov" else "clip")
 
         def run() -> None:
             logprobs.grad = None
             e = fn(TokenInputs(old[m], entropy[m], adv[m], torch.Generator().manual_seed(1)), settings)
-            a, msk, w, kl = adv, mask, None, None
+            a, msk, w, terms = adv, mask, None, {}
             if e.advantages is not None:
                 a = adv.clone()
                 a[m] = e.advantages
@@ -139,17 +139,18 @@ def bench_methods(n_tokens: int, repeats: int) -> dict[str, float]:
             if e.weights is not None:
                 w = torch.ones_like(adv)
                 w[m] = e.weights
-            if e.kl_coef is not None:
-                kl = torch.zeros_like(adv)
-                kl[m] = e.kl_coef
-            loss, _ = loss_fn(LossInputs(logprobs, old, a, msk, token_weights=w, kl_coef=kl))
+            for key, term in (e.terms or {}).items():
+                terms[key] = torch.zeros_like(adv)
+                terms[key][m] = term
+            loss, _ = loss_fn(LossInputs(logprobs, old, a, msk, token_weights=w, terms=terms))
             loss.backward()
 
         return run
 
-    fns = {"grpo": plain, **{name: method(name) for name in sorted(TOKEN_METHODS.names())}}
+    names = sorted(n for n in TOKEN_METHODS.names() if n != "stare")  # STARE's cost: bench_loss
+    fns = {"grpo": plain, **{name: method(name) for name in names}}
     med, ratio = interleaved_medians(fns, repeats)
-    out = {f"{name}_loss_ratio": ratio[name] for name in TOKEN_METHODS.names()}
+    out = {f"{name}_loss_ratio": ratio[name] for name in names}
     out.update({f"methods_{name}_ms": med[name] * 1e3 for name in fns})
     return out
 

@@ -1,5 +1,5 @@
-"""Algorithmic core: pure tensor functions (advantages, policy losses, STARE, the baselines' token
-methods, verl's batch partition, chunked log-probs).
+"""Algorithmic core: pure tensor functions (advantages, policy losses, STARE, the token methods of
+methods/, one per module, verl's batch partition, chunked log-probs).
 
 No I/O, no config mutation: tensors and explicit scalars in, (result, metrics) out.
 
@@ -38,19 +38,31 @@ _WHERE = {
         "kl_cov_loss",
         "truncated_is_weights",
     ),
-    "stare": ("StareController", "num_selected", "stare_token_weights", "stare_token_weights_scoped"),
+    "stare": (
+        "StareController",
+        "num_selected",
+        "stare_group_weights",
+        "stare_metrics",
+        "stare_token_weights",
+        "stare_token_weights_scoped",
+    ),
     "stare_config": ("StareConfig",),
     "token_methods": (
         "TOKEN_METHODS",
-        "ClipCovConfig",
-        "EntropyAdvConfig",
-        "KLCovConfig",
-        "StapoConfig",
+        "RunMethods",
+        "StatefulMethod",
         "TokenEffect",
         "TokenInputs",
-        "TopEntropyConfig",
         "combine_effects",
     ),
+    "methods.kl_cov": ("KL_COV_TERM", "KLCovConfig"),
+    "methods.clip_cov": ("ClipCovConfig",),
+    "methods.entropy_80_20": ("TopEntropyConfig",),
+    "methods.entropy_adv": ("EntropyAdvConfig",),
+    "methods.stapo": ("StapoConfig",),
+    "methods.steer": ("SteerConfig",),
+    "methods.eapo": ("Eapo", "EapoConfig"),
+    "methods.stare": ("Stare",),
     "verl_partition": ("VerlPartitionConfig", "balanced_partition", "rank_shares", "verl_micro_batches", "workload"),
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}

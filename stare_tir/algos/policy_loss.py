@@ -7,7 +7,7 @@ dataclass. Loss per token (sign: we minimise the negative surrogate):
     rho = exp(logp - old_logp)
     l   = max(-A * rho, -A * clip(rho, 1 - clip.low, 1 + clip.high))      (`clip`; `kl_cov`: -A * rho)
     l   = min(l, -A * c)                      for A < 0 when dual-clip c is set (`clip` only)
-    l   = l + omega * kl_coef * |logp - old_logp|     when per-token KL coefficients are given
+    l   = l + omega * beta * |logp - old_logp|    where KL-Cov's term (`terms["kl_cov"]`) is given
     l   = l * tis                             constant (no gradient)
 with A replaced by omega * A when token weights omega (constants, >= 0) are given. For omega >= 0
 this equals multiplying the per-token loss by omega (max/min commute with a non-negative factor),
@@ -21,10 +21,11 @@ registry without loading torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal
 
 from registry import Registry
+from stare_tir.algos.methods.kl_cov import KL_COV_TERM
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -55,7 +56,7 @@ class Clip:
 @dataclass
 class LossInputs:
     """What a policy loss sees of one micro-batch: per-token tensors [B, T] (advantages already
-    broadcast over tokens) and how to aggregate them. token_weights, tis_weights and kl_coef are
+    broadcast over tokens) and how to aggregate them. token_weights, tis_weights and the terms are
     constants (no gradient); weights of exactly 1 give bit-identical loss and gradients to None
     (x * 1.0 == x in IEEE arithmetic)."""
 
@@ -66,7 +67,9 @@ class LossInputs:
     clip: Clip = Clip()
     token_weights: Tensor | None = None  # [B, T] omega >= 0 (STARE, the token methods, verl's aggregation)
     tis_weights: Tensor | None = None  # [B, T] truncated importance weights
-    kl_coef: Tensor | None = None  # [B, T] KL-Cov's per-token coefficient of |log pi - log pi_old|
+    # Named per-token terms [B, T] of the token methods; a loss reads its own by name (KL-Cov's
+    # coefficient of |log pi - log pi_old| is `terms["kl_cov"]`, KL_COV_TERM).
+    terms: dict[str, Tensor] = field(default_factory=dict)
     agg: Agg = "token-mean"
     global_tokens: float | None = None  # loss tokens of the global batch (token-mean's normaliser)
     global_seqs: float | None = None  # sequences of the global batch (seq-mean modes)
@@ -135,7 +138,8 @@ def clip_loss(x: LossInputs) -> tuple[Tensor, dict]:
 @POLICY_LOSSES.register("kl_cov")
 def kl_cov_loss(x: LossInputs) -> tuple[Tensor, dict]:
     """KL-Cov's loss (Cui et al. 2025; verl `compute_policy_loss_kl_cov`): the unclipped surrogate
-    -A * rho plus kl_coef * |logp - old_logp| on the tokens the `kl_cov` token method selected.
+    -A * rho plus beta * |logp - old_logp| on the tokens the `kl_cov` token method selected (its
+    term `kl_cov`: beta there, 0 elsewhere).
     Neither the clip nor the dual clip applies (verl's does not read them either). At rho = 1 its
     value and gradient equal the clipped loss's bit for bit (clip and dual clip are inactive there),
     so with no token selected the first update is GRPO-ds's."""
@@ -146,7 +150,8 @@ def _surrogate(x: LossInputs, *, clipped: bool) -> tuple[Tensor, dict]:
     import torch
 
     logprobs, old_logprobs, mask = x.logprobs, x.old_logprobs, x.mask
-    token_weights, tis_weights, kl_coef = x.token_weights, x.tis_weights, x.kl_coef
+    token_weights, tis_weights = x.token_weights, x.tis_weights
+    beta = x.terms.get(KL_COV_TERM)  # [B, T] KL-Cov's coefficient on its tokens, 0 elsewhere
     clip_low, clip_high = x.clip.low, x.clip.high
     dual_clip_c = x.clip.dual_c if clipped else None
     # -A, built once; token weights scale it in place (omega == 1 leaves every bit unchanged).
@@ -168,8 +173,8 @@ def _surrogate(x: LossInputs, *, clipped: bool) -> tuple[Tensor, dict]:
             loss_tok = torch.where(dual_active, loss_dual, loss_tok)
     else:
         loss_tok = loss_unclipped
-    if kl_coef is not None:
-        coef = kl_coef.detach() if token_weights is None else kl_coef.detach() * token_weights.detach()
+    if beta is not None:
+        coef = beta.detach() if token_weights is None else beta.detach() * token_weights.detach()
         loss_tok = loss_tok + coef * (logprobs - old_logprobs.detach()).abs()
     if tis_weights is not None:
         loss_tok = loss_tok * tis_weights.detach()
@@ -212,9 +217,9 @@ def _surrogate(x: LossInputs, *, clipped: bool) -> tuple[Tensor, dict]:
         }
         if tis_weights is not None:
             metrics["pg/tis_mean"] = s_tis / d
-        if kl_coef is not None:
+        if beta is not None:
             # |log pi - log pi_old| over the penalised tokens: the penalty's gradient is exactly 0
             # when this is 0 (d|x|/dx = 0 at x = 0), i.e. on an on-policy update.
-            pen = (kl_coef.detach() > 0) & m
+            pen = (beta.detach() > 0) & m
             metrics["pg/kl_penalty_abs_diff"] = float((lr.abs() * pen).sum() / pen.sum().clamp(min=1))
     return loss, metrics

@@ -6,7 +6,8 @@ surprising choice raises entropy, counteracting the entropy collapse of plain GR
 also multiplies the top-P surprisal tokens of T- (L-) by M < 1: penalising a surprising token
 pushes probability mass onto the already likely ones and lowers entropy, so C2 softens it.
 Everything else keeps weight 1. The weights act only while the batch entropy is below a target
-(StareController); with the gate off the trainer passes no weights and the update is exactly GRPO.
+(StareController, the state of the token method `stare`: algos/methods/stare.py); with the gate off
+the trainer passes no weights and the update is exactly GRPO.
 
 Selection is exact: |L+| = ceil(P * |T+|) (at least 1 when T+ is non-empty), ties at the
 threshold broken towards the lower flat index, so results never depend on the sort algorithm.
@@ -207,7 +208,16 @@ def _stare_counts(
     return omega.reshape(shape), counts
 
 
-def _counts_to_metrics(c: dict, w: float, m: float) -> dict:
+def stare_group_weights(
+    surprisal: Tensor, advantages: Tensor, *, top_p: float, w: float, m: float, variant: str
+) -> tuple[Tensor, dict]:
+    """omega over one selection group's loss tokens ([N] each) and the group's counts (tokens,
+    cand_pos, cand_neg, sel_pos, sel_neg): summed over groups, `stare_metrics` gives the metrics
+    `stare_token_weights_scoped` logs. The trainer's STARE entry calls this once per group."""
+    return _stare_counts(surprisal, advantages, None, top_p, w, m, variant)
+
+
+def stare_metrics(c: dict, w: float, m: float) -> dict:
     n = max(c["tokens"], 1)
     sel = c["sel_pos"] + c["sel_neg"]
     return {
@@ -241,7 +251,7 @@ def stare_token_weights(
     and metrics: reweighted fraction, mean weight, candidate ratios |T+|/N and |T-|/N.
     """
     omega, counts = _stare_counts(surprisal, advantages, mask, top_p, w, m, variant)
-    return omega, _counts_to_metrics(counts, w, m)
+    return omega, stare_metrics(counts, w, m)
 
 
 def stare_token_weights_scoped(
@@ -270,7 +280,7 @@ def stare_token_weights_scoped(
         flat_m = None if masks is None else torch.cat([x.reshape(-1) for x in masks])
         omega, counts = _stare_counts(flat_s, flat_a, flat_m, **kw)
         parts = torch.split(omega, [s.numel() for s in surprisals])
-        return [p.reshape(s.shape) for p, s in zip(parts, surprisals)], _counts_to_metrics(counts, w, m)
+        return [p.reshape(s.shape) for p, s in zip(parts, surprisals)], stare_metrics(counts, w, m)
     out, total = [], None
     for i, (s, a) in enumerate(zip(surprisals, advantages)):
         omega, counts = _stare_counts(s, a, None if masks is None else masks[i], **kw)
@@ -278,11 +288,12 @@ def stare_token_weights_scoped(
         total = counts if total is None else {k: total[k] + counts[k] for k in total}
     if total is None:
         total = {"tokens": 0, "cand_pos": 0, "cand_neg": 0, "sel_pos": 0, "sel_neg": 0}
-    return out, _counts_to_metrics(total, w, m)
+    return out, stare_metrics(total, w, m)
 
 
 class StareController:
-    """Target-entropy gate and optional adaptive W/M schedule; its state goes into checkpoints.
+    """Target-entropy gate and optional adaptive W/M schedule: the state of the token method `stare`
+    (stare_tir/algos/methods/stare.py), checkpointed with the run.
 
     Call update(H) once per step with the batch-mean entropy H of response tokens (from this
     step's recompute pass). The gate is on iff H < target_entropy (always, in open loop). With
@@ -325,15 +336,6 @@ class StareController:
         self.steps = 0
         # Steps whose batch entropy was NaN or infinite: their update kept the previous state.
         self.nonfinite_entropy_steps = 0
-        # The run's first finite batch entropy H_0 (EAPO's reference), recorded for every method
-        # and kept in the checkpoint with the rest of this state (`note_entropy`).
-        self.initial_entropy: float | None = None
-
-    def note_entropy(self, batch_entropy: float) -> None:
-        """Record the first finite batch entropy of the run as initial_entropy (later calls keep it)."""
-        h = float(batch_entropy)
-        if self.initial_entropy is None and math.isfinite(h):
-            self.initial_entropy = h
 
     @classmethod
     def from_config(cls, cfg: StareConfig) -> StareController:
@@ -386,7 +388,6 @@ class StareController:
             "last_entropy": self.last_entropy,
             "steps": self.steps,
             "nonfinite_entropy_steps": self.nonfinite_entropy_steps,
-            "initial_entropy": self.initial_entropy,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -399,5 +400,3 @@ class StareController:
         self.last_entropy = state.get("last_entropy")
         self.steps = int(state["steps"])
         self.nonfinite_entropy_steps = int(state.get("nonfinite_entropy_steps", 0))
-        h0 = state.get("initial_entropy")  # absent in checkpoints written before it was kept
-        self.initial_entropy = None if h0 is None else float(h0)

@@ -271,12 +271,13 @@ class Learner(RankCollectives):
         loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean",
         tis_cap: float | None = None,
         loss_fn: Callable[[LossInputs], tuple[Tensor, dict]] | None = None,
-        kl_coef: Sequence[Tensor] | None = None,
+        terms: dict[str, Sequence[Tensor]] | None = None,
     ) -> dict[str, float]:
         """One optimizer step of a policy loss over this rank's `trajs`.
 
         advantages: per trajectory a float (broadcast over its tokens) or a response-length tensor;
-        token_weights (STARE's omega, None: all ones) and kl_coef (KL-Cov's) likewise per trajectory.
+        token_weights (STARE's omega, None: all ones) likewise per trajectory; terms: the token methods'
+        named per-token terms (KL-Cov's `kl_cov`), each per trajectory, handed to the loss by name.
         old_logprobs: from compute_logprobs_entropy (None: the current policy's, i.e. ratio 1).
         clip: the trust region (None: `Clip()`); tis_cap: truncated IS against the rollout log-probs.
         loss_fn: a registered policy loss (POLICY_LOSSES, algo.policy_loss; None: `clip_loss`).
@@ -293,7 +294,7 @@ class Learner(RankCollectives):
             ("advantages", advantages),
             ("token_weights", token_weights),
             ("old_logprobs", old_logprobs),
-            ("kl_coef", kl_coef),
+            *((f"terms[{name!r}]", v) for name, v in (terms or {}).items()),
         )
         for name, v in named:
             if v is not None and len(v) != n:
@@ -321,7 +322,7 @@ class Learner(RankCollectives):
                     if token_weights is not None
                     else None,
                     tis_weights=tis,
-                    kl_coef=mb.per_token(kl_coef).to(self.device) if kl_coef is not None else None,
+                    terms={name: mb.per_token(v).to(self.device) for name, v in (terms or {}).items()},
                     agg=loss_agg,
                     global_tokens=denom_tok,
                     global_seqs=denom_seq,
@@ -474,7 +475,7 @@ class Learner(RankCollectives):
 
     def save_checkpoint(self, directory: str | os.PathLike, client_state: dict | None = None) -> None:
         """Save everything to resume exactly: model, optimizer, LR scheduler (DeepSpeed), the caller's
-        client_state (controller, data position, ...), step counters, and each rank's RNG states.
+        client_state (token method states, data position, ...), step counters, and each rank's RNG states.
 
         Collective: every rank calls it with the same directory (on a shared filesystem).
         """

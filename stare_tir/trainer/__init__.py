@@ -11,14 +11,13 @@ from stare_tir.trainer.batch import collect_batch, drop_for_update, informative_
 from stare_tir.trainer.checkpoint import latest_checkpoint, resume_from, save_checkpoint
 from stare_tir.trainer.loop import evaluate_heldout, train_rl
 from stare_tir.trainer.run import Run, build_run, close_run, rollout_seed
-from stare_tir.trainer.shaping import TokenView, UpdateInputs, prepare_update, token_view
+from stare_tir.trainer.shaping import StepBatch, TokenView, UpdateInputs, prepare_update, token_view
 from stare_tir.trainer.step import (
     batch_entropy,
     check_empty_steps,
     global_means,
     group_advantages,
     logprob_mismatch,
-    lplus_entropy_raising_frac,
     reward_penalties,
     rl_step,
 )
@@ -44,7 +43,7 @@ __all__ = [
     "logprob_mismatch",
     "prepare_update",
     "reward_penalties",
-    "lplus_entropy_raising_frac",
+    "StepBatch",
     "release_rollout_memory",
     "resume_from",
     "resume_rollout_memory",

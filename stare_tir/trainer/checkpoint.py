@@ -30,7 +30,7 @@ def save_checkpoint(run: Run, step: int) -> Path:
     client_state = {
         "step": step,
         "sampler": run.sampler.state_dict(),
-        "controller": run.controller.state_dict(),
+        "methods": run.methods.state_dict(),
         "nonfinite_in_row": run.nonfinite_in_row,
         "empty_in_row": run.empty_in_row,
         "dropped_total": run.dropped_total,
@@ -47,11 +47,22 @@ def save_checkpoint(run: Run, step: int) -> Path:
     return path
 
 
+def method_states(state: dict) -> dict[str, dict]:
+    """The token methods' states of a checkpoint's client state. Checkpoints written before methods
+    kept their own state hold one `controller` (STARE's gate, W, M, and EAPO's initial entropy)."""
+    if "methods" in state:
+        return state["methods"]
+    old = dict(state.get("controller") or {})
+    if not old:
+        return {}
+    return {"stare": old, "eapo": {"initial_entropy": old.pop("initial_entropy", None)}}
+
+
 def resume_from(run: Run, path: Path) -> None:
     state = run.learner.load_checkpoint(path)
     run.step = int(state["step"])
     run.sampler.load_state_dict(state["sampler"])
-    run.controller.load_state_dict(state["controller"])
+    run.methods.load_state_dict(method_states(state))
     run.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
     run.empty_in_row = int(state.get("empty_in_row", 0))
     run.dropped_total = dict(state.get("dropped_total", {}))

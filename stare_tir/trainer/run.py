@@ -1,4 +1,4 @@
-"""One training run's parts, built once: learner, rollout components, controller, data, log."""
+"""One training run's parts, built once: learner, rollout components, token methods, data, log."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from stare_tir.algos.stare import StareController
+from stare_tir.algos.token_methods import RunMethods
 from stare_tir.components import Components, build_components
 from stare_tir.config import to_dict
 from stare_tir.data import PromptSampler, load_split
@@ -28,10 +28,12 @@ class Run:
     run_dir: Path
     parts: Components  # tokenizer, rollout backend, engine (which owns the sandbox)
     learner: Learner
-    controller: StareController
     sampler: PromptSampler
     eval_problems: list[dict]
     log: MetricsLog
+    # The token methods' per-run instances and their state (STARE's controller, EAPO's initial
+    # entropy), checkpointed with the run.
+    methods: RunMethods = field(default_factory=RunMethods)
     step: int = 0
     nonfinite_in_row: int = 0
     empty_in_row: int = 0  # consecutive steps without a usable group (trainer.max_empty_steps)
@@ -54,7 +56,7 @@ def rollout_seed(seed: int, step: int, rnd: int, rank: int) -> int:
 
 
 def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> Run:
-    """Learner, rollout components, controller, data and metrics log of one RL run.
+    """Learner, rollout components, token methods, data and metrics log of one RL run.
 
     model_path: the resolved starting checkpoint (`components.resolve_model_path`, or the SFT
     stage's output). resume: a W&B mirror continues the run directory's stored W&B run.
@@ -76,7 +78,6 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
         run_dir=run_dir,
         parts=parts,
         learner=learner,
-        controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler(train_problems, seed=cfg.data.seed),
         eval_problems=eval_problems,
         log=MetricsLog(
@@ -90,6 +91,7 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
         if learner.rank == 0
         else _NullLog(),
     )
+    run.methods.resolve(cfg.algo.token_methods, cfg.algo.methods)  # the stateful ones, built from the start
     return run
 
 

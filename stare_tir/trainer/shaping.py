@@ -1,5 +1,5 @@
-"""From a step's batch to the learner's inputs: selection groups, STARE's weights, the token methods,
-void-turn masking, verl's aggregation and the on-policy ratio.
+"""From a step's batch (`StepBatch`) to the learner's inputs: selection groups, the token methods (STARE
+among them), void-turn masking, verl's aggregation and the on-policy ratio.
 
 Every rank sees every response token of the global batch (all-gathered in rank order, `TokenView`),
 runs the same selections on it and keeps its own slice, so a selection never depends on how the
@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from stare_tir.algos.policy_loss import truncated_is_weights
-from stare_tir.algos.stare import StareController, stare_token_weights_scoped
-from stare_tir.algos.token_methods import TOKEN_METHODS, TokenInputs, combine_effects
+from stare_tir.algos.token_methods import TokenInputs, combine_effects
 from stare_tir.algos.verl_partition import verl_micro_batches
 from stare_tir.learner import Learner
 from stare_tir.rollout.trajectory import Trajectory
@@ -149,47 +149,38 @@ def token_view(
     )
 
 
-def stare_omega(view: TokenView, controller: StareController, top_p: float, variant: str) -> tuple[Tensor, dict]:
-    """STARE's omega over the global batch [T], selecting inside each selection group."""
-    groups = view.groups()
-    omega = torch.ones(view.mask.shape, dtype=torch.float32)
-    parts, metrics = stare_token_weights_scoped(
-        [-view.logprobs[p] for p in groups],
-        [view.advantages[p] for p in groups],
-        scope="micro_batch",
-        top_p=top_p,
-        w=controller.w,
-        m=controller.m,
-        variant=variant,
-    )
-    for p, w in zip(groups, parts):
-        omega[p] = w
-    return omega, metrics
-
-
-def token_methods(
-    view: TokenView, algo: AlgoConfig, seed: int, entropy_state: tuple[float, float | None] | None = None
-) -> tuple[dict[str, Tensor], dict]:
-    """Apply algo.token_methods in order inside each selection group (each method sees the advantages
-    the ones before it shaped) and compose their effects with `combine_effects`. Returns global [T]
-    tensors (advantages, weights, keep, kl_coef, selected; only those some method produced) and metrics.
-    entropy_state: (this step's batch entropy, the run's initial one) for entropy-driven methods."""
-    h_t, h_0 = entropy_state if entropy_state is not None else (None, None)
+def apply_methods(
+    view: TokenView | None, methods: list[tuple[str, Any, Any]], seed: int, batch_entropy: float | None
+) -> tuple[dict[str, Tensor], dict[str, Tensor], dict]:
+    """Apply the run's token methods ((name, callable, settings), algo.token_methods in order) inside
+    each selection group, each seeing the advantages the ones before it shaped, and compose their
+    effects with `combine_effects`. A method whose `active` is False (STARE with its gate off) selects
+    nothing this step. Returns global [T] tensors (advantages, weights, keep, selected; only those
+    some method produced), the named terms [T] (0 where a method gave none), and metrics: a method's
+    own `step_metrics(effects)` where it has one, else algo/<name>/<key> (the largest over the groups)
+    and algo/<name>/selected_frac. view: None when no method is active (nothing is gathered)."""
     out: dict[str, Tensor] = {}
-    methods = [(name, TOKEN_METHODS.get(name), algo.methods.get(name)) for name in algo.token_methods]
-    selected_by = {name: torch.zeros(view.mask.shape, dtype=torch.bool) for name in algo.token_methods}
+    terms: dict[str, Tensor] = {}
+    active = [(k, name, fn, cfg) for k, (name, fn, cfg) in enumerate(methods) if getattr(fn, "active", True)]
+    assert view is not None or not active, "an active method needs the step's tokens"
+    selected_by = {name: torch.zeros(view.mask.shape, dtype=torch.bool) for _, name, _, _ in active}
+    effects_of: dict[str, list] = {name: [] for name, fn, _ in methods if hasattr(fn, "step_metrics")}
     method_values: dict[str, float] = {}
-    for g, pos in enumerate(view.groups()):
+    for g, pos in enumerate(view.groups() if active else []):
         adv = view.advantages[pos]
         effects = []
-        for k, (name, fn, settings) in enumerate(methods):
+        for k, name, fn, settings in active:
             gen = torch.Generator().manual_seed((seed * 1_000_003 + k) * 10_007 + g)
             old = view.old_logprobs[pos] if view.old_logprobs is not None else None
-            effect = fn(TokenInputs(view.logprobs[pos], view.entropy[pos], adv, gen, old, h_t, h_0), settings)
+            t = TokenInputs(view.logprobs[pos], view.entropy[pos], adv, gen, old, batch_entropy=batch_entropy)
+            effect = fn(t, settings)
             selected_by[name][pos] = effect.selected
-            for key, val in effect.metrics.items():  # the largest over the selection groups
-                mkey = f"algo/{name}/{key}"
-                method_values[mkey] = max(method_values.get(mkey, -math.inf), float(val))
+            if name in effects_of:
+                effects_of[name].append(effect)
+            else:
+                for key, val in effect.metrics.items():  # the largest over the selection groups
+                    mkey = f"algo/{name}/{key}"
+                    method_values[mkey] = max(method_values.get(mkey, -math.inf), float(val))
             if effect.advantages is not None:
                 adv = effect.advantages.to(adv.dtype)
             effects.append(effect)
@@ -198,7 +189,6 @@ def token_methods(
             ("advantages", None, torch.float32),
             ("weights", 1.0, torch.float32),
             ("keep", True, torch.bool),
-            ("kl_coef", 0.0, torch.float32),
         ):
             value = getattr(combined, key)
             if value is None:
@@ -210,12 +200,20 @@ def token_methods(
                     else torch.full(view.mask.shape, neutral, dtype=dtype)
                 )
             out[key][pos] = value.to(dtype)
+        for name, value in (combined.terms or {}).items():
+            if name not in terms:
+                terms[name] = torch.zeros(view.mask.shape, dtype=torch.float32)
+            terms[name][pos] = value.to(torch.float32)
     metrics: dict[str, float] = dict(method_values)
-    n_loss = max(int(view.mask.sum()), 1)
+    n_loss = max(int(view.mask.sum()), 1) if view is not None else 1
     for name, selected in selected_by.items():
         out["selected"] = out.get("selected", torch.zeros_like(selected)) | selected
-        metrics[f"algo/{name}/selected_frac"] = float(selected.sum()) / n_loss
-    return out, metrics
+        if name not in effects_of:
+            metrics[f"algo/{name}/selected_frac"] = float(selected.sum()) / n_loss
+    for name, fn, _ in methods:
+        if name in effects_of:
+            metrics.update(fn.step_metrics(effects_of[name]))
+    return out, terms, metrics
 
 
 def verl_aggregation_weights(view: TokenView, mask: Tensor) -> Tensor:
@@ -237,6 +235,32 @@ def verl_aggregation_weights(view: TokenView, mask: Tensor) -> Tensor:
 
 
 @dataclass
+class StepBatch:
+    """One step's batch as its phases fill it in (collect -> score -> recompute), or one mini-batch
+    of it (`select`): this rank's trajectories and what each phase computed for them, per trajectory."""
+
+    trajs: list[Trajectory]  # after every filter: what the update trains on
+    rolled: list[Trajectory]  # everything rolled out for the step (the filters' input)
+    metrics: dict  # the step's metrics row, as the phases write it
+    advantages: list[float] = field(default_factory=list)  # score: group advantages
+    penalties: list[float] = field(default_factory=list)  # score: DAPO's overlong penalty (0: none)
+    old_logprobs: list[Tensor] = field(default_factory=list)  # recompute: log pi_old per token
+    entropies: list[Tensor] = field(default_factory=list)  # recompute: entropy per token
+
+    def select(self, idx: list[int]) -> StepBatch:
+        """The trajectories `idx` (a mini-batch) with their values; metrics start from the batch entropy."""
+        return StepBatch(
+            trajs=[self.trajs[i] for i in idx],
+            rolled=[],
+            metrics={"entropy/batch": self.metrics["entropy/batch"]},
+            advantages=[self.advantages[i] for i in idx],
+            penalties=[self.penalties[i] for i in idx],
+            old_logprobs=[self.old_logprobs[i] for i in idx],
+            entropies=[self.entropies[i] for i in idx],
+        )
+
+
+@dataclass
 class UpdateInputs:
     """What `Learner.train_step` receives for this step."""
 
@@ -245,76 +269,62 @@ class UpdateInputs:
     token_weights: list[Tensor] | None
     old_logprobs: list[Tensor] | None  # None: the update's own, detached (ratio exactly 1)
     tis_cap: float | None  # None when truncated IS is folded into token_weights
-    kl_coef: list[Tensor] | None = None  # KL-Cov's per-token coefficients, per trajectory
+    terms: dict[str, list[Tensor]] = field(default_factory=dict)  # the methods' named terms, per trajectory
     metrics: dict = field(default_factory=dict)
 
 
 def prepare_update(
     learner: Learner,
-    trajs: list[Trajectory],
-    advantages: list[float],
-    old_logprobs: list[Tensor],
-    entropies: list[Tensor],
+    batch: StepBatch,
     algo: AlgoConfig,
-    controller: StareController | None,
+    methods: list[tuple[str, Any, Any]],
     seed: int,
-    penalized: list[bool] | None = None,
     *,
     current: tuple[list[Tensor], list[Tensor]] | None = None,
-    entropy_state: tuple[float, float | None] | None = None,
     verl_layout: list[list[list[int]]] | None = None,
     on_policy: bool | None = None,
-) -> tuple[UpdateInputs, list[Tensor] | None]:
-    """The learner's inputs for this step (or mini-batch), and STARE's omega per trajectory (None while
-    its gate is off or STARE is not used). seed: this step's seed (Clip-Cov's draw). penalized:
-    trajectories whose reward DAPO's overlong penalty changed (for algo/selected_frac). Without a
-    selection to make (no open STARE gate, no token method, token-mean aggregation) nothing is
-    gathered over ranks.
+) -> UpdateInputs:
+    """The learner's inputs for this step (or mini-batch). methods: the run's token methods of
+    algo.token_methods, resolved ((name, callable, settings), `RunMethods.resolve`). seed: this step's
+    seed (Clip-Cov's draw). Without a selection to make (no active method, token-mean aggregation)
+    nothing is gathered over ranks.
 
     current: the current policy's log-probs and entropies, where they differ from the stored
     old_logprobs and entropies (a mini-batch after the first); selections use them, the loss's
-    old log-probs stay the stored ones. entropy_state: (batch entropy, initial entropy) for the
-    token methods. verl_layout: see `token_view`. on_policy: old = the update's own log-probs
-    (None: algo.ratio_one_on_policy)."""
+    old log-probs stay the stored ones. verl_layout: see `token_view`. on_policy: old = the update's
+    own log-probs (None: algo.ratio_one_on_policy)."""
+    trajs, advantages, old_logprobs = batch.trajs, batch.advantages, batch.old_logprobs
     masks, n_void = void_masks(trajs, algo)
-    metrics: dict[str, float] = {}
-    if controller is not None and not controller.gate_on:
-        metrics.update({"stare/reweighted_frac": 0.0, "stare/mean_weight": 1.0})
     sizes = [len(t.response_ids) for t in trajs]
     local_mask = torch.cat(masks) if trajs else torch.zeros(0, dtype=torch.bool)  # [this rank's tokens]
     local_sel = torch.zeros(local_mask.shape, dtype=torch.bool)  # selected or changed by the algorithm
-    weights = adv_shaped = kl_coef = omega = None
+    weights = adv_shaped = None
+    terms: dict[str, Tensor] = {}
     final_mask = local_mask
-    if (controller is not None and controller.gate_on) or algo.token_methods or algo.loss_agg == "verl":
-        sel_lp, sel_ent = current if current is not None else (old_logprobs, entropies)
+    view = None
+    if any(getattr(fn, "active", True) for _, fn, _ in methods) or algo.loss_agg == "verl":
+        sel_lp, sel_ent = current if current is not None else (old_logprobs, batch.entropies)
         stored = old_logprobs if current is not None else None
         view = token_view(learner, trajs, advantages, sel_lp, sel_ent, masks, algo, stored, verl_layout)
-        selected = torch.zeros(view.mask.shape, dtype=torch.bool)
-        if controller is not None and controller.gate_on:
-            omega, stare_metrics = stare_omega(view, controller, algo.stare.top_p, algo.stare.variant)
-            metrics.update(stare_metrics)
-            selected |= omega != 1.0
-        effects, method_metrics = token_methods(view, algo, seed, entropy_state)
-        metrics.update(method_metrics)
-        selected |= effects.get("selected", selected)
+    effects, global_terms, metrics = apply_methods(view, methods, seed, batch.metrics["entropy/batch"])
+    if view is not None:
+        selected = effects.get("selected", torch.zeros(view.mask.shape, dtype=torch.bool))
         global_final = view.mask & effects["keep"] if "keep" in effects else view.mask
-        for w in (omega, effects.get("weights")):
-            if w is not None:
-                weights = w.clone() if weights is None else weights * w
+        weights = effects.get("weights")
         if algo.loss_agg == "verl":
             agg = verl_aggregation_weights(view, global_final)
             weights = agg if weights is None else weights * agg
         local_sel = selected[view.mine] & view.mask[view.mine]
         final_mask = global_final[view.mine]
         weights = None if weights is None else weights[view.mine]
-        omega = None if omega is None else omega[view.mine]
         adv_shaped = effects["advantages"][view.mine] if "advantages" in effects else None
-        kl_coef = effects["kl_coef"][view.mine] if "kl_coef" in effects else None
+        terms = {name: value[view.mine] for name, value in global_terms.items()}
 
     # algo/selected_frac: loss tokens any part of the algorithm selected or changed, over all ranks.
     orig = torch.cat([torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]) if trajs else local_mask
     local_sel |= orig & ~local_mask  # void-masked
-    if penalized and trajs:  # DAPO's overlong penalty changed their reward
+    penalized = [p < 0 for p in batch.penalties]
+    if any(penalized) and trajs:  # DAPO's overlong penalty changed their reward
         local_sel |= torch.cat([torch.full((n,), bool(p)) for n, p in zip(sizes, penalized)]) & orig
     counts = learner.all_reduce_sum(
         torch.tensor([float(local_sel.sum()), float(orig.sum()), float(n_void)], dtype=torch.float64)
@@ -332,7 +342,6 @@ def prepare_update(
                 new_trajs[i] = dataclasses.replace(t, loss_mask=m.to(torch.long).tolist())
     adv_out: list = list(advantages) if adv_shaped is None else per_traj(adv_shaped.to(torch.float32))
     token_weights = None if weights is None else per_traj(weights.to(torch.float32))
-    kl_per_traj = None if kl_coef is None else per_traj(kl_coef)
     old: list[Tensor] | None = old_logprobs
     tis_cap = algo.tis_cap
     if algo.ratio_one_on_policy if on_policy is None else on_policy:
@@ -344,6 +353,5 @@ def prepare_update(
             ]
             token_weights = tis if token_weights is None else [a * b for a, b in zip(token_weights, tis)]
             tis_cap = None
-    omegas = None if omega is None else per_traj(omega)
-    inputs = UpdateInputs(new_trajs, adv_out, token_weights, old, tis_cap, kl_per_traj, metrics)
-    return inputs, omegas
+    per_traj_terms = {name: per_traj(value) for name, value in terms.items()}
+    return UpdateInputs(new_trajs, adv_out, token_weights, old, tis_cap, per_traj_terms, metrics)

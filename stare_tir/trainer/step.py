@@ -21,7 +21,7 @@ from stare_tir.trainer.batch import collect_batch
 from stare_tir.trainer.diagnostics import entropy_after_update, entropy_by_tool_use
 from stare_tir.trainer.mini_batches import mini_batch_plan
 from stare_tir.trainer.run import Run
-from stare_tir.trainer.shaping import UpdateInputs, prepare_update
+from stare_tir.trainer.shaping import StepBatch, UpdateInputs, prepare_update
 from stare_tir.trainer.staleness import off_policy_update
 from stare_tir.trainer.weight_sync import (
     release_rollout_memory,
@@ -69,34 +69,6 @@ def batch_entropy(learner: Learner, trajs: list[Trajectory], entropies: list[tor
         total[1] += float(mask.sum())
     total = learner.all_reduce_sum(total)
     return float(total[0] / total[1].clamp(min=1))
-
-
-def lplus_entropy_raising_frac(
-    learner: Learner,
-    trajs: list[Trajectory],
-    advantages: list[float],
-    omegas: list[torch.Tensor],
-    old_logprobs: list[torch.Tensor],
-    entropies: list[torch.Tensor],
-    w: float,
-) -> float | None:
-    """Share of L+ tokens (weight w, A > 0) whose surprisal exceeds their position's entropy.
-
-    Reinforcing a token raises its position's entropy only if -log p > H there
-    (dH/dz_a = p_a (-log p_a - H)). Near 0, STARE's W on L+ sharpens instead of exploring: the
-    "surprising" correct tokens are still the modal choice. None when w == 1 (L+ not marked).
-    """
-    if w == 1.0:
-        return None
-    counts = torch.zeros(2, dtype=torch.float64)  # [raising, |L+|]
-    for t, a, om, lp, ent in zip(trajs, advantages, omegas, old_logprobs, entropies):
-        if a <= 0:
-            continue
-        sel = (om == w) & torch.tensor(t.loss_mask, dtype=torch.bool)
-        counts[0] += float(((-lp > ent) & sel).sum())
-        counts[1] += float(sel.sum())
-    counts = learner.all_reduce_sum(counts)
-    return float(counts[0] / counts[1]) if counts[1] > 0 else None
 
 
 def global_means(learner: Learner, means: dict[str, float], count: int) -> dict[str, float]:
@@ -148,29 +120,28 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
     first round was rolled out while earlier steps trained (`trainer/async_rollouts.py`)."""
     timer = PhaseTimer()
     with timer("rollout"):
-        batch, rolled, metrics = collect(run, step, rollouts)
+        batch = collect(run, step, rollouts)
+    metrics = batch.metrics
     # Decided over all ranks: a rank with an empty share still joins every collective below.
-    if run.learner.all_reduce_sum(torch.tensor([float(len(batch))])).item() == 0:
-        return skip_empty_step(run, step, rolled, metrics | {"time/rollout": timer.seconds["rollout"]})
+    if run.learner.all_reduce_sum(torch.tensor([float(len(batch.trajs))])).item() == 0:
+        return skip_empty_step(run, step, batch, timer.seconds["rollout"])
     run.empty_in_row = 0
     release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
-    advantages, penalties = score(run, batch, metrics)
+    score(run, batch)
     with timer("recompute"):
-        old_logprobs, entropies = recompute(run, batch, metrics)
+        recompute(run, batch)
+    observe(run, batch)
     k = run.cfg.algo.mini_batches(run.cfg.trainer.prompts_per_step)
     if k == 1:
-        inputs = shape(run, step, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics)
+        inputs = shape(run, step_seed(run, step), batch, rollouts)
         with timer("update"):
             applied, skipped = update(run, inputs, metrics)
     else:  # shaped per mini-batch, inside the update
-        gate(run, metrics)
         with timer("update"):
-            applied, skipped = update_mini_batches(
-                run, step, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics, k
-            )
+            applied, skipped = update_mini_batches(run, step, batch, rollouts, k)
     metrics["update/optimizer_steps"] = float(applied)
     if applied:  # the update's own entropy change, on the same tokens (one no-grad pass)
-        metrics.update(entropy_after_update(run.learner, batch, metrics["entropy/batch"]))
+        metrics.update(entropy_after_update(run.learner, batch.trajs, metrics["entropy/batch"]))
     count_nonfinite(run, step, skipped, metrics)
     with timer("sync"):
         if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
@@ -178,130 +149,94 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
         resume_rollout_memory(run)
         metrics["update/synced"] = float(applied > 0)
     metrics.update(timer.metrics())
-    n_tokens = sum(len(t.response_ids) for t in rolled)
+    n_tokens = sum(len(t.response_ids) for t in batch.rolled)
     # asynchronous: over the time its rounds generated (the learner waited for part of it only)
     rollout_s = metrics["time/rollout"] + metrics.get("async/round_s", 0.0)
     metrics["throughput/rollout_tokens_per_s"] = n_tokens / max(rollout_s, 1e-9)
     return metrics
 
 
-def collect(run: Run, step: int, rollouts: AsyncRollouts | None) -> tuple[list[Trajectory], list[Trajectory], dict]:
+def collect(run: Run, step: int, rollouts: AsyncRollouts | None) -> StepBatch:
     """This step's batch (after every filter), everything rolled out for it, and their metrics."""
     resynced = resync_stale_servers(run)  # a restarted server gets the current weights before use
-    batch, rolled, metrics = collect_batch(run, step, rollouts)
+    trajs, rolled, metrics = collect_batch(run, step, rollouts)
     metrics.update(resynced)
     metrics.update(run.backend.take_route_stats())  # SGLang: where its requests went
     metrics.update(global_means(run.learner, rollout_stats(rolled), len(rolled)))
     if rollouts is not None:
-        metrics.update(rollouts.step_metrics(batch))  # lag, idle seconds of both sides, queue
-    return batch, rolled, metrics
+        metrics.update(rollouts.step_metrics(trajs))  # lag, idle seconds of both sides, queue
+    return StepBatch(trajs, rolled, metrics)
 
 
-def skip_empty_step(run: Run, step: int, rolled: list[Trajectory], metrics: dict) -> dict:
+def skip_empty_step(run: Run, step: int, batch: StepBatch, rollout_s: float) -> dict:
     """No rank has a usable group: no update, and the run stops after too many such steps."""
-    logger.warning(f"step {step}: no usable group in {len(rolled)} trajectories; no update")
+    metrics = batch.metrics | {"time/rollout": rollout_s}
+    logger.warning(f"step {step}: no usable group in {len(batch.rolled)} trajectories; no update")
     metrics["update/skipped_empty"] = 1.0
-    check_empty_steps(run, step, rolled, metrics)
+    check_empty_steps(run, step, batch.rolled, metrics)
     return metrics
 
 
-def score(run: Run, batch: list[Trajectory], metrics: dict) -> tuple[list[float], list[float]]:
+def score(run: Run, batch: StepBatch) -> None:
     """Group advantages (after DAPO's overlong penalty, when on) and the per-trajectory penalties."""
     algo, learner = run.cfg.algo, run.learner
-    penalties = reward_penalties(batch, algo, run.cfg.rollout.max_total_tokens)
-    advantages, adv_metrics = group_advantages(batch, algo.advantage, penalties)
-    metrics.update(adv_metrics)
+    batch.penalties = reward_penalties(batch.trajs, algo, run.cfg.rollout.max_total_tokens)
+    batch.advantages, adv_metrics = group_advantages(batch.trajs, algo.advantage, batch.penalties)
+    batch.metrics.update(adv_metrics)
     if algo.overlong_penalty.enabled:
-        mean_penalty = {"reward/overlong_penalty": sum(penalties) / max(len(penalties), 1)}
-        metrics.update(global_means(learner, mean_penalty, len(penalties)))
-    return advantages, penalties
+        mean_penalty = {"reward/overlong_penalty": sum(batch.penalties) / max(len(batch.penalties), 1)}
+        batch.metrics.update(global_means(learner, mean_penalty, len(batch.penalties)))
 
 
-def recompute(run: Run, batch: list[Trajectory], metrics: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def recompute(run: Run, batch: StepBatch) -> None:
     """The learner's log-probs and entropies of the batch's tokens; the batch entropy and the
     rollout/learner log-prob mismatch go to the metrics."""
-    old_logprobs, entropies = run.learner.compute_logprobs_entropy(batch)
-    entropy = batch_entropy(run.learner, batch, entropies)
+    trajs, metrics = batch.trajs, batch.metrics
+    batch.old_logprobs, batch.entropies = run.learner.compute_logprobs_entropy(trajs)
+    entropy = batch_entropy(run.learner, trajs, batch.entropies)
     metrics.update({"entropy/batch": entropy, "entropy/target": run.cfg.algo.stare.target_entropy})
-    metrics.update(entropy_by_tool_use(run.learner, batch, entropies))
-    metrics.update(logprob_mismatch(batch, old_logprobs))
-    return old_logprobs, entropies
+    metrics.update(entropy_by_tool_use(run.learner, trajs, batch.entropies))
+    metrics.update(logprob_mismatch(trajs, batch.old_logprobs))
+
+
+def observe(run: Run, batch: StepBatch) -> None:
+    """Once per step, before any selection: the run's token methods see the batch entropy (STARE's
+    controller sets its gate, EAPO records the initial entropy)."""
+    algo = run.cfg.algo
+    run.methods.observe(algo.token_methods, algo.methods, batch.metrics["entropy/batch"])
+
+
+def step_seed(run: Run, step: int) -> int:
+    """The seed of this step's random selections (Clip-Cov's draw)."""
+    return run.cfg.trainer.seed * 1_000_003 + step
 
 
 def shape(
     run: Run,
-    step: int,
-    batch: list[Trajectory],
-    advantages: list[float],
-    penalties: list[float],
-    old_logprobs: list[torch.Tensor],
-    entropies: list[torch.Tensor],
-    rollouts: AsyncRollouts | None,
-    metrics: dict,
-) -> UpdateInputs:
-    """STARE's gate, then every token-level change (STARE's weights, the token methods, void-turn
-    masking, verl's aggregation, the off-policy correction) as the learner's inputs."""
-    gate(run, metrics)
-    seed = run.cfg.trainer.seed * 1_000_003 + step
-    return shape_inputs(run, seed, batch, advantages, penalties, old_logprobs, entropies, rollouts, metrics)
-
-
-def gate(run: Run, metrics: dict) -> None:
-    """Once per step: the run's initial entropy (EAPO's reference) and STARE's gate from the batch entropy."""
-    run.controller.note_entropy(metrics["entropy/batch"])
-    if run.cfg.algo.use_stare:
-        run.controller.update(metrics["entropy/batch"])
-
-
-def shape_inputs(
-    run: Run,
     seed: int,
-    batch: list[Trajectory],
-    advantages: list[float],
-    penalties: list[float],
-    old_logprobs: list[torch.Tensor],
-    entropies: list[torch.Tensor],
+    batch: StepBatch,
     rollouts: AsyncRollouts | None,
-    metrics: dict,
     *,
     current: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
     verl_layout: list | None = None,
     on_policy: bool | None = None,
 ) -> UpdateInputs:
-    """The learner's inputs for `batch` (a step's batch or one mini-batch of it) after the gate;
-    current, verl_layout and on_policy as `prepare_update` takes them."""
+    """Every token-level change (the token methods, STARE among them, void-turn masking, verl's
+    aggregation, the off-policy correction) as the learner's inputs for `batch` (a step's batch or
+    one mini-batch of it); its metrics go to batch.metrics. current, verl_layout and on_policy as
+    `prepare_update` takes them."""
     algo, learner = run.cfg.algo, run.learner
-    controller = run.controller if algo.use_stare else None
-    penalized = [p < 0 for p in penalties]
-    inputs, omega = prepare_update(
-        learner,
-        batch,
-        advantages,
-        old_logprobs,
-        entropies,
-        algo,
-        controller,
-        seed,
-        penalized,
-        current=current,
-        entropy_state=(metrics["entropy/batch"], run.controller.initial_entropy),
-        verl_layout=verl_layout,
-        on_policy=on_policy,
+    methods = run.methods.resolve(algo.token_methods, algo.methods)
+    inputs = prepare_update(
+        learner, batch, algo, methods, seed, current=current, verl_layout=verl_layout, on_policy=on_policy
     )
-    metrics.update(inputs.metrics)
+    batch.metrics.update(inputs.metrics)
     if algo.off_policy.enabled or rollouts is not None:  # decoupled PPO's behaviour weight; mismatch per lag
         served = rollouts.served if rollouts is not None else [learner.steps_applied]
         inputs, off_metrics = off_policy_update(
-            learner, batch, old_logprobs, inputs, algo.off_policy, served, rollouts is not None
+            learner, batch.trajs, batch.old_logprobs, inputs, algo.off_policy, served, rollouts is not None
         )
-        metrics.update(off_metrics)
-    if controller is not None:
-        metrics.update(controller.metrics())
-        metrics["stare/gate_on"] = float(controller.gate_on)
-        if omega is not None:
-            metrics["stare/lplus_s_gt_h_frac"] = lplus_entropy_raising_frac(
-                learner, batch, advantages, omega, old_logprobs, entropies, controller.w
-            )
+        batch.metrics.update(off_metrics)
     return inputs
 
 
@@ -317,7 +252,7 @@ def train_step(run: Run, inputs: UpdateInputs) -> dict[str, float]:
         loss_agg="token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
         tis_cap=inputs.tis_cap,
         loss_fn=POLICY_LOSSES.get(algo.policy_loss),
-        kl_coef=inputs.kl_coef,
+        terms=inputs.terms or None,
     )
 
 
@@ -336,58 +271,43 @@ def update(run: Run, inputs: UpdateInputs, metrics: dict) -> tuple[int, bool]:
 
 
 def update_mini_batches(
-    run: Run,
-    step: int,
-    batch: list[Trajectory],
-    advantages: list[float],
-    penalties: list[float],
-    old_logprobs: list[torch.Tensor],
-    entropies: list[torch.Tensor],
-    rollouts: AsyncRollouts | None,
-    metrics: dict,
-    k: int,
+    run: Run, step: int, batch: StepBatch, rollouts: AsyncRollouts | None, k: int
 ) -> tuple[int, bool]:
     """algo.ppo_epochs passes over k disjoint mini-batches (`trainer/mini_batches.py`), one optimizer
     step each, stopping at a skipped one. Each mini-batch is shaped on its own: the first (of the
     first epoch) on-policy, with the recompute pass's selections and old = the update's own
     log-probs, detached; every later one with old = the stored log-probs and its selections made
-    again from a no-grad pass of the current policy (where some selection exists: a token method or
+    again from a no-grad pass of the current policy (where some method is active: a token method or
     STARE's open gate), as verl selects inside the loss of each mini-batch. Shaping and update
     metrics are means over the mini-batches (maxima: the largest); update/mini_batches counts them."""
-    algo, learner = run.cfg.algo, run.learner
-    members, layouts = mini_batch_plan(learner, batch, algo, k)
+    algo, learner, metrics = run.cfg.algo, run.learner, batch.metrics
+    members, layouts = mini_batch_plan(learner, batch.trajs, algo, k)
     # A mini-batch empty on every rank (a batch of fewer trajectories than k) is skipped by all alike.
     sizes = learner.all_reduce_sum(torch.tensor([float(len(m)) for m in members], dtype=torch.float64))
     order = [j for j in range(len(members)) if sizes[j] > 0]
-    reselect = bool(algo.token_methods) or (algo.use_stare and run.controller.gate_on)
-    base_seed = run.cfg.trainer.seed * 1_000_003 + step
+    methods = run.methods.resolve(algo.token_methods, algo.methods)
+    reselect = any(getattr(fn, "active", True) for _, fn, _ in methods)
+    base_seed = step_seed(run, step)
     sums: dict[str, float] = {}
     peaks: dict[str, float] = {}
     applied, skipped, done = 0, False, 0
     for epoch in range(algo.ppo_epochs):
         for j in order:
-            idx = members[j]
             first = epoch == 0 and j == order[0]
-            sub = [batch[i] for i in idx]
-            current = None if first or not reselect else learner.compute_logprobs_entropy(sub)
-            mb_metrics = {"entropy/batch": metrics["entropy/batch"]}
-            inputs = shape_inputs(
+            sub = batch.select(members[j])
+            current = None if first or not reselect else learner.compute_logprobs_entropy(sub.trajs)
+            inputs = shape(
                 run,
                 base_seed + 7_919 * (epoch * k + j),
                 sub,
-                [advantages[i] for i in idx],
-                [penalties[i] for i in idx],
-                [old_logprobs[i] for i in idx],
-                [entropies[i] for i in idx],
                 rollouts,
-                mb_metrics,
                 current=current,
                 verl_layout=layouts[j] if layouts is not None else None,
                 on_policy=first,
             )
             result = train_step(run, inputs)
-            mb_metrics.update({f"update/{key}": v for key, v in result.items()})
-            for key, v in mb_metrics.items():
+            sub.metrics.update({f"update/{key}": v for key, v in result.items()})
+            for key, v in sub.metrics.items():
                 if isinstance(v, (int, float)):
                     if key.endswith("_max"):  # maxima stay maxima; the rest are averaged
                         peaks[key] = max(peaks.get(key, -math.inf), float(v))

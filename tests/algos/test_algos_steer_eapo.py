@@ -1,5 +1,5 @@
-"""STEER's and EAPO's weights against their formulas, their neutral settings, the initial entropy in the
-controller's state, verl's mini-batch layout, the consecutive mini-batch cut and the new config keys."""
+"""STEER's and EAPO's weights against their formulas, their neutral settings, the initial entropy in
+EAPO's state, verl's mini-batch layout, the consecutive mini-batch cut and the new config keys."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from stare_tir.algos.stare import StareController
-from stare_tir.algos.token_methods import EapoConfig, SteerConfig, TokenInputs, eapo, steer
+from stare_tir.algos.methods.eapo import Eapo, EapoConfig
+from stare_tir.algos.methods.steer import SteerConfig, steer
+from stare_tir.algos.token_methods import TokenInputs
 from stare_tir.algos.verl_partition import verl_micro_batches, verl_mini_batches
 from stare_tir.config import ConfigError, load_config
 from stare_tir.train_config import TrainConfig
@@ -83,7 +84,9 @@ def test_eapo_weights_positive_samples_by_the_entropy_ratio():
     z = torch.zeros(5)
 
     def w(h_t, h_0, **kw):
-        return eapo(TokenInputs(z, z, adv, None, None, h_t, h_0), EapoConfig(**kw)).weights
+        method = Eapo(EapoConfig(**kw))
+        method.observe(h_0)  # the first step's entropy is H_0
+        return method(TokenInputs(z, z, adv, batch_entropy=h_t), EapoConfig(**kw)).weights
 
     assert torch.equal(w(0.4, 0.4), torch.ones(5))  # H_t = H_0: the first step is GRPO-ds
     falling = w(0.2, 0.4)
@@ -91,22 +94,21 @@ def test_eapo_weights_positive_samples_by_the_entropy_ratio():
     assert torch.allclose(w(0.6, 0.4), torch.tensor([1.5, 1.0, 1.5, 1.0, 1.0]))  # up while it rises
     assert torch.allclose(w(0.6, 0.4, alpha=2.0, w_max=2.0), torch.tensor([2.0, 1.0, 2.0, 1.0, 1.0]))
     assert torch.equal(w(0.2, 0.4, alpha=0.0), torch.ones(5))  # alpha = 0: neutral
-    none = eapo(TokenInputs(z, z, adv), EapoConfig())  # no entropies given: no change
+    none = Eapo()(TokenInputs(z, z, adv), EapoConfig())  # no entropies given: no change
     assert none.weights is None and not bool(none.selected.any())
 
 
-def test_controller_keeps_the_first_entropy_in_its_state():
-    c = StareController()
-    c.note_entropy(float("nan"))
+def test_eapo_keeps_the_first_finite_entropy_in_its_state():
+    c = Eapo()
+    c.observe(float("nan"))
     assert c.initial_entropy is None
-    c.note_entropy(0.7)
-    c.note_entropy(0.3)
+    c.observe(0.7)
+    c.observe(0.3)
     assert c.initial_entropy == 0.7
-    d = StareController()
+    d = Eapo()
     d.load_state_dict(c.state_dict())
     assert d.initial_entropy == 0.7
-    old = {k: v for k, v in c.state_dict().items() if k != "initial_entropy"}  # an older checkpoint
-    d.load_state_dict(old)
+    d.load_state_dict({})  # a state without it (a run that had not measured one)
     assert d.initial_entropy is None
 
 

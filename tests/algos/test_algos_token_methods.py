@@ -1,4 +1,4 @@
-"""Property tests of the STARE paper's baselines (stare_tir.algos.token_methods) through the real loss:
+"""Property tests of the STARE paper's baselines (stare_tir/algos/methods/) through the real loss:
 each reduces to GRPO-ds bit for bit when its selection is empty or its coefficient 0, selects exactly
 the stated count, gives silenced tokens exactly zero gradient, keeps the signs of shaped advantages.
 CPU only."""
@@ -11,23 +11,13 @@ import pytest
 import torch
 
 from stare_tir.algos.advantage import overlong_penalty
+from stare_tir.algos.methods.clip_cov import ClipCovConfig, clip_cov
+from stare_tir.algos.methods.entropy_80_20 import TopEntropyConfig, entropy_80_20
+from stare_tir.algos.methods.entropy_adv import EntropyAdvConfig, entropy_adv
+from stare_tir.algos.methods.kl_cov import KLCovConfig, kl_cov
+from stare_tir.algos.methods.stapo import StapoConfig, stapo
 from stare_tir.algos.policy_loss import POLICY_LOSSES, Clip, LossInputs, clip_loss
-from stare_tir.algos.token_methods import (
-    TOKEN_METHODS,
-    ClipCovConfig,
-    EntropyAdvConfig,
-    KLCovConfig,
-    StapoConfig,
-    TokenEffect,
-    TokenInputs,
-    TopEntropyConfig,
-    clip_cov,
-    combine_effects,
-    entropy_80_20,
-    entropy_adv,
-    kl_cov,
-    stapo,
-)
+from stare_tir.algos.token_methods import TOKEN_METHODS, RunMethods, TokenEffect, TokenInputs, combine_effects
 
 B, T = 6, 40
 
@@ -54,7 +44,7 @@ def run_effect(effect: TokenEffect, logp, old, adv, mask, loss="clip", **kw):
     m = mask.bool()
     a = adv.clone()
     new_mask = mask.clone()
-    weights = kl = None
+    weights, terms = None, {}
     if effect.advantages is not None:
         a[m] = effect.advantages.to(a.dtype)
     if effect.keep is not None:
@@ -64,12 +54,12 @@ def run_effect(effect: TokenEffect, logp, old, adv, mask, loss="clip", **kw):
     if effect.weights is not None:
         weights = torch.ones_like(adv)
         weights[m] = effect.weights
-    if effect.kl_coef is not None:
-        kl = torch.zeros_like(adv)
-        kl[m] = effect.kl_coef
+    for name, term in (effect.terms or {}).items():
+        terms[name] = torch.zeros_like(adv)
+        terms[name][m] = term
     logp.grad = None
     out, _ = POLICY_LOSSES.get(loss)(
-        LossInputs(logp, old, a, new_mask, clip=Clip(low=0.2, high=0.28), token_weights=weights, kl_coef=kl, **kw)
+        LossInputs(logp, old, a, new_mask, clip=Clip(low=0.2, high=0.28), token_weights=weights, terms=terms, **kw)
     )
     out.backward()
     return out.detach(), logp.grad.clone()
@@ -90,6 +80,7 @@ NEUTRAL = {
     "stapo": {"prob_max": 0.0},
     "steer": {"w_min": 1.0, "w_max": 1.0},  # every weight clamped to 1
     "eapo": {},  # no initial entropy yet (the first step): w = 1
+    "stare": {"w": 1.0, "m": 1.0},  # omega of exactly 1 on L+ and L-
 }
 
 
@@ -97,9 +88,10 @@ NEUTRAL = {
 def test_each_method_is_grpo_ds_bit_for_bit_when_its_selection_is_empty_or_coefficient_zero(name):
     logp, old, ent, adv, mask = batch(1)
     settings = TOKEN_METHODS.config_of(name)(**NEUTRAL[name])
-    effect = TOKEN_METHODS.get(name)(TokenInputs(flat(old, mask), flat(ent, mask), flat(adv, mask)), settings)
+    method = RunMethods().get(name, settings)  # a stateful method: a fresh instance
+    effect = method(TokenInputs(flat(old, mask), flat(ent, mask), flat(adv, mask)), settings)
     assert not effect.selected.any() or name == "entropy_80_20"  # 80/20 at 100% keeps (selects) all
-    assert effect.keep is None and effect.kl_coef is None
+    assert effect.keep is None and effect.terms is None
     if effect.weights is not None:  # STEER at w_min = w_max = 1: weights of exactly 1
         assert torch.equal(effect.weights, torch.ones_like(effect.weights))
     if effect.advantages is not None:  # entropy_adv with alpha 0: the same bits
@@ -133,7 +125,7 @@ def test_kl_cov_selects_exactly_the_top_k_covariance_tokens_and_penalises_them()
     assert int(e.selected.sum()) == k
     cov = (a.double() - a.double().mean()) * (lp.double() - lp.double().mean())
     assert cov[e.selected].min() >= cov[~e.selected].max()
-    assert torch.equal(e.kl_coef, e.selected.float() * 0.7)
+    assert torch.equal(e.terms["kl_cov"], e.selected.float() * 0.7)
     # The penalty's gradient on a selected token is coef * sign(logp - old) on top of -A rho.
     _, g_pen = run_effect(e, logp, old, adv, mask, "kl_cov")
     _, g_plain = run_effect(TokenEffect(selected=torch.zeros_like(e.selected)), logp, old, adv, mask, "kl_cov")

@@ -158,7 +158,6 @@ def test_ranks_sample_with_their_own_seeds_and_a_rerun_with_the_same():
 
 def test_algo_keys_select_the_registered_advantage_and_policy_loss(tmp_path):
     from stare_tir.algos.policy_loss import POLICY_LOSSES
-    from stare_tir.algos.stare import StareController
     from stare_tir.data import PromptSampler
     from stare_tir.trainer import Run, group_advantages, rl_step
 
@@ -201,7 +200,6 @@ def test_algo_keys_select_the_registered_advantage_and_policy_loss(tmp_path):
         run_dir=tmp_path,
         parts=SimpleNamespace(engine=engine, backend=NullBackend(), tokenizer=None),
         learner=learner,
-        controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler([{"id": "a"}], seed=0),
         eval_problems=[],
         log=None,

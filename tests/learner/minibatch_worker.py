@@ -36,16 +36,17 @@ def main() -> None:
     import torch
     from transformers import AutoConfig
 
-    from stare_tir.algos.stare import StareController
+    from stare_tir.algos.token_methods import RunMethods
     from stare_tir.config import load_config
     from stare_tir.train_config import TrainConfig
-    from stare_tir.trainer.step import batch_entropy, gate, update_mini_batches
+    from stare_tir.trainer.shaping import StepBatch
+    from stare_tir.trainer.step import batch_entropy, observe, update_mini_batches
 
     model, out = sys.argv[1], sys.argv[2]
     vocab = AutoConfig.from_pretrained(model).vocab_size
     learner = learner_worker.make_learner(model, 2, 64)
     cfg = load_config(TrainConfig, None, OVERRIDES)
-    run = SimpleNamespace(cfg=cfg, learner=learner, controller=StareController.from_config(cfg.algo.stare))
+    run = SimpleNamespace(cfg=cfg, learner=learner, methods=RunMethods())
     every = [
         Traj(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs)
         for t in learner_worker.make_trajs(16, 5, vocab)
@@ -56,8 +57,9 @@ def main() -> None:
     trajs, adv = every[lo:hi], advs[lo:hi]
     old, ent = learner.compute_logprobs_entropy(trajs)
     metrics = {"entropy/batch": batch_entropy(learner, trajs, ent)}
-    gate(run, metrics)
-    applied, _ = update_mini_batches(run, 1, trajs, adv, [0.0] * len(trajs), old, ent, None, metrics, 2)
+    batch = StepBatch(trajs, trajs, metrics, adv, [0.0] * len(trajs), old, ent)
+    observe(run, batch)
+    applied, _ = update_mini_batches(run, 1, batch, None, 2)
     weights = {k: v.clone() for k, v in learner.export_weights()}
     if learner.rank == 0:
         torch.save(

@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stare_tir.algos.stare import StareController
+from stare_tir.algos.token_methods import RunMethods
 from stare_tir.config import load_config
 from stare_tir.train_config import TrainConfig
+from stare_tir.trainer.shaping import StepBatch
 
 
 @dataclass
@@ -34,22 +35,27 @@ def _trajs(worker, n: int, vocab: int, seed: int = 3) -> list[Traj]:
 
 
 def _run(tiny_path: str, overrides: list[str]) -> SimpleNamespace:
-    """What update/shape read of a Run: the config, a real learner, the controller."""
+    """What update/shape read of a Run: the config, a real learner, the token methods."""
     from stare_tir.learner import Learner, LearnerConfig
 
     cfg = load_config(TrainConfig, None, overrides)
     learner = Learner(tiny_path, LearnerConfig(zero_stage=2, lr=1e-3, micro_batch_tokens=64, grad_clip=1.0))
-    return SimpleNamespace(cfg=cfg, learner=learner, controller=StareController.from_config(cfg.algo.stare))
+    return SimpleNamespace(cfg=cfg, learner=learner, methods=RunMethods())
 
 
 def _weights(learner) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in learner.export_weights()}
 
 
-def _recompute(run, trajs) -> tuple[list, list, dict]:
+def _recompute(run, trajs, advantages) -> StepBatch:
+    """The step's batch after score and recompute; the run's methods have seen its entropy."""
+    from stare_tir.trainer.step import observe
+
     old, ent = run.learner.compute_logprobs_entropy(trajs)
     h = float(torch.cat([e[torch.tensor(t.loss_mask, dtype=torch.bool)] for t, e in zip(trajs, ent)]).mean())
-    return old, ent, {"entropy/batch": h}
+    batch = StepBatch(trajs, trajs, {"entropy/batch": h}, list(advantages), [0.0] * len(trajs), old, ent)
+    observe(run, batch)
+    return batch
 
 
 def test_kl_cov_penalty_gradient_is_zero_on_policy_and_not_after_a_step(tiny_path, worker, vocab):
@@ -63,15 +69,15 @@ def test_kl_cov_penalty_gradient_is_zero_on_policy_and_not_after_a_step(tiny_pat
     stored, _ = learner.compute_logprobs_entropy(trajs)
     zero = [0.0] * len(trajs)
     coef = [torch.ones(len(t.response_ids)) for t in trajs]
-    first = learner.train_step(trajs, zero, None, None, loss_fn=kl_loss, kl_coef=coef)
+    first = learner.train_step(trajs, zero, None, None, loss_fn=kl_loss, terms={"kl_cov": coef})
     assert first["grad_norm"] == 0.0 and first["pg/kl_penalty_abs_diff"] == 0.0
     learner.train_step(trajs, worker.make_advantages(8, seed=3), None, stored, loss_fn=kl_loss)  # the policy moves
-    later = learner.train_step(trajs, zero, None, stored, loss_fn=kl_loss, kl_coef=coef)
+    later = learner.train_step(trajs, zero, None, stored, loss_fn=kl_loss, terms={"kl_cov": coef})
     assert later["grad_norm"] > 0.0 and later["pg/kl_penalty_abs_diff"] > 0.0
 
 
 def test_kl_cov_with_8_mini_batches_penalises_from_the_second_on(tiny_path, worker, vocab):
-    from stare_tir.trainer.step import gate, update_mini_batches
+    from stare_tir.trainer.step import update_mini_batches
 
     run = _run(
         tiny_path,
@@ -80,14 +86,14 @@ def test_kl_cov_with_8_mini_batches_penalises_from_the_second_on(tiny_path, work
     k = run.cfg.algo.mini_batches(run.cfg.trainer.prompts_per_step)
     assert k == 8
     trajs = _trajs(worker, 16, vocab)
-    advs = worker.make_advantages(16, seed=3)
-    old, ent, metrics = _recompute(run, trajs)
+    batch = _recompute(run, trajs, worker.make_advantages(16, seed=3))
+    metrics = batch.metrics
     calls, recomputes = [], []
     train_step, recompute = run.learner.train_step, run.learner.compute_logprobs_entropy
 
     def spy(trajs_, advantages, token_weights=None, old_logprobs=None, **kw):
         out = train_step(trajs_, advantages, token_weights, old_logprobs, **kw)
-        calls.append((len(trajs_), old_logprobs is None, kw.get("kl_coef") is not None, out))
+        calls.append((len(trajs_), old_logprobs is None, "kl_cov" in (kw.get("terms") or {}), out))
         return out
 
     def spy_recompute(trajs_):
@@ -96,8 +102,7 @@ def test_kl_cov_with_8_mini_batches_penalises_from_the_second_on(tiny_path, work
 
     run.learner.train_step, run.learner.compute_logprobs_entropy = spy, spy_recompute
     before = run.learner.steps_applied
-    gate(run, metrics)
-    applied, skipped = update_mini_batches(run, 1, trajs, advs, [0.0] * 16, old, ent, None, metrics, k)
+    applied, skipped = update_mini_batches(run, 1, batch, None, k)
     assert (applied, skipped) == (8, False) and run.learner.steps_applied - before == 8
     assert metrics["update/mini_batches"] == 8.0
     assert [c[0] for c in calls] == [2] * 8  # disjoint mini-batches covering the batch
@@ -120,23 +125,20 @@ def test_one_mini_batch_is_the_plain_update_bit_for_bit(tiny_path, worker, vocab
         run = _run(
             tiny_path, ["algo.name=entropy_80_20", "algo.ratio_one_on_policy=true", "trainer.prompts_per_step=4"]
         )
-        old, ent, metrics = _recompute(run, trajs)
+        batch = _recompute(run, trajs, advs)
         if path == "plain":
-            inputs = shape(run, 1, trajs, advs, [0.0] * 8, old, ent, None, metrics)
-            update(run, inputs, metrics)
+            inputs = shape(run, 1, batch, None)
+            update(run, inputs, batch.metrics)
         else:
-            from stare_tir.trainer.step import gate
-
-            gate(run, metrics)
-            update_mini_batches(run, 1, trajs, advs, [0.0] * 8, old, ent, None, metrics, 1)
-        results.append((metrics["update/loss"], _weights(run.learner)))
+            update_mini_batches(run, 1, batch, None, 1)
+        results.append((batch.metrics["update/loss"], _weights(run.learner)))
     (l0, w0), (l1, w1) = results
     assert l0 == l1 and all(torch.equal(w0[k], w1[k]) for k in w0)
 
 
 def test_verl_layout_mini_batches_train_every_trajectory_once(tiny_path, worker, vocab):
     from stare_tir.trainer.mini_batches import mini_batch_plan
-    from stare_tir.trainer.step import gate, update_mini_batches
+    from stare_tir.trainer.step import update_mini_batches
 
     over = ["algo.name=entropy_80_20", "algo.scope=verl", "algo.loss_agg=verl", "algo.verl_partition.ranks=2",
             "algo.verl_partition.token_budget=96", "trainer.prompts_per_step=4", "algo.ppo_mini_batch_size=2",
@@ -147,13 +149,10 @@ def test_verl_layout_mini_batches_train_every_trajectory_once(tiny_path, worker,
     assert sorted(i for m in members for i in m) == list(range(16)) and layouts is not None
     for m, lay in zip(members, layouts):  # each mini-batch's layout indexes its own trajectories
         assert sorted(i for rank in lay for mb in rank for i in mb) == list(range(len(m)))
-    old, ent, metrics = _recompute(run, trajs)
-    gate(run, metrics)
-    applied, _ = update_mini_batches(
-        run, 1, trajs, worker.make_advantages(16, 3), [0.0] * 16, old, ent, None, metrics, 2
-    )
+    batch = _recompute(run, trajs, worker.make_advantages(16, 3))
+    applied, _ = update_mini_batches(run, 1, batch, None, 2)
     assert applied == 4  # 2 epochs x 2 mini-batches
-    assert 0.0 < metrics["algo/entropy_80_20/selected_frac"] < 0.5
+    assert 0.0 < batch.metrics["algo/entropy_80_20/selected_frac"] < 0.5
 
 
 @pytest.mark.parametrize(
@@ -179,10 +178,10 @@ def test_neutral_steer_and_eapo_are_grpo_ds_bit_for_bit(tiny_path, worker, vocab
     results = []
     for over in (["algo.name=grpo_ds"], overrides):
         run = _run(tiny_path, over)
-        old, ent, metrics = _recompute(run, trajs)
-        inputs = shape(run, 1, trajs, advs, [0.0] * 8, old, ent, None, metrics)
-        update(run, inputs, metrics)
-        results.append((inputs, metrics["update/loss"], _weights(run.learner)))
+        batch = _recompute(run, trajs, advs)
+        inputs = shape(run, 1, batch, None)
+        update(run, inputs, batch.metrics)
+        results.append((inputs, batch.metrics["update/loss"], _weights(run.learner)))
     (i0, l0, w0), (i1, l1, w1) = results
     assert i0.token_weights is None and i1.token_weights is not None  # the method ran and weighted
     assert all(bool((w == 1.0).all()) for w in i1.token_weights)
@@ -191,11 +190,9 @@ def test_neutral_steer_and_eapo_are_grpo_ds_bit_for_bit(tiny_path, worker, vocab
 
 def test_mini_batches_empty_on_every_rank_are_skipped(tiny_path, worker, vocab):
     """A batch of fewer trajectories than mini-batches (a partly filled batch) trains each once."""
-    from stare_tir.trainer.step import gate, update_mini_batches
+    from stare_tir.trainer.step import update_mini_batches
 
     run = _run(tiny_path, ["algo.name=kl_cov", "trainer.prompts_per_step=4", "algo.ppo_mini_batch_size=1"])
-    trajs = _trajs(worker, 2, vocab)
-    old, ent, metrics = _recompute(run, trajs)
-    gate(run, metrics)
-    applied, skipped = update_mini_batches(run, 1, trajs, [1.0, -1.0], [0.0, 0.0], old, ent, None, metrics, 4)
+    batch = _recompute(run, _trajs(worker, 2, vocab), [1.0, -1.0])
+    applied, skipped = update_mini_batches(run, 1, batch, None, 4)
     assert (applied, skipped) == (2, False) and run.learner.steps_applied == 2

@@ -63,7 +63,6 @@ def main() -> None:
     rank, port = int(rank), int(port)
     import torch.distributed as dist
 
-    from stare_tir.algos.stare import StareController
     from stare_tir.data import PromptSampler
     from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig
     from stare_tir.rollout.backends.sglang import relay as relay_mod
@@ -99,7 +98,6 @@ def main() -> None:
         run_dir=Path(run_dir),
         learner=learner,
         parts=SimpleNamespace(engine=None, backend=backend, tokenizer=None),
-        controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler([{"id": "a"}], seed=0),
         eval_problems=[],
         log=None,

@@ -41,7 +41,7 @@ RUNS = {
     "entropy_80_20": (["algo.name=entropy_80_20"], "algo/entropy_80_20/selected_frac"),
     "entropy_adv": (["algo.name=entropy_adv"], "algo/entropy_adv/selected_frac"),
     "stapo": (["algo.name=stapo"], "algo/stapo/selected_frac"),
-    # KL-Cov's penalty acts from the second pass over a batch: through the learner's kl_coef.
+    # KL-Cov's penalty acts from the second pass over a batch: through its named term `kl_cov`.
     "kl_cov_2ep": (["algo.name=kl_cov", "algo.ppo_epochs=2", "algo.kl_cov.ratio=0.2"], "algo/kl_cov/selected_frac"),
     "official": (
         [
@@ -112,7 +112,7 @@ def test_every_baseline_trains_the_tiny_config_and_logs_selected_frac(tmp_path):
         ]
         ones = [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs]
         kw = dict(loss_fn=POLICY_LOSSES.get("kl_cov"), clip=Clip(low=0.2, high=0.28))
-        penalised = run.learner.train_step(trajs, [0.0] * 3, None, old, kl_coef=ones, **kw)
+        penalised = run.learner.train_step(trajs, [0.0] * 3, None, old, terms={"kl_cov": ones}, **kw)
         plain = run.learner.train_step(trajs, [0.0] * 3, None, old, **kw)
         assert plain["loss"] == 0.0 and penalised["loss"] == pytest.approx(0.5, abs=1e-3)
     finally:

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stare_tir.algos.stare import StareController
 from stare_tir.data import PromptSampler
 from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
@@ -101,7 +100,6 @@ def _run(learner, backend, cfg=None, engine=None, run_dir=None) -> Run:
         run_dir=run_dir,
         learner=learner,
         parts=SimpleNamespace(engine=engine, backend=backend, tokenizer=None),
-        controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler([{"id": "a"}], seed=0),
         eval_problems=[],
         log=None,
@@ -292,10 +290,64 @@ def test_checkpoint_keeps_the_empty_step_count(tmp_path):
     cfg = TrainConfig()
     learner = CkptLearner(rank=0, world_size=1)
     run = _run(learner, NullBackend(), cfg, run_dir=tmp_path)
-    run.controller = StareController.from_config(cfg.algo.stare)
     run.log = SimpleNamespace(truncate_after=lambda step: None)
     run.empty_in_row = 2
     save_checkpoint(run, 5)
     run.empty_in_row = 0
     resume_from(run, tmp_path / "checkpoints" / "step_000005")
     assert run.empty_in_row == 2 and run.step == 5
+
+
+def test_checkpoint_restores_stares_controller_and_eapos_initial_entropy(tmp_path):
+    """The token methods' state comes back from a checkpoint exactly: STARE's gate, W and M under the
+    adaptive schedule, EAPO's initial entropy; also from a checkpoint written before each method kept
+    its own (one `controller` entry), and into a method built only after the resume."""
+    from stare_tir.config import load_config
+    from stare_tir.trainer.checkpoint import resume_from, save_checkpoint
+
+    class CkptLearner(FakeLearner):
+        def save_checkpoint(self, path, client_state):
+            path.mkdir(parents=True, exist_ok=True)
+            self.saved = client_state
+
+        def load_checkpoint(self, path):
+            return self.saved
+
+    overrides = ["algo.name=stare", "algo.token_methods=[eapo]", "algo.stare.adaptive=true"]
+    cfg = load_config(TrainConfig, None, [*overrides, "algo.stare.adapt_rate=0.05", "algo.stare.variant=C2"])
+    assert cfg.algo.token_methods == ["eapo", "stare"]  # STARE on top of the listed methods
+    learner = CkptLearner(rank=0, world_size=1)
+
+    def run_of():
+        run = _run(learner, NullBackend(), cfg, run_dir=tmp_path)
+        run.log = SimpleNamespace(truncate_after=lambda step: None)
+        return run
+
+    def observe(run, h):
+        run.methods.observe(cfg.algo.token_methods, cfg.algo.methods, h)
+
+    run = run_of()
+    for h in (0.8, 0.1, 0.2):  # above the target (W down, M up), then below twice
+        observe(run, h)
+    stare, eapo = run.methods.get("stare"), run.methods.get("eapo")
+    expected = stare.state_dict()
+    assert expected["gate_on"] and expected["steps"] == 3 and eapo.initial_entropy == 0.8
+    assert (stare.controller.w, stare.controller.m) == (pytest.approx(1.15), pytest.approx(0.85))
+    save_checkpoint(run, 3)
+    path = tmp_path / "checkpoints" / "step_000003"
+
+    fresh = run_of()  # a new process: the methods built from the config before the resume
+    fresh.methods.resolve(cfg.algo.token_methods, cfg.algo.methods)
+    resume_from(fresh, path)
+    assert fresh.methods.get("stare").state_dict() == expected
+    assert fresh.methods.get("eapo").initial_entropy == 0.8
+    observe(run, 0.5)
+    observe(fresh, 0.5)  # and it goes on exactly as the uninterrupted one
+    assert fresh.methods.state_dict() == run.methods.state_dict()
+
+    old = {k: v for k, v in learner.saved.items() if k != "methods"}
+    learner.saved = {**old, "controller": {**expected, "initial_entropy": 0.8}}  # today's older layout
+    older = run_of()
+    resume_from(older, path)  # the methods are built after it, on first use
+    assert older.methods.get("stare", cfg.algo.stare).state_dict() == expected
+    assert older.methods.get("eapo", cfg.algo.methods["eapo"]).initial_entropy == 0.8

@@ -7,8 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stare_tir.algos.stare import StareConfig, StareController, stare_token_weights
-from stare_tir.algos.token_methods import ClipCovConfig, StapoConfig
+from stare_tir.algos.methods.clip_cov import ClipCovConfig
+from stare_tir.algos.methods.stapo import StapoConfig
+from stare_tir.algos.methods.stare import Stare
+from stare_tir.algos.stare import StareConfig, stare_token_weights
+from stare_tir.algos.token_methods import RunMethods
 from stare_tir.algos.verl_partition import VerlPartitionConfig
 from stare_tir.rollout.backends.base import BackendBase
 from stare_tir.rollout.engine import RolloutEngine
@@ -19,9 +22,9 @@ from stare_tir.trainer import (
     drop_for_update,
     group_advantages,
     informative_groups,
-    lplus_entropy_raising_frac,
     prepare_update,
 )
+from stare_tir.trainer.shaping import StepBatch
 
 
 class NullBackend(BackendBase):
@@ -67,6 +70,21 @@ class OneRankLearner:
         return [list(range(len(trajs)))[:2], list(range(len(trajs)))[2:]]
 
 
+def shaped(learner, trajs, adv, lps, ents, algo, methods=None, seed=0, entropy=0.0, **kw):
+    """prepare_update of these trajectories as a step's batch, with the run's token methods (fresh ones,
+    having seen no entropy, unless given)."""
+    methods = RunMethods() if methods is None else methods
+    batch = StepBatch(list(trajs), list(trajs), {"entropy/batch": entropy}, list(adv), [0.0] * len(trajs), lps, ents)
+    return prepare_update(learner, batch, algo, methods.resolve(algo.token_methods, algo.methods), seed, **kw)
+
+
+def observed(algo, entropy):
+    """The run's token methods after one step's batch entropy (STARE's gate set from it)."""
+    methods = RunMethods()
+    methods.observe(algo.token_methods, algo.methods, entropy)
+    return methods
+
+
 def test_sandbox_errors_and_filters_are_dropped_and_counted():
     trajs = [
         traj(0, 1.0),
@@ -105,18 +123,19 @@ def test_stare_off_gate_means_plain_grpo_and_batch_scope_selects_globally():
         old_lp.append(lp * torch.tensor(t.loss_mask, dtype=torch.float32))
     ent = [torch.full_like(lp, 0.5) for lp in old_lp]
     learner = OneRankLearner()
-    algo = AlgoConfig()
-    ctrl = StareController(target_entropy=0.3)
-    ctrl.update(0.5)  # above target: gate off
-    inputs, omega = prepare_update(learner, trajs, adv, old_lp, ent, algo, ctrl, seed=0)
+    algo = AlgoConfig()  # algo.name=stare: the token method `stare`, target entropy 0.3
+    assert algo.token_methods == ["stare"]
+    inputs = shaped(learner, trajs, adv, old_lp, ent, algo, observed(algo, 0.5))  # above target: gate off
     # Gate off: exactly what GRPO-ds gets (no weights, the same trajectories and advantages).
-    assert omega is None and inputs.token_weights is None and inputs.trajs == trajs and inputs.advantages == adv
+    assert inputs.token_weights is None and inputs.trajs == trajs and inputs.advantages == adv
     assert inputs.old_logprobs is old_lp and inputs.metrics["algo/selected_frac"] == 0.0
+    assert inputs.metrics["stare/gate_on"] == 0.0 and inputs.metrics["stare/reweighted_frac"] == 0.0
+    assert "algo/stare/selected_frac" not in inputs.metrics  # STARE logs its own stare/* metrics
 
     algo = AlgoConfig(stare=StareConfig(top_p=0.2, variant="C2", w=1.5, m=0.5))
-    ctrl = StareController.from_config(algo.stare)
-    ctrl.update(0.1)  # below target: gate on
-    inputs, omega = prepare_update(learner, trajs, adv, old_lp, ent, algo, ctrl, seed=0)
+    inputs = shaped(learner, trajs, adv, old_lp, ent, algo, observed(algo, 0.1))  # below target: gate on
+    omega = inputs.token_weights
+    assert inputs.metrics["stare/gate_on"] == 1.0
     flat_s = torch.cat([-x for x in old_lp])
     flat_a = torch.cat([torch.full_like(x, a) for x, a in zip(old_lp, adv)])
     flat_m = torch.cat([torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs])
@@ -130,23 +149,31 @@ def test_stare_off_gate_means_plain_grpo_and_batch_scope_selects_globally():
     assert inputs.metrics["algo/selected_frac"] == pytest.approx(n_sel / int(flat_m.sum()))
 
 
-def test_lplus_entropy_raising_frac_counts_only_l_plus_tokens_above_their_entropy():
+def test_stare_disabled_is_grpo_ds_and_logs_nothing_of_stare():
     trajs = [traj(0, 1.0, n_model=4), traj(0, -1.0, n_model=4)]
-    n = [len(t.response_ids) for t in trajs]
-    adv = [1.0, -1.0]
-    omegas = [torch.ones(k) for k in n]
-    lp = [torch.full((k,), -1.0) for k in n]  # surprisal 1 everywhere
-    ent = [torch.full((k,), 0.5) for k in n]
-    model0 = [j for j, m in enumerate(trajs[0].loss_mask) if m]
-    omegas[0][model0[:2]] = 1.5  # two L+ tokens
-    ent[0][model0[0]] = 2.0  # the first sits where entropy exceeds its surprisal
-    omegas[1][:] = 1.5  # A < 0: never L+, whatever the weight says
-    obs0 = [j for j, m in enumerate(trajs[0].loss_mask) if not m]
-    if obs0:
-        omegas[0][obs0[0]] = 1.5  # observation tokens are never L+
-    frac = lplus_entropy_raising_frac(OneRankLearner(), trajs, adv, omegas, lp, ent, w=1.5)
-    assert frac == pytest.approx(0.5)
-    assert lplus_entropy_raising_frac(OneRankLearner(), trajs, adv, omegas, lp, ent, w=1.0) is None
+    lps, ents = recompute(trajs)
+    algo = AlgoConfig(stare=StareConfig(enabled=False))
+    assert algo.token_methods == ["stare"]
+    methods = observed(algo, 0.0)  # below the target: the gate would be on
+    inputs = shaped(OneRankLearner(), trajs, [1.0, -1.0], lps, ents, algo, methods)
+    assert inputs.token_weights is None and not any(k.startswith("stare/") for k in inputs.metrics)
+    assert methods.get("stare").state_dict()["steps"] == 0  # its controller never moved
+
+
+def test_stare_lplus_s_gt_h_frac_counts_only_l_plus_tokens_above_their_entropy():
+    from stare_tir.algos.token_methods import TokenInputs
+
+    lp = torch.full((8,), -1.0)  # surprisal 1 everywhere: ties go to the lower positions
+    adv = torch.tensor([1.0] * 4 + [-1.0] * 4)
+    ent = torch.full((8,), 0.5)
+    ent[0] = 2.0  # the first L+ token sits where entropy exceeds its surprisal
+    for w, expected in ((1.5, 0.5), (1.0, None)):  # W = 1: L+ is not marked
+        cfg = StareConfig(top_p=0.5, variant="C2", w=w, m=0.5, open_loop=True)
+        stare = Stare(cfg)
+        stare.observe(1.0)
+        effect = stare(TokenInputs(lp, ent, adv), cfg)
+        assert int(effect.selected.sum()) == (4 if w != 1.0 else 2)  # L+ = {0, 1}, L- = {4, 5}
+        assert stare.step_metrics([effect])["stare/lplus_s_gt_h_frac"] == expected
 
 
 class FakeEngine:
@@ -231,7 +258,6 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run_with_a_clear_error(tmp_pa
         run_dir=tmp_path,
         learner=learner,
         parts=SimpleNamespace(engine=engine, backend=NullBackend(), tokenizer=None),
-        controller=StareController.from_config(cfg.algo.stare),
         sampler=PromptSampler([{"id": "a"}], seed=0),
         eval_problems=[],
         log=None,
@@ -289,7 +315,7 @@ def test_void_turn_mask_zeroes_the_loss_mask_and_leaves_the_groups_other_advanta
     trajs = [traj(0, 1.0), traj(0, -1.0, void=1), traj(0, -1.0), traj(1, 1.0), traj(1, -1.0)]
     lps, ents = recompute(trajs)
     keep_adv, _ = group_advantages(trajs, "grpo")
-    inputs, _ = prepare_update(OneRankLearner(), trajs, keep_adv, lps, ents, AlgoConfig(void_turns="mask"), None, 0)
+    inputs = shaped(OneRankLearner(), trajs, keep_adv, lps, ents, AlgoConfig(void_turns="mask"), seed=0)
     # The void trajectory stays in its group's statistics: every other advantage is unchanged ...
     assert inputs.advantages == keep_adv
     # ... and none of its tokens reaches the loss; the others keep their masks (same objects).
@@ -310,13 +336,13 @@ def test_token_methods_reach_the_learner_as_advantages_masks_weights_and_terms()
     adv, _ = group_advantages(trajs, "grpo")
     learner = OneRankLearner()
 
-    inp, _ = prepare_update(learner, trajs, adv, lps, ents, AlgoConfig(name="entropy_adv"), None, 0)
+    inp = shaped(learner, trajs, adv, lps, ents, AlgoConfig(name="entropy_adv"), seed=0)
     assert all(isinstance(a, torch.Tensor) for a in inp.advantages) and inp.token_weights is None
     for a, t, x in zip(inp.advantages, trajs, adv):
         model = torch.tensor(t.loss_mask, dtype=torch.bool)
         assert torch.all(torch.sign(a[model]) == torch.sign(torch.tensor(x)))
 
-    inp, _ = prepare_update(learner, trajs, adv, lps, ents, AlgoConfig(name="entropy_80_20"), None, 0)
+    inp = shaped(learner, trajs, adv, lps, ents, AlgoConfig(name="entropy_80_20"), seed=0)
     n_loss = sum(sum(t.loss_mask) for t in trajs)
     kept = sum(sum(t.loss_mask) for t in inp.trajs)
     assert kept == -(-2 * n_loss // 10) and inp.metrics["algo/entropy_80_20/selected_frac"] == kept / n_loss
@@ -324,13 +350,13 @@ def test_token_methods_reach_the_learner_as_advantages_masks_weights_and_terms()
     kept_ent = torch.cat([e[torch.tensor(t.loss_mask, dtype=torch.bool)] for e, t in zip(ents, inp.trajs)])
     assert kept_ent.min() >= flat_ent.sort(descending=True).values[kept - 1]  # the highest entropies
 
-    inp, _ = prepare_update(learner, trajs, adv, lps, ents, AlgoConfig(name="kl_cov"), None, 0)
-    coef = torch.cat(inp.kl_coef)
+    inp = shaped(learner, trajs, adv, lps, ents, AlgoConfig(name="kl_cov"), seed=0)
+    coef = torch.cat(inp.terms["kl_cov"])
     assert int((coef > 0).sum()) == max(1, int(n_loss * 0.002)) and inp.token_weights is None
 
     algo = AlgoConfig(name="clip_cov", methods={"clip_cov": ClipCovConfig(ratio=0.1, lb=-10.0, ub=10.0)})
-    a1, _ = prepare_update(learner, trajs, adv, lps, ents, algo, None, seed=5)
-    a2, _ = prepare_update(learner, trajs, adv, lps, ents, algo, None, seed=5)
+    a1 = shaped(learner, trajs, adv, lps, ents, algo, seed=5)
+    a2 = shaped(learner, trajs, adv, lps, ents, algo, seed=5)
     w = torch.cat(a1.token_weights)
     assert int((w == 0).sum()) == int(n_loss * 0.1) and torch.equal(w, torch.cat(a2.token_weights))
     assert a1.trajs == trajs  # silenced, not removed: the normaliser still counts them
@@ -360,7 +386,7 @@ def test_verl_scope_and_aggregation_follow_verls_partition():
     # loss_agg=verl: the learner's token-mean with these weights is verl's loss.
     from stare_tir.algos.policy_loss import LossInputs, clip_loss
 
-    inp, _ = prepare_update(OneRankLearner(), trajs, adv, lps, ents, algo, None, 0)
+    inp = shaped(OneRankLearner(), trajs, adv, lps, ents, algo, seed=0)
     r = max(len(t.response_ids) for t in trajs)
 
     def pad(xs, fill=0.0):
@@ -384,10 +410,10 @@ def test_ratio_one_on_policy_hands_no_old_logprobs_and_folds_tis_into_the_weight
     trajs = [traj(0, 1.0), traj(0, -1.0)]
     lps, ents = recompute(trajs)
     adv, _ = group_advantages(trajs, "grpo")
-    inp, _ = prepare_update(OneRankLearner(), trajs, adv, lps, ents, AlgoConfig(ratio_one_on_policy=True), None, 0)
+    inp = shaped(OneRankLearner(), trajs, adv, lps, ents, AlgoConfig(ratio_one_on_policy=True), seed=0)
     assert inp.old_logprobs is None and inp.token_weights is None
     algo = AlgoConfig(ratio_one_on_policy=True, tis_cap=2.0)
-    inp, _ = prepare_update(OneRankLearner(), trajs, adv, lps, ents, algo, None, 0)
+    inp = shaped(OneRankLearner(), trajs, adv, lps, ents, algo, seed=0)
     assert inp.tis_cap is None
     for w, t, lp in zip(inp.token_weights, trajs, lps):
         expected = truncated_is_weights(lp, torch.tensor(t.rollout_logprobs), torch.tensor(t.loss_mask), 2.0)
@@ -554,9 +580,9 @@ def test_selections_do_not_depend_on_how_the_batch_is_split_over_ranks(scope):
         stare=StareConfig(top_p=0.3, variant="C2", w=1.5, m=0.5),
         methods={"stapo": StapoConfig(prob_max=0.2, entropy_quantile=0.5)},
     )
-    ctrl = StareController.from_config(algo.stare)
-    ctrl.update(0.0)
-    whole, _ = prepare_update(OneRankLearner(), trajs, adv, lps, ents, algo, ctrl, seed=3)
+    assert algo.token_methods == ["entropy_adv", "stapo", "kl_cov", "stare"]  # STARE on top
+    methods = observed(algo, 0.0)
+    whole = shaped(OneRankLearner(), trajs, adv, lps, ents, algo, methods, seed=3)
     assert any((w != 1.0).any() for w in whole.token_weights)  # STARE (and verl's weights) acted
     assert any(a.loss_mask != b.loss_mask for a, b in zip(whole.trajs, trajs))  # STAPO silenced some
 
@@ -565,16 +591,16 @@ def test_selections_do_not_depend_on_how_the_batch_is_split_over_ranks(scope):
 
     def rank(r):
         idx = halves[r]
-        out[r] = prepare_update(
+        out[r] = shaped(
             ThreadRank(r, 2, shared, barrier),
             [trajs[i] for i in idx],
             [adv[i] for i in idx],
             [lps[i] for i in idx],
             [ents[i] for i in idx],
             algo,
-            ctrl,
+            methods,
             seed=3,
-        )[0]
+        )
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
     [t.start() for t in threads]
@@ -583,6 +609,6 @@ def test_selections_do_not_depend_on_how_the_batch_is_split_over_ranks(scope):
     assert all(torch.equal(a, b) for a, b in zip(whole.token_weights, split_w))
     assert all(torch.equal(a, b) for a, b in zip(whole.advantages, out[0].advantages + out[1].advantages))
     assert [t.loss_mask for t in whole.trajs] == [t.loss_mask for t in out[0].trajs + out[1].trajs]
-    whole_kl = whole.kl_coef
-    assert all(torch.equal(a, b) for a, b in zip(whole_kl, out[0].kl_coef + out[1].kl_coef))
+    whole_kl = whole.terms["kl_cov"]
+    assert all(torch.equal(a, b) for a, b in zip(whole_kl, out[0].terms["kl_cov"] + out[1].terms["kl_cov"]))
     assert whole.metrics == out[0].metrics == out[1].metrics
