@@ -6,7 +6,9 @@
                                         "answer": "reward_model.ground_truth"})
     load_problems("hf:org/name:test", on_bad_row="skip")      # a Hugging Face dataset (needs `datasets`)
 
-Every problem is a dict {"id": str, "problem": str, "answer": str, ...the row's other fields}.
+Every problem is a dict {"id": str, "problem": str, "answer": str, ...the row's other fields}
+(`fields={"answer": ""}`: a dataset without gold answers, for a reward function of one's own that
+grades from the row's other fields; every answer is then "").
 Every row is validated: a missing or empty problem/answer, a wrong type, a duplicate id or a
 duplicate problem text is a bad row. With on_bad_row="error" (the default) the first bad row raises
 `DataError` naming the file and the row; with "skip" each bad row is logged (loguru) with its reason,
@@ -205,7 +207,9 @@ def _validate(row: Any, row_no: int, mapping: dict, stem: str) -> dict:
     if not isinstance(row, dict):
         raise _BadRow("not_an_object", f"row is a {type(row).__name__}, expected an object")
     problem = _text_field(row, mapping["problem"], "problem")
-    answer = _text_field(row, mapping["answer"], "answer").strip()
+    # fields={"answer": ""}: the rows carry no gold answer (a reward function, env.reward, grades them
+    # from their own fields, which every problem keeps)
+    answer = _text_field(row, mapping["answer"], "answer").strip() if mapping["answer"] else ""
     rid = _get(row, mapping["id"])
     if rid is _MISSING or rid is None:
         rid = f"{stem}-{row_no}"
@@ -214,7 +218,7 @@ def _validate(row: Any, row_no: int, mapping: dict, stem: str) -> dict:
     rid = str(rid)
     if not rid.strip():
         raise _BadRow("empty_id", "empty id")
-    top_keys = {mapping[k].split(".")[0] for k in mapping} | {"id", "problem", "answer"}
+    top_keys = {mapping[k].split(".")[0] for k in mapping if mapping[k]} | {"id", "problem", "answer"}
     out = {k: v for k, v in row.items() if k not in top_keys}
     out.update(id=rid, problem=problem, answer=answer)
     return out

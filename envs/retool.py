@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 from loguru import logger
 
 from envs.base import EnvFactory, StepResult
 from envs.grading import GRADERS, get_grader
+from envs.reward import RewardFunction, load_reward_fn
+from sandbox.base import ExecResult, ExecStatus, Sandbox, Session
 
 RETOOL_SYSTEM_PROMPT = (
     "Solve the following problem step by step. You may write Python code to help your reasoning: "
@@ -99,11 +101,19 @@ class RetoolConfig:
     # (recall at least math-verify's, no float tolerance); "math_verify" = Hugging Face math-verify
     # alone, for numbers comparable with papers that grade with it; "boxed" = builtin, but only a
     # \boxed{} answer counts. The names are those of `envs.grading.GRADERS`. See envs/grading/grader.py.
-    grader: str = "builtin"
+    grader: str = field(default="builtin", metadata={"choices": GRADERS.names})
     # The decimal rule of the builtin and boxed graders (envs/grading/grader.py): true accepts a decimal
     # that states more digits than a rounded decimal gold and rounds to it ("27.3912" for "27.39",
     # as a grader of a "round to two decimals" problem would); false demands the gold's value.
     grade_finer_decimals: bool = True
+    # A reward function of your own instead of the grader, as "package.module:function": called
+    # with (response_text, sample) and returning the reward, or a dict with "reward" (and
+    # "correct", "pred", ...); used for training rewards and evaluation's correctness alike
+    # (envs/reward.py, docs/extending.md). "": the grader (env.grader).
+    reward: str = ""
+    # Hard time bound of one reward-function call, seconds: a call that raises or runs longer
+    # gets reward_wrong and is counted in grade/error_rate or grade/timeout_rate.
+    reward_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_tool_calls < 0:
@@ -118,7 +128,11 @@ class RetoolConfig:
             raise ValueError(f"format_penalty={self.format_penalty!r}: must be >= 0")
         if self.grade_timeout_s <= 0:
             raise ValueError(f"grade_timeout_s={self.grade_timeout_s!r}: must be > 0")
-        GRADERS.check(self.grader, "env.grader")
+        GRADERS.check(self.grader, "grader")
+        if self.reward_timeout_s <= 0:
+            raise ValueError(f"reward_timeout_s={self.reward_timeout_s!r}: must be > 0")
+        if self.reward:
+            load_reward_fn(self.reward)  # a misspelled function fails here, in one line
         if self.prompt not in PROMPTS:
             raise ValueError(f"prompt={self.prompt!r}: must be one of {sorted(PROMPTS)}")
         if "{problem}" not in self.user_template:
@@ -172,27 +186,29 @@ def _last_error_line(stderr: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _status(result: Any) -> str:
-    st = getattr(result, "status", "sandbox_error")
-    return str(getattr(st, "value", st))
-
-
 # ----------------------------------------------------------------------------- env
 
 
 class RetoolEnv:
     """One trajectory of a problem with a Python interpreter (implements envs.base.Env)."""
 
-    def __init__(self, problem: dict, sandbox: Any, cfg: RetoolConfig | None = None) -> None:
+    def __init__(
+        self,
+        problem: dict,
+        sandbox: Sandbox,
+        cfg: RetoolConfig | None = None,
+        reward_fn: RewardFunction | None = None,
+    ) -> None:
         self.stop_strings = ["</code>"]
         self.problem = problem
         self.sandbox = sandbox
         self.cfg = cfg or RetoolConfig()
+        self.reward_fn = reward_fn  # env.reward's function, shared by the factory's envs (None: the grader)
         self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0, "void_turns": 0}
         self.sandbox_error = False
         self.turns = 0
         self._stack: contextlib.AsyncExitStack | None = None
-        self._session: Any = None
+        self._session: Session | None = None
         self._closed = False
 
     # -- prompt
@@ -223,7 +239,7 @@ class RetoolEnv:
             info["reason"] = "sandbox_error"
         return StepResult(obs, self.sandbox_error, info)
 
-    async def _run(self, code: str) -> Any:
+    async def _run(self, code: str) -> ExecResult:
         try:
             if self._session is None:
                 self._stack = contextlib.AsyncExitStack()
@@ -233,18 +249,18 @@ class RetoolEnv:
             return await self._session.run(code, timeout=self.cfg.code_timeout_s)
         except Exception as e:  # infrastructure: the protocol promises results, not exceptions
             logger.warning("sandbox failure on problem {}: {!r}", self.problem.get("id"), e)
-            return _InfraFailure(f"{type(e).__name__}: {e}")
+            return ExecResult.infra_failure(f"{type(e).__name__}: {e}")
 
-    def _observation(self, result: Any, info: dict) -> str:
-        status = _status(result)
-        stdout = getattr(result, "stdout", "") or ""
+    def _observation(self, result: ExecResult, info: dict) -> str:
+        status = ExecStatus(result.status).value
+        stdout = result.stdout or ""
         info["status"] = status
         if status == "ok":
             body = stdout if stdout.strip() else self.cfg.empty_output
         elif status == "timeout":
             self.stats["timeouts"] += 1
             info["timeout"] = True
-            ran = float(getattr(result, "duration_s", 0.0) or self.cfg.code_timeout_s)
+            ran = float(result.duration_s or self.cfg.code_timeout_s)
             body = (
                 stdout.rstrip("\n") + "\n" if stdout.strip() else ""
             ) + f"TimeoutError: the code was stopped at the time limit ({ran:.1f} s)"
@@ -252,20 +268,19 @@ class RetoolEnv:
             self.stats["sandbox_errors"] += 1
             self.sandbox_error = True
             info["sandbox_error"] = True
-            info["error"] = getattr(result, "error", "")
+            info["error"] = result.error
             body = "SandboxError: the interpreter is unavailable; the code was not run"
         else:
             self.stats["code_errors"] += 1
             info["code_error"] = True
             if status == "error":
-                tail = _last_error_line(getattr(result, "stderr", "") or "") or "Error"
+                tail = _last_error_line(result.stderr or "") or "Error"
             elif status == "oom":
                 tail = "MemoryError: the code ran out of memory"
             elif status == "output_limit":
                 tail = "OutputLimitError: the code printed too much and was stopped"
             else:
-                sig = getattr(result, "signal", None)
-                tail = f"Killed (signal {sig})" if sig else "Killed"
+                tail = f"Killed (signal {result.signal})" if result.signal else "Killed"
             body = stdout + ("\n" if stdout and not stdout.endswith("\n") else "") + tail
         body = truncate_middle(body.strip("\n"), self.cfg.obs_max_chars, self.cfg.obs_head_ratio)
         return f"\n<interpreter>\n{neutralize(body)}\n</interpreter>\n"
@@ -274,6 +289,8 @@ class RetoolEnv:
     def reward(self, response_text: str) -> tuple[float, dict]:
         cfg = self.cfg
         model_text = strip_interpreter(response_text)
+        if self.reward_fn is not None:
+            return self._own_reward(model_text)
         gold = str(self.problem["answer"])
         grader = get_grader(cfg.grader, finer_decimals=cfg.grade_finer_decimals)
         graded = grader.check(model_text, gold, timeout_s=cfg.grade_timeout_s)
@@ -294,7 +311,34 @@ class RetoolEnv:
             "grade_s": graded.seconds,
             "grade_timeout": graded.timed_out,
             "grade_stage": graded.stage,
+            "gold": gold,
         }
+
+    def _own_reward(self, model_text: str) -> tuple[float, dict]:
+        """env.reward's function instead of the grader; its failure is a graded-wrong trajectory
+        counted in grade/error_rate or grade/timeout_rate (envs/reward.py)."""
+        assert self.reward_fn is not None
+        got = self.reward_fn(model_text, self.problem)
+        format_ok = self._format_ok(model_text)
+        r = got.reward if got.reward is not None else self.cfg.reward_wrong
+        if not format_ok:
+            r -= self.cfg.format_penalty
+        info = {
+            "correct": bool(got.correct) and not got.error,
+            "pred": got.pred,
+            "format_ok": format_ok,
+            "has_answer": got.pred is not None,
+            "grade_s": got.seconds,
+            "grade_timeout": got.timed_out,
+            "grade_error": bool(got.error) and not got.timed_out,
+            "grade_stage": "reward_fn",
+            "gold": str(self.problem.get("answer", "")),
+        }
+        if got.error:
+            info["reward_error"] = got.error
+        if got.extra:
+            info["reward_extra"] = got.extra
+        return r, info
 
     def _format_ok(self, model_text: str) -> bool:
         if model_text.count("<code>") != model_text.count("</code>"):
@@ -315,17 +359,6 @@ class RetoolEnv:
         self._stack = self._session = None
 
 
-class _InfraFailure:
-    """Stands in for ExecResult(status=sandbox_error) when the session raised instead."""
-
-    status = "sandbox_error"
-    stdout = stderr = ""
-    signal = None
-
-    def __init__(self, error: str) -> None:
-        self.error = error
-
-
 def _final_answer_pos(text: str, need_tag: bool = False) -> int | None:
     """Start of the last \\boxed{} / <answer> block in (model-written) text, or None."""
     tag = text.rfind("<answer>")
@@ -336,11 +369,13 @@ def _final_answer_pos(text: str, need_tag: bool = False) -> int | None:
     return pos if pos >= 0 else None
 
 
-def make_retool_env_factory(sandbox: Any, cfg: RetoolConfig | None = None) -> EnvFactory:
-    """One RetoolEnv per trajectory, all sharing `sandbox` (each opens its own session)."""
+def make_retool_env_factory(sandbox: Sandbox, cfg: RetoolConfig | None = None) -> EnvFactory:
+    """One RetoolEnv per trajectory, all sharing `sandbox` (each opens its own session) and, with
+    env.reward, one reward function's worker."""
     cfg = cfg or RetoolConfig()
+    reward_fn = RewardFunction(cfg.reward, cfg.reward_timeout_s) if cfg.reward else None
 
     def factory(problem: dict) -> RetoolEnv:
-        return RetoolEnv(problem, sandbox, cfg)
+        return RetoolEnv(problem, sandbox, cfg, reward_fn)
 
     return factory

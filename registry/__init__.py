@@ -59,6 +59,8 @@ class Registry(Generic[T]):
         return wrap
 
     def add(self, name: str, obj: T, *, config: type | None = None) -> None:
+        if not self._loaded and getattr(obj, "__module__", "?") not in self._load:
+            self._ensure_loaded()  # a plugin's entry: the built-in ones first, in their own order
         if not name or not isinstance(name, str):
             raise ValueError(f"{self.kind} name {name!r}: must be a non-empty string")
         if name in self._entries:
@@ -108,6 +110,27 @@ class Registry(Generic[T]):
     def entries(self) -> tuple[Entry[T], ...]:
         self._ensure_loaded()
         return tuple(self._entries.values())
+
+    def settings(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One settings object per entry that has a config class, as a config's sections hold them:
+        `given[name]` (an instance, or a mapping of its fields) or the class's defaults. A config
+        dataclass declares `SECTIONS = (field, registry)` and fills that field with this (see
+        stare_tir/config.py), so a plugin's entry gets its own section like a built-in one."""
+        given = dict(given or {})
+        out: dict[str, Any] = {}
+        for entry in self.entries():
+            if entry.config is None:
+                continue
+            value = given.pop(entry.name, None)
+            if value is None:
+                value = entry.config()
+            elif isinstance(value, dict):
+                value = entry.config(**value)
+            out[entry.name] = value
+        if given:  # a name that is no entry with settings
+            name = sorted(given)[0]
+            raise ValueError(f"{name}: no {self.kind} with settings by that name ({self.unknown(name)})")
+        return out
 
     def unknown(self, name: Any, key: str = "") -> str:
         """The one-line message for a name this registry does not hold."""

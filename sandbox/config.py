@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from registry import Registry
 
 from .base import SANDBOX_BACKENDS, Limits
 
@@ -46,7 +49,7 @@ class E2BConfig:
 class SandboxConfig:
     # a name of SANDBOX_BACKENDS (sandbox/base.py): local = namespaces+cgroups on this host (default),
     # docker = the same worker in one container per session, e2b = cloud sandboxes
-    backend: str = "local"
+    backend: str = field(default="local", metadata={"choices": SANDBOX_BACKENDS.names})
     limits: Limits = field(default_factory=Limits)  # per-cell limits, enforced by every backend
     workers: int = 2  # cells executing at once; more calls wait in the queue (one per core is right)
     queue_size: int = 1024  # calls allowed to wait for a worker; beyond it a call fails at once
@@ -68,17 +71,19 @@ class SandboxConfig:
     # local: where the root file system tree is cached ("" = ~/.cache/stare-sandbox, or a private
     # directory in the temp dir); one tree per interpreter/packages/programs version, hard links
     rootfs_cache: str = ""
-    docker: DockerConfig = field(default_factory=DockerConfig)
-    e2b: E2BConfig = field(default_factory=E2BConfig)
+    # One settings section per registered backend that has settings, read and written as
+    # sandbox.<its name> (sandbox.docker.*, sandbox.e2b.*, a plugin's backend's own), each at its
+    # defaults unless set; `sandbox.docker` reads its section. The local backend's settings are the
+    # fields above. Built directly: SandboxConfig(backends={"docker": DockerConfig(warm=0)}).
+    backends: dict[str, Any] = field(default_factory=dict)
+
+    SECTIONS: ClassVar[tuple[str, Registry]] = ("backends", SANDBOX_BACKENDS)
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # loaded from YAML
             self.limits = Limits(**self.limits)
-        if isinstance(self.docker, dict):
-            self.docker = DockerConfig(**self.docker)
-        if isinstance(self.e2b, dict):
-            self.e2b = E2BConfig(**self.e2b)
-        SANDBOX_BACKENDS.check(self.backend, "sandbox.backend")
+        SANDBOX_BACKENDS.check(self.backend, "backend")
+        self.backends = SANDBOX_BACKENDS.settings(self.backends)
         if self.workers < 1:
             raise ValueError(f"workers={self.workers!r}: must be >= 1")
         if self.queue_size < 0:
@@ -89,6 +94,13 @@ class SandboxConfig:
         for item in self.env:
             if "=" not in item:
                 raise ValueError(f"env={item!r}: entries must be 'KEY=VALUE'")
+
+    def __getattr__(self, name: str) -> Any:
+        """A backend's settings section by its name (`sandbox.docker.image`)."""
+        sections = self.__dict__.get("backends")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__} has no {name!r} (nor a sandbox backend's settings by that name)")
 
     def code_env(self, host_env: dict[str, str]) -> dict[str, str]:
         """The environment the code sees: a fixed minimal set plus what the config allows in."""

@@ -144,8 +144,16 @@ def from_dict(schema: type[T], data: dict, prefix: str = "") -> T:
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:  # range checks in __post_init__ name the field
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"{where}{e}") from None
+        raise ConfigError(_in_section(prefix, str(e))) from None
+
+
+def _in_section(prefix: str, message: str) -> str:
+    """A section's own error (`backend='x': ...`, its field named alone) as the user's key
+    (`trainer.backend='x': ...`). A message that already names its full key (a check across
+    sections) is kept as it is: the key is printed once."""
+    if not prefix or message.startswith(prefix + "."):
+        return message
+    return f"{prefix}.{message}"
 
 
 def to_dict(cfg: Any) -> Any:
@@ -252,7 +260,13 @@ def load_config(
 
 
 def resolve_config(schema: type[T], values: dict, overrides: Sequence[str] = ()) -> T:
-    """Defaults of `schema`, then the (nested) `values`, then each `key=value` override, validated."""
+    """Defaults of `schema`, then the (nested) `values`, then each `key=value` override, validated.
+
+    A schema with a `plugins` field (a run's config) imports the plugins the values and overrides
+    name first (`stare_tir.plugins`), so that their registrations are valid names and settings
+    sections when the rest is validated."""
+    if any(f.name == PLUGINS_KEY for f in dataclasses.fields(schema)):
+        import_config_plugins(values, overrides)
     tree: dict = defaults_tree(schema)
     _merge(tree, values)
     for text in overrides:
@@ -260,6 +274,27 @@ def resolve_config(schema: type[T], values: dict, overrides: Sequence[str] = ())
         _check_path(schema, keys)
         _set_path(tree, keys, value)
     return from_dict(schema, tree)
+
+
+PLUGINS_KEY = "plugins"
+
+
+def import_config_plugins(values: dict, overrides: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
+    """Phase one of a load: the `plugins` of the raw `values` (or the last `plugins=` override),
+    then `extra` (`--plugin`), imported before anything is validated. Returns the list."""
+    from stare_tir.plugins import PluginError, import_plugins, plugins_of
+
+    tree = {PLUGINS_KEY: values.get(PLUGINS_KEY)}
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys == [PLUGINS_KEY]:
+            tree[PLUGINS_KEY] = value
+    try:
+        plugins = list(dict.fromkeys([*plugins_of(tree), *extra]))
+        import_plugins(plugins)
+    except PluginError as e:
+        raise ConfigError(str(e)) from None
+    return plugins
 
 
 def defaults_tree(schema: Any) -> dict:

@@ -245,7 +245,7 @@ class TrainerConfig:
     seed: int = 0
     # Rollout backend, a name of `ROLLOUT_BACKENDS`: hf (in-process, CPU or one GPU) or sglang
     # (servers at rollout.sglang.urls).
-    backend: str = "hf"
+    backend: str = field(default="hf", metadata={"choices": ROLLOUT_BACKENDS.names})
     # Asynchronous RL (eta): 0 is the synchronous loop (each step rolls out, then trains). eta >= 1
     # rolls out the batches of the next eta steps while this one trains, and trains only on
     # trajectories whose weights are at most eta versions older than those being updated
@@ -284,11 +284,16 @@ class TrainerConfig:
         for name in ("eval_every", "save_hf_every", "max_staleness", "samples_every", "samples_per_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
-        ROLLOUT_BACKENDS.check(self.backend, "trainer.backend")
+        ROLLOUT_BACKENDS.check(self.backend, "backend")
 
 
 @dataclass
 class TrainConfig:
+    # The user's own modules, imported before the rest of the config is validated: what they
+    # register (token methods, advantage estimators, policy losses, graders, rollout and sandbox
+    # backends) is then selectable by name, their settings are keys (stare_tir/plugins.py,
+    # docs/extending.md). Dotted module names or .py paths; `--plugin MODULE` adds one.
+    plugins: list[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -300,6 +305,11 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
+        if self.data.fields.get("answer") == "" and not self.env.reward:
+            raise ValueError(
+                "data.fields.answer='' (rows without a gold answer) with no env.reward: the grader would mark "
+                "every answer wrong; name a reward function of your own, env.reward=MODULE:FUNCTION"
+            )
         check_sampling_matches_learner(self.rollout, self.learner, self.algo)
         self.algo.mini_batches(self.trainer.prompts_per_step)  # raises unless it divides
         if self.trainer.max_staleness > 0 and self.trainer.backend == "sglang" and self.rollout.sglang.colocate:

@@ -1,8 +1,9 @@
 """One command-line convention for every entry point: a config file plus dotted KEY=VALUE overrides.
 
-    stare-train [--config FILE] [--resume [auto] [--accept-changes] | --overwrite] [--print-config] [--debug] [KEY=VALUE ...]
-    stare-sft   [--config FILE] [--overwrite] [--print-config] [--debug] [KEY=VALUE ...]
-    stare-eval  [--config FILE] [--print-config] [--debug] [flag aliases] [KEY=VALUE ...]
+    stare-train [--config FILE] [--plugin MODULE ...] [--resume [auto] [--accept-changes] | --overwrite]
+                [--print-config] [--debug] [KEY=VALUE ...]
+    stare-sft   [--config FILE] [--plugin MODULE ...] [--overwrite] [--print-config] [--debug] [KEY=VALUE ...]
+    stare-eval  [--config FILE] [--plugin MODULE ...] [--print-config] [--debug] [flag aliases] [KEY=VALUE ...]
 
 Keys are the same everywhere: `model.path`, `model.tokenizer`, `sft.traces`, `sft.train.epochs`,
 `learner.*`, `rollout.*`, `env.*`, `sandbox.*`, `eval.*`. `stare-train` and `stare-sft` read the same
@@ -12,7 +13,9 @@ defaults, the command's default config (`stare-train`/`stare-sft`: configs/tiny_
 `--config FILE` is layered over it unless the file names another `base:`), the KEY=VALUE
 overrides. `--help` lists every key with the value a plain run uses and the comment that explains
 it. Historical flags (`--model`, `--data`, `--output`; the evaluation flags) remain as documented
-aliases of dotted keys.
+aliases of dotted keys. `--plugin MODULE` (and a config's `plugins` list) imports a user's module
+before anything else, so what it registers is a valid name and its settings are keys, in `--help`
+too (stare_tir/plugins.py, docs/extending.md). The shared machinery is stare_tir/app/command_line.py.
 
 Errors a user can fix (a bad key or value, a missing file or model, an unreachable server or hub,
 a bad data row, a sandbox that cannot start, a used run directory) print one line naming the
@@ -24,236 +27,43 @@ scripts/ are thin wrappers around these functions.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable
 
-from sandbox.base import SANDBOX_BACKENDS
-from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
+from stare_tir.app.command_line import (
+    Alias,
+    add_plugin_override,
+    alias_overrides,
+    build_parser,
+    config_error,
+    config_keys,
+    load_collecting,
+    parse_train_args,
+    plugins_first,
+    print_config,
+    run_cli,
+)
 
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 
-
-def config_keys(schema: Any, defaults: Any = None) -> list[str]:
-    """`  key=value  # comment` for every leaf of a config dataclass: the value is the one a plain
-    run uses (`defaults`, e.g. the resolved default config; else the schema's), the comment the
-    first sentence of the field's comment in its dataclass."""
-    from stare_tir.config import field_choices, field_comments, first_sentence, flatten
-
-    comments = field_comments(schema if isinstance(schema, type) else type(schema))
-    choices = field_choices(schema if isinstance(schema, type) else type(schema))  # from the registries
-    lines = []
-    for key, value in flatten(defaults if defaults is not None else schema()).items():
-        shown = repr(value) if isinstance(value, str) else json.dumps(value)
-        note = first_sentence(comments.get(key, ""))
-        if key in choices:
-            note = f"[{' | '.join(choices[key])}] {note}"
-        lines.append(f"  {key}={shown}" + (f"  # {note}" if note else ""))
-    return lines
-
-
-def _last(values: list) -> Any:
-    return values[-1]  # a repeated flag: the last one wins, as with overrides
-
-
-@dataclasses.dataclass
-class Alias:
-    """A flag kept for compatibility: `--flag VALUE` means `key=VALUE` for each of `keys`."""
-
-    flag: str
-    keys: tuple[str, ...]
-    help: str
-    type: Callable[[str], Any] = str
-    choices: Sequence[str] | None = None
-    # Turns the flag's values (a list: flags may repeat) into the override's value.
-    convert: Callable[[list], Any] = _last
-
-
-def build_parser(
-    prog: str,
-    description: str,
-    schema: type,
-    aliases: Sequence[Alias] = (),
-    default_config: str | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-) -> argparse.ArgumentParser:
-    from stare_tir.config import load_config
-
-    defaults = load_config(schema, None, (), default_base=default_config)
-    where = f"{Path(default_config).parent.name}/{Path(default_config).name}" if default_config else None
-    epilog = [
-        "Config keys, with the value a plain run uses"
-        + (f" (the defaults with {where} over them)" if where else " (the defaults)")
-        + ". Override any with KEY=VALUE after the flags.",
-        "A --config FILE is layered over "
-        + (f"{where}" if where else "the defaults")
-        + " (it changes only what it sets) unless it names another base with a top-level `base: PATH` "
-        "(relative to the file) or `base: null` (the defaults alone).",
-        "",
-    ]
-    epilog += config_keys(schema, defaults)
-    if aliases:
-        epilog += [
-            "",
-            "The other flags above are aliases, kept for compatibility: each sets the dotted key(s) its help names.",
-        ]
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=description,
-        epilog="\n".join(epilog),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--config",
-        default=None,
-        help="YAML config file" + (f", layered over {where}" if where else ""),
-    )
-    if resume:
-        p.add_argument(
-            "--resume",
-            nargs="?",
-            const=True,
-            default=False,
-            metavar="auto",
-            help="continue the run in trainer.run_dir from its latest checkpoint, with its own config.yaml as "
-            "the base (KEY=VALUE overrides that change it are shown and must be accepted). `--resume auto` "
-            "(requeued or preempted jobs): resume if there is a checkpoint, start if the directory is free, "
-            "refuse otherwise",
-        )
-        p.add_argument(
-            "--accept-changes",
-            action="store_true",
-            help="with --resume: continue with the overrides that change the run's saved settings",
-        )
-    if overwrite:
-        p.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="replace what the output directory holds (for stare-train: the run in trainer.run_dir, deleted "
-            "once the start-up checks pass)",
-        )
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    for a in aliases:
-        p.add_argument(
-            a.flag,
-            dest=_dest(a),
-            type=a.type,
-            choices=a.choices,
-            action="append",
-            metavar=a.flag.lstrip("-").upper().replace("-", "_"),
-            help=f"alias of {', '.join(a.keys)}: {a.help}",
-        )
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
-    return p
-
-
-def parse_train_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """parse_intermixed_args, with `--resume KEY=VALUE` read as `--resume` then an override (the
-    optional value of --resume is only `auto`)."""
-    args = parser.parse_intermixed_args(argv)
-    if isinstance(getattr(args, "resume", None), str) and args.resume != "auto":
-        if "=" not in args.resume:
-            parser.error(f"--resume {args.resume}: the only value --resume takes is `auto`")
-        args.overrides.insert(0, args.resume)
-        args.resume = True
-    return args
-
-
-def _dest(a: Alias) -> str:
-    return "alias_" + a.flag.lstrip("-").replace("-", "_")
-
-
-def alias_overrides(args: argparse.Namespace, aliases: Sequence[Alias]) -> list[str]:
-    """The alias flags that were given, as dotted overrides (JSON values are valid YAML)."""
-    out = []
-    for a in aliases:
-        given = getattr(args, _dest(a))
-        if given is None:
-            continue
-        value = a.convert(given)
-        out += [f"{key}={json.dumps(value)}" for key in a.keys]
-    return out
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from envs.data import DataError
-    from sandbox import SandboxError
-    from stare_tir.app.preflight import StartupError
-    from stare_tir.config import ConfigError
-    from stare_tir.eval.evaluate import EvalInfraError
-    from stare_tir.learner.distributed import LaunchError
-
-    return (ConfigError, StartupError, DataError, SandboxError, FileNotFoundError, EvalInfraError, LaunchError)
-
-
-def run_cli(
-    main: Callable[[argparse.Namespace], int],
-    args: argparse.Namespace,
-    on_interrupt: Callable[[KeyboardInterrupt], str] | None = None,
-) -> int:
-    """Call `main(args)`; a user-fixable error becomes one line on stderr and exit status 2, Ctrl-C
-    one line from `on_interrupt` (where the run stopped, how to go on) and exit status 130."""
-    from stare_tir.learner.distributed import export_launch_env
-
-    errors = _user_errors()
-    if not sys.stderr.isatty():  # a log file or a pipe: no redrawn bars from the HF libraries either
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        export_launch_env()  # srun/mpirun ranks -> RANK, WORLD_SIZE, ... before any per-rank file is named
-        return main(args)
-    except errors as e:
-        if args.debug:
-            raise
-        for line in str(e).splitlines() or [type(e).__name__]:  # several problems: one line each
-            print(f"error: {line}", file=sys.stderr)
-        print("(rerun with --debug for the traceback)", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        if args.debug:
-            raise
-        print("\n" + (on_interrupt(e) if on_interrupt is not None else "interrupted"), file=sys.stderr)
-        return 130
-
-
-def _load(schema: type, args: argparse.Namespace, extra: Sequence[str] = (), default: str | None = None) -> Any:
-    from stare_tir.config import load_config
-
-    return load_config(schema, args.config, [*extra, *args.overrides], default_base=default)
-
-
-def _load_collecting(
-    schema: type, args: argparse.Namespace, extra: Sequence[str] = (), default: str | None = None
-) -> tuple[Any, list[str]]:
-    """The config without the overrides that name no key, and one line per such override: the
-    start-up checks then run on the rest, so every problem of a command is reported at once. A
-    config that still does not load raises its ConfigError."""
-    from stare_tir.config import ConfigError, _check_path, load_config, parse_override
-
-    good, problems = [], []
-    for text in [*extra, *args.overrides]:
-        try:
-            _check_path(schema, parse_override(text)[0])
-        except ConfigError as e:
-            problems.append(str(e))
-            continue
-        good.append(text)
-    try:
-        return load_config(schema, args.config, good, default_base=default), problems
-    except ConfigError as e:
-        raise ConfigError("\n".join([*problems, str(e)])) from None
-
-
-def _print_config(cfg: Any) -> None:
-    import yaml
-
-    from stare_tir.config import to_dict
-
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+# The entry points, and the convention's pieces callers have always imported from here.
+__all__ = [
+    "DEFAULT_TRAIN_CONFIG",
+    "EVAL_ALIASES",
+    "SFT_ALIASES",
+    "Alias",
+    "alias_overrides",
+    "build_parser",
+    "config_keys",
+    "eval_main",
+    "eval_parser",
+    "parse_train_args",
+    "run_cli",
+    "sft_main",
+    "train_main",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,6 +73,8 @@ def _print_config(cfg: Any) -> None:
 def train_main(argv: list[str] | None = None) -> int:
     from stare_tir.train_config import TrainConfig
 
+    if plugins_first(argv, str(DEFAULT_TRAIN_CONFIG), resume=True):
+        return 2
     parser = build_parser(
         "stare-train",
         "Train a tool-integrated reasoning agent: cold-start SFT -> RL (GRPO / GRPO-ds / "
@@ -275,19 +87,24 @@ def train_main(argv: list[str] | None = None) -> int:
         overwrite=True,
     )
     args = parse_train_args(parser, argv)
+    add_plugin_override(args, str(DEFAULT_TRAIN_CONFIG))
     run_dir: list[str] = []  # where the run is, for the Ctrl-C message
+    rerun = rerun_command(args.resume == "auto")
 
     def main(args: argparse.Namespace) -> int:
-        cfg, problems = _load_collecting(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
+        cfg, problems = load_collecting(TrainConfig, args, default=str(DEFAULT_TRAIN_CONFIG))
         if args.resume == "auto":  # a requeued job: continue the run if it has a checkpoint, else start
-            from stare_tir.app.run_dir import auto_resume
+            from stare_tir.app.run_dir import auto_resume, has_checkpoint
 
-            args.resume = auto_resume(Path(cfg.trainer.run_dir))
-            if args.resume and args.overwrite:
-                raise _config_error("--resume auto and --overwrite contradict each other: pass one of them")
+            if args.overwrite:  # start over, unless there is a checkpoint --resume auto would continue
+                if has_checkpoint(Path(cfg.trainer.run_dir)):
+                    raise config_error("--resume auto and --overwrite contradict each other: pass one of them")
+                args.resume = False
+            else:
+                args.resume = auto_resume(Path(cfg.trainer.run_dir))
         if args.resume:
             if problems:
-                raise _config_error("\n".join(problems))
+                raise config_error("\n".join(problems))
             from stare_tir.app.run_dir import ask_on_terminal, resume_config
 
             cfg = resume_config(
@@ -299,11 +116,11 @@ def train_main(argv: list[str] | None = None) -> int:
                 confirm=ask_on_terminal,
             )
         elif args.accept_changes:
-            raise _config_error("--accept-changes only applies with --resume")
+            raise config_error("--accept-changes only applies with --resume")
         if args.print_config:
             if problems:
-                raise _config_error("\n".join(problems))
-            _print_config(cfg)
+                raise config_error("\n".join(problems))
+            print_config(cfg)
             return 0
         run_dir.append(cfg.trainer.run_dir)
         from stare_tir.app.pipeline import run_pipeline
@@ -317,7 +134,7 @@ def train_main(argv: list[str] | None = None) -> int:
         if saved is not None or args.resume:  # a checkpoint exists: continue from it
             at = f"at step {step}" if step is not None else "before RL went on"
             restart = "" if saved in (None, step) else f" (it restarts after step {saved}, the last checkpoint)"
-            return f"interrupted {at}; resume with: stare-train --resume trainer.run_dir={where}{restart}"
+            return f"interrupted {at}; resume with: {rerun('--resume', where)}{restart}"
         if not run_dir:
             return "interrupted before the run started; nothing was written"
         if getattr(e, "stage", None) == "sft":
@@ -327,17 +144,26 @@ def train_main(argv: list[str] | None = None) -> int:
         else:
             where_stopped = f"at step {step}, before the first checkpoint"
         return (
-            f"interrupted {where_stopped}; start again with: stare-train --overwrite trainer.run_dir={where} "
+            f"interrupted {where_stopped}; start again with: {rerun('--overwrite', where)} "
             "(SFT traces and a finished SFT model there are reused)"
         )
 
     return run_cli(main, args, interrupted)
 
 
-def _config_error(message: str) -> Exception:
-    from stare_tir.config import ConfigError
+def rerun_command(auto: bool) -> Callable[[str, str], str]:
+    """`(flag, run_dir) -> the command line` that continues (`--resume`) or restarts (`--overwrite`) a
+    run, in the form the user ran it: `make train` runs scripts/train_tir.py with `--resume auto`
+    (the Makefile; make marks its children with MAKELEVEL), so its user is sent back to `make
+    train`, which resumes by itself."""
+    if auto and os.environ.get("MAKELEVEL") and Path(sys.argv[0]).name == "train_tir.py":
 
-    return ConfigError(message)
+        def make(flag: str, run_dir: str) -> str:
+            given = f"trainer.run_dir={run_dir}" if flag == "--resume" else f"{flag} trainer.run_dir={run_dir}"
+            return f'make train ARGS="{given}"'
+
+        return make
+    return lambda flag, run_dir: f"stare-train {flag} trainer.run_dir={run_dir}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,6 +179,8 @@ SFT_ALIASES = (
 def sft_main(argv: list[str] | None = None) -> int:
     from stare_tir.train_config import TrainConfig
 
+    if plugins_first(argv, str(DEFAULT_TRAIN_CONFIG)):
+        return 2
     parser = build_parser(
         "stare-sft",
         "Supervised cold start: fine-tune a causal LM on Retool-style tool-use traces (loss on "
@@ -366,14 +194,16 @@ def sft_main(argv: list[str] | None = None) -> int:
         overwrite=True,
     )
     args = parser.parse_intermixed_args(argv)
+    add_plugin_override(args, str(DEFAULT_TRAIN_CONFIG))
 
     def main(args: argparse.Namespace) -> int:
         extra = alias_overrides(args, SFT_ALIASES)
-        cfg, problems = _load_collecting(TrainConfig, args, extra, default=str(DEFAULT_TRAIN_CONFIG))
+        cfg, problems = load_collecting(TrainConfig, args, extra, default=str(DEFAULT_TRAIN_CONFIG))
         if args.print_config and not problems:
-            _print_config(cfg)
+            print_config(cfg)
             return 0
-        from stare_tir.app.preflight import StartupError, check_model, check_sandbox
+        from stare_tir.app.preflight import check_model, check_sandbox
+        from stare_tir.errors import StartupError
         from stare_tir.model import resolve_model_path
         from stare_tir.sft.stage import check_sft_traces, sft_output, sft_stage
         from stare_tir.tracking import setup_run_logging
@@ -435,11 +265,11 @@ EVAL_ALIASES = (
     Alias("--max-tokens", ("eval.max_tokens",), "response token budget per sample", int),
     Alias("--max-tokens-per-turn", ("eval.max_tokens_per_turn",), "new tokens per model turn", int),
     Alias("--seed", ("eval.seed",), "base sampling seed", int),
-    Alias("--backend", ("backend",), "rollout backend", choices=ROLLOUT_BACKENDS.names()),
+    Alias("--backend", ("backend",), "rollout backend, a name of the rollout backends' registry (see `backend` below)"),
     Alias(
         "--sglang-url", ("rollout.sglang.urls",), "SGLang server/router URL (repeat or comma-separate)", convert=_urls
     ),
-    Alias("--sandbox", ("sandbox.backend",), "where the model's code runs", choices=SANDBOX_BACKENDS.names()),
+    Alias("--sandbox", ("sandbox.backend",), "where the model's code runs (see `sandbox.backend` below)"),
     # The env's per-call timeout and the sandbox's hard limit: the shorter one wins, so set both.
     Alias(
         "--sandbox-timeout",
@@ -469,7 +299,10 @@ def eval_parser() -> argparse.ArgumentParser:
 
 
 def eval_main(argv: list[str] | None = None) -> int:
+    if plugins_first(argv):
+        return 2
     args = eval_parser().parse_intermixed_args(argv)
+    add_plugin_override(args)
     given = alias_overrides(args, EVAL_ALIASES) + list(args.overrides)
     if not (args.config or any(o.startswith("model.path=") for o in given)):
         print(
@@ -487,10 +320,11 @@ def eval_main(argv: list[str] | None = None) -> int:
         tree = read_config_layers(args.config) if args.config else {}
         cfg = resolve_eval_config(tree, given)
         if args.print_config:
-            _print_config(cfg)
+            print_config(cfg)
             return 0
         from envs.data import load_problems
-        from stare_tir.app.preflight import StartupError, check_backend, check_hub_dataset, check_model, check_sandbox
+        from stare_tir.app.preflight import check_backend, check_hub_dataset, check_model, check_sandbox
+        from stare_tir.errors import StartupError
         from stare_tir.eval.command import TRAINING_TASK, checkpoint_of_run, run_eval
 
         model_arg = next((o.split("=", 1)[1] for o in reversed(given) if o.startswith("model.path=")), "")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stare_tir.app.preflight import StartupError
+from stare_tir.errors import StartupError
 
 # The learner wraps the HF model (stare_tir.learner.parts.token_logprob_model): its checkpoint
 # names every weight with this prefix.

@@ -44,10 +44,12 @@ from stare_tir.tracking import first_gate_step, plot_runs, read_metrics, setup_r
 from stare_tir.train_config import TrainConfig
 
 
-def preflight_problems(cfg: TrainConfig) -> list[str]:
+def preflight_problems(cfg: TrainConfig, found_before: int = 0) -> list[str]:
     """Every check that can fail cheaply, before any model is loaded (see stare_tir.app.preflight),
-    each run even when an earlier one failed: one line per problem, all reported at once."""
-    from stare_tir.app.preflight import StartupError
+    each run even when an earlier one failed: one line per problem, all reported at once.
+    found_before: problems found earlier (an unknown config key): the checks still run, but no
+    "ok" is logged ahead of those errors."""
+    from stare_tir.errors import StartupError
 
     problems: list[str] = []
     info: dict = {}
@@ -77,7 +79,7 @@ def preflight_problems(cfg: TrainConfig) -> list[str]:
             f"sft.enabled=false and model.path={cfg.model.path!r} is a hub id, not a local SFT checkpoint: RL "
             "starts from that model as it is; set model.path to your SFT checkpoint, or sft.enabled=true"
         )
-    if not problems:
+    if not problems and not found_before:
         logger.info(
             f"preflight: model, data and sandbox ({cfg.sandbox.backend}{', rootless' if info.get('rootless') else ''}) ok"
         )
@@ -87,9 +89,9 @@ def preflight_problems(cfg: TrainConfig) -> list[str]:
 def preflight(cfg: TrainConfig, problems: list[str] | None = None) -> None:
     """Raise one StartupError listing `problems` (found earlier, e.g. bad config keys) and every
     problem the start-up checks find, one per line."""
-    from stare_tir.app.preflight import StartupError
+    from stare_tir.errors import StartupError
 
-    found = [*(problems or []), *preflight_problems(cfg)]
+    found = [*(problems or []), *preflight_problems(cfg, len(problems or []))]
     if found:
         raise StartupError("\n".join(found))
 
@@ -101,7 +103,7 @@ def start_run(
     start-up checks (reporting `problems` found before with theirs), then clear an overwritten run
     (or what a failed start left) and write config.yaml. Rank 0 alone checks and writes the
     directory (the other ranks may start a moment later and would see rank 0's files)."""
-    from stare_tir.app.preflight import StartupError
+    from stare_tir.errors import StartupError
 
     run_dir = Path(cfg.trainer.run_dir)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

@@ -24,14 +24,11 @@ from typing import Any, Literal
 from envs.data import SHIPPED, DataError
 from sandbox import SandboxConfig, SandboxError, make_sandbox
 from stare_tir.data import DataConfig, load_split
+from stare_tir.errors import StartupError
 from stare_tir.model import PACKAGED_MODELS, TINY_MODELS, ModelConfig, check_packaged_model
 
 # Seconds a start-up check waits for a remote piece (hub, SGLang server) before reporting it.
 REMOTE_TIMEOUT_S = 10.0
-
-
-class StartupError(RuntimeError):
-    """A setting that cannot work, found before the run started; the message says how to fix it."""
 
 
 def _looks_like_a_path(name: str) -> bool:
@@ -201,7 +198,7 @@ _SANDBOX_FIXES = {
 def check_sandbox(cfg: SandboxConfig, timeout_s: float = 120.0) -> dict:
     """Start the configured sandbox and run one cell in one session: the cheapest proof that the
     backend works here (for e2b: that the key is accepted and a cloud sandbox starts)."""
-    fix = _SANDBOX_FIXES[cfg.backend]
+    fix = _SANDBOX_FIXES.get(cfg.backend, f"check sandbox.{cfg.backend}.*, or set sandbox.backend=local")
     if cfg.backend == "e2b" and not (cfg.e2b.api_key or os.environ.get("E2B_API_KEY") or cfg.e2b.debug):
         raise StartupError(
             "sandbox.backend=e2b needs an API key: set E2B_API_KEY (or sandbox.e2b.api_key; keys at "

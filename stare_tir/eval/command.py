@@ -24,10 +24,10 @@ from loguru import logger
 
 from envs.retool import RetoolConfig
 from sandbox import SandboxConfig
-from stare_tir.app.preflight import StartupError
 from stare_tir.components import build_components
 from stare_tir.config import flatten, resolve_config, save_config
 from stare_tir.data import DataConfig, load_split
+from stare_tir.errors import StartupError
 from stare_tir.eval.evaluate import EvalConfig, eval_rollout_config, evaluate
 from stare_tir.eval.metrics import grader_equivalence
 from stare_tir.model import ModelConfig, model_fingerprint, resolve_model_path
@@ -43,13 +43,16 @@ TRAINING_TASK = "arithmetic"
 class EvalRunConfig:
     """Everything `scripts/eval_aime.py` needs (sections reuse the training components' configs)."""
 
+    # The user's own modules, imported before the rest is validated (a grader, a reward function's
+    # module, a backend: stare_tir/plugins.py); a training run as model.path adds its own.
+    plugins: list[str] = field(default_factory=list)
     # The model, with the same keys as in training: model.path (an HF directory such as a training
     # run's final/, a training run directory itself, a hub id, "tiny" for the shipped tiny base,
     # "tiny-random"), model.tokenizer, model.chat_template, model.trust_remote_code.
     model: ModelConfig = field(default_factory=ModelConfig)
     # Rollout backend: hf (in-process transformers, CPU or one GPU) or sglang (running servers at
     # rollout.sglang.urls; the model is whatever they serve, `model` then only names the run).
-    backend: str = "hf"
+    backend: str = field(default="hf", metadata={"choices": ROLLOUT_BACKENDS.names})
     # Output directory; "" = runs/eval/<model name>-<hash of the model and settings>. Rerunning
     # into the same directory resumes; another model or other settings are refused there.
     out_dir: str = ""
@@ -108,6 +111,9 @@ def with_run_settings(tree: dict, run_dir: Path, model_dir: Path | None = None) 
         if isinstance(saved.get(section), dict):
             merged[section] = dict(saved[section])
     merged["model"] = {**merged.get("model", {}), "path": str(final)}
+    given, run_plugins = merged.get("plugins") or [], saved.get("plugins") or []
+    if run_plugins:  # the run's own modules: its grader or reward function grades here too
+        merged["plugins"] = list(dict.fromkeys([*given, *run_plugins]))
     return merged
 
 
@@ -171,6 +177,9 @@ def eval_identity(cfg: EvalRunConfig, model_path: str) -> dict[str, Any]:
     identity = {"model": model_fingerprint(model_path), "model.path": cfg.model.path}
     identity.update({k: v for k, v in flat.items() if k in _SAMPLE_SETTINGS or k.startswith(_SAMPLE_PREFIXES)})
     identity.update({f"sampling.{k}": getattr(effective, k) for k in _ROLLOUT_SAMPLE_KEYS})
+    if not cfg.env.reward:  # the grader grades: absent, so evaluations from before env.reward keep their key
+        identity.pop("env.reward", None)
+        identity.pop("env.reward_timeout_s", None)
     return identity
 
 

@@ -39,14 +39,13 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from loguru import logger
 
 from envs.base import Env, EnvFactory
-from stare_tir.rollout.backends.base import Backend, Generation, SamplingParams
-from stare_tir.rollout.backends.hf import HFBackendConfig
-from stare_tir.rollout.backends.sglang import SGLangConfig
+from registry import Registry
+from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, Backend, Generation, SamplingParams
 from stare_tir.rollout.trajectory import FINISH_REASONS, Trajectory
 
 
@@ -79,16 +78,27 @@ class RolloutConfig:
     stop_strings: list[str] = field(default_factory=list)
     # Show a tqdm progress bar while a batch rolls out.
     progress: bool = True
-    # In-process Hugging Face backend settings (used when the trainer picks backend "hf").
-    hf: HFBackendConfig = field(default_factory=HFBackendConfig)
-    # SGLang backend settings (used when the trainer picks backend "sglang").
-    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    # One settings section per registered rollout backend, read and written as rollout.<its name>
+    # (stare_tir.config: `SECTIONS`): rollout.hf (the in-process Hugging Face backend),
+    # rollout.sglang (the SGLang servers), a plugin's backend's own; each at its defaults unless
+    # set, whichever backend trainer.backend picks. `rollout.sglang` reads its section.
+    backends: dict[str, Any] = field(default_factory=dict)
+
+    SECTIONS: ClassVar[tuple[str, Registry]] = ("backends", ROLLOUT_BACKENDS)
 
     def __post_init__(self) -> None:
         for name in ("n_per_prompt", "max_turns", "max_total_tokens", "max_new_tokens_per_turn", "max_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         self.sampling(1)  # validates temperature / top_p / top_k
+        self.backends = ROLLOUT_BACKENDS.settings(self.backends)
+
+    def __getattr__(self, name: str) -> Any:
+        """A backend's settings section by its name (`rollout.sglang.urls`)."""
+        sections = self.__dict__.get("backends")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__} has no {name!r} (nor a rollout backend's settings by that name)")
 
     def sampling(self, max_new_tokens: int, seed: int | None = None) -> SamplingParams:
         return SamplingParams(
@@ -439,6 +449,7 @@ def rollout_stats(trajs: list[Trajectory], wall_s: float | None = None) -> dict[
         "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
         "grade/seconds": sum(float(t.info.get("grade_s", 0.0)) for t in trajs) / n,
         "grade/timeout_rate": sum(bool(t.info.get("grade_timeout")) for t in trajs) / n,
+        "grade/error_rate": sum(bool(t.info.get("grade_error")) for t in trajs) / n,
     }
     stats.update({f"finish/{k}": v / n for k, v in finish.items()})
     if wall_s is not None:

@@ -25,8 +25,8 @@ from typing import Any
 from loguru import logger
 
 from envs.arithmetic import DEFAULT_CODE_STYLES
-from stare_tir.app.preflight import StartupError
 from stare_tir.config import to_dict
+from stare_tir.errors import StartupError
 from stare_tir.model import load_tokenizer, model_fingerprint
 from stare_tir.train_config import TrainConfig
 
@@ -58,7 +58,8 @@ def traces_inputs(cfg: TrainConfig) -> dict[str, Any]:
             "num_traces": cfg.sft.num_traces,
             "tool_fraction": cfg.sft.tool_fraction,
             "seed": cfg.data.seed,
-            "env": to_dict(cfg.env),
+            # the reward function does not write traces (and leaving it out keeps older keys)
+            "env": {k: v for k, v in to_dict(cfg.env).items() if k not in ("reward", "reward_timeout_s")},
         }
         if list(cfg.sft.code_styles) != list(DEFAULT_CODE_STYLES):  # absent at the default: older keys still match
             inputs["code_styles"] = list(cfg.sft.code_styles)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from stare_tir.algos.policy_loss import POLICY_LOSSES
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
     "train": ROOT / "scripts" / "train_tir.py",
@@ -51,7 +53,10 @@ def test_sft_and_train_read_the_same_config(tmp_path):
     [
         (["model.path=./no/such/model"], "error: model.path='./no/such/model': no such directory"),
         (["data.train=missing.jsonl"], "error: data.train='missing.jsonl'"),
-        (["algo.policy_loss=ppo"], "error: algo.policy_loss='ppo': unknown policy loss; choose one of clip, kl_cov"),
+        (
+            ["algo.policy_loss=ppo"],
+            f"error: algo.policy_loss='ppo': unknown policy loss; choose one of {', '.join(POLICY_LOSSES.names())}\n",
+        ),
     ],
 )
 def test_train_start_up_errors_are_one_clean_line(tmp_path, monkeypatch, capsys, args, message):
@@ -101,7 +106,7 @@ def help_values(text: str) -> dict[str, str]:
     for line in text.splitlines():
         if line.startswith("  ") and "=" in line and not line.lstrip().startswith("-"):
             key, _, rest = line.strip().partition("=")
-            if "." in key or key in ("backend", "out_dir"):
+            if "." in key or key in ("backend", "out_dir", "plugins"):
                 out[key] = rest.split("  # ")[0]
     return out
 
@@ -151,3 +156,73 @@ def test_an_empty_or_partial_yaml_keeps_the_default_config(tmp_path):
     plain = run("train", "--print-config").stdout
     assert run("train", "--config", str(empty), "--print-config").stdout == plain
     assert run("train", "--config", str(partial), "--print-config").stdout == plain.replace("steps: 40", "steps: 7")
+
+
+def _interrupt_during_sft(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str, list]:
+    """train_main with a pipeline that is interrupted during its SFT stage."""
+    import stare_tir.app.pipeline as pipeline
+    from stare_tir.app.cli import train_main
+
+    calls = []
+
+    def interrupted(cfg, **kw):
+        calls.append(kw)
+        e = KeyboardInterrupt()
+        e.stage = "sft"
+        raise e
+
+    monkeypatch.setattr(pipeline, "run_pipeline", interrupted)
+    monkeypatch.chdir(tmp_path)
+    rc = train_main([f"trainer.run_dir={tmp_path / 'run'}", *args])
+    return rc, capsys.readouterr().err.strip().splitlines()[-1], calls
+
+
+def test_the_ctrl_c_hint_names_the_command_the_user_ran(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MAKELEVEL", raising=False)
+    rc, line, _ = _interrupt_during_sft(tmp_path, monkeypatch, capsys, "--resume", "auto")
+    assert rc == 130 and line == (
+        "interrupted during the SFT stage, before RL step 1; start again with: stare-train --overwrite "
+        f"trainer.run_dir={tmp_path / 'run'} (SFT traces and a finished SFT model there are reused)"
+    )
+    # `make train` runs this command with --resume auto: its user is sent back to `make train`
+    monkeypatch.setenv("MAKELEVEL", "1")
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "scripts" / "train_tir.py")])
+    rc, line, _ = _interrupt_during_sft(tmp_path, monkeypatch, capsys, "--resume", "auto")
+    assert rc == 130 and f'start again with: make train ARGS="--overwrite trainer.run_dir={tmp_path / "run"}"' in line
+    # ... and that command starts over (--resume auto gives way to --overwrite when nothing can resume)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("{}\n")
+    rc, _, calls = _interrupt_during_sft(tmp_path, monkeypatch, capsys, "--resume", "auto", "--overwrite")
+    assert rc == 130 and calls[-1]["resume"] is False and calls[-1]["overwrite"] is True
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_help_key_prints_that_keys_whole_comment(script):
+    """`--help KEY`: the comment `--help` cuts to its first sentences, whole, with the value a plain run
+    uses and the registry's names; a section prints each of its keys; a wrong key is one line, rc 2."""
+    from stare_tir.config import field_comments
+    from stare_tir.eval.command import EvalRunConfig
+    from stare_tir.train_config import TrainConfig
+
+    schema = EvalRunConfig if script == "eval" else TrainConfig
+    whole = field_comments(schema)["sandbox.backend"]
+    r = run(script, "--help", "sandbox.backend")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "sandbox.backend='local'"
+    assert lines[1].strip().startswith("one of: local, docker")
+    assert " ".join(x.strip() for x in lines[2:]) == whole  # every word of the comment, in order
+    section = run(script, "--help", "sandbox.limits").stdout
+    assert "sandbox.limits.wall_time_s=" in section and "sandbox.limits.memory_mb=" in section
+    if script == "train":  # a long comment that the one-line view cuts at "..."
+        key = next(k for k, c in field_comments(TrainConfig).items() if len(c) > 300)
+        out = run(script, "--help", key).stdout
+        assert (
+            " ".join(x.strip() for x in out.splitlines()[1:] if not x.strip().startswith("one of:"))
+            == (field_comments(TrainConfig)[key])
+        )
+    bad = run(script, "--help", "sandbox.backnd")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "error: --help sandbox.backnd: no such config key; did you mean sandbox.backend, sandbox.env, sandbox.preload?"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -149,3 +150,38 @@ def test_field_comments_come_from_the_dataclass_source():
     assert field_comments(Outer)["inner.target_entropy"] == ""  # nested sections get dotted keys
     assert first_sentence("One. Two e.g. three. Four is long " + "x" * 200) == "One. Two e.g. three."
     assert first_sentence("y " * 80, width=20).endswith(" ...")
+
+
+@dataclasses.dataclass
+class _Inner:
+    backend: str = "a"
+    other: int = 0
+
+    def __post_init__(self) -> None:
+        if self.backend != "a":
+            raise ValueError(f"backend={self.backend!r}: unknown")
+        if self.other:
+            raise ValueError(f"outer.inner.other={self.other}: named in full already")
+
+
+@dataclasses.dataclass
+class _Mid:
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+
+
+@dataclasses.dataclass
+class _Top:
+    outer: _Mid = dataclasses.field(default_factory=_Mid)
+
+
+def test_a_sections_error_names_its_key_once():
+    """A section names its own field (`backend='x'`); the loader adds the section once, and leaves a
+    message that already names its full key (a check across fields) as it is."""
+    from stare_tir.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError) as e:
+        from_dict(_Top, {"outer": {"inner": {"backend": "b"}}})
+    assert str(e.value) == "outer.inner.backend='b': unknown"
+    with pytest.raises(ConfigError) as e:
+        from_dict(_Top, {"outer": {"inner": {"other": 1}}})
+    assert str(e.value) == "outer.inner.other=1: named in full already"

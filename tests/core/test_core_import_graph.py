@@ -130,3 +130,20 @@ def test_packages_import_only_downstream() -> None:
         if ORDER[dep.split(".")[0]] < ORDER[mod.split(".")[0]]
     ]
     assert not wrong, "imports against stare_tir -> envs -> sandbox: " + "; ".join(sorted(wrong))
+
+
+# Inside stare_tir, the application layer (app/: the commands, the pipeline, start-up checks) is on
+# top: the stages it runs (sft, eval, trainer, ...) never import it. What they share with it (the
+# user-fixable errors) lives below both (stare_tir/errors.py).
+TOP_OF_STARE_TIR = "stare_tir.app"
+
+
+def test_no_stage_imports_the_application_layer() -> None:
+    wrong = [
+        f"{mod} imports {dep}"
+        for mod, deps in import_graph().items()
+        if mod.startswith("stare_tir.") and not (mod == TOP_OF_STARE_TIR or mod.startswith(TOP_OF_STARE_TIR + "."))
+        for dep in deps
+        if dep == TOP_OF_STARE_TIR or dep.startswith(TOP_OF_STARE_TIR + ".")
+    ]
+    assert not wrong, "imports upward into stare_tir.app: " + "; ".join(sorted(wrong))

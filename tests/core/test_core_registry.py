@@ -54,3 +54,34 @@ def test_load_imports_the_defining_modules_on_first_lookup(monkeypatch):
     reg.names()
     assert imported == ["fake_widgets_mod"]  # once
     assert "fake_widgets_mod" not in sys.modules
+
+
+def test_a_plugins_entry_comes_after_the_built_in_ones(monkeypatch):
+    """An entry added from outside the registry's own modules (a plugin, imported first) loads the
+    built-in entries before itself: names, --help and error hints list the built-ins first."""
+    reg: Registry = Registry("widget", load=("fake_builtin_widgets",))
+
+    def fake_import(name):
+        reg.add("builtin", types.SimpleNamespace(__module__="fake_builtin_widgets"))
+
+    monkeypatch.setattr("registry.importlib.import_module", fake_import)
+    reg.add("mine", types.SimpleNamespace(__module__="mylab.widgets"))
+    assert reg.names() == ("builtin", "mine")
+
+
+def test_settings_fill_every_entry_with_a_config():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Cfg:
+        size: int = 1
+
+    reg: Registry = Registry("widget")
+    reg.add("a", object(), config=Cfg)
+    reg.add("b", object())  # no settings: no section
+    assert reg.settings() == {"a": Cfg()}
+    assert reg.settings({"a": {"size": 3}}) == {"a": Cfg(size=3)}
+    given = Cfg(size=5)
+    assert reg.settings({"a": given})["a"] is given
+    with pytest.raises(ValueError, match="^b: no widget with settings by that name"):
+        reg.settings({"b": {}})

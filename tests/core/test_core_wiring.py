@@ -341,7 +341,8 @@ def test_configs_load_without_torch():
     import sys
 
     code = (
-        "import sys; from stare_tir.app.cli import config_keys; from stare_tir.train_config import TrainConfig; "
+        "import sys; import stare_tir.app.cli; from stare_tir.app.command_line import config_keys; "
+        "from stare_tir.train_config import TrainConfig; "
         "from stare_tir.eval.command import EvalRunConfig; assert config_keys(TrainConfig); "
         "print(sorted({'torch', 'transformers', 'deepspeed'} & set(sys.modules)))"
     )

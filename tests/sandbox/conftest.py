@@ -24,7 +24,7 @@ def open_sandbox(backend: str, **overrides) -> SyncSandbox:
         )
     # docker: a container competes for CPU as one cgroup, so under a loaded CI it runs slower still
     limits = TEST_LIMITS if backend == "local" else dataclasses.replace(TEST_LIMITS, wall_time_s=8.0)
-    cfg = SandboxConfig(backend=backend, limits=limits, workers=2, docker=DockerConfig(warm=2))
+    cfg = SandboxConfig(backend=backend, limits=limits, workers=2, backends={"docker": DockerConfig(warm=2)})
     for key, value in overrides.items():
         setattr(cfg, key, value)
     try:

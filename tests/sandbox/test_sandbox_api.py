@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sandbox import ExecResult, ExecStatus, Limits, SandboxConfig, make_sandbox
+from sandbox import SANDBOX_BACKENDS, ExecResult, ExecStatus, Limits, SandboxConfig, make_sandbox
 from sandbox.local._proto import Frames, pack
 
 
@@ -32,13 +32,12 @@ def test_limits_validate_and_timeouts_only_shorten():
 def test_config_validates_and_loads_from_dicts():
     with pytest.raises(ValueError, match="workers=0"):
         SandboxConfig(workers=0)
-    with pytest.raises(
-        ValueError, match=r"sandbox.backend='gpu': unknown sandbox backend; choose one of local, docker, e2b"
-    ):
+    names = ", ".join(SANDBOX_BACKENDS.names())
+    with pytest.raises(ValueError, match=f"^backend='gpu': unknown sandbox backend; choose one of {names}$"):
         SandboxConfig(backend="gpu")
     with pytest.raises(ValueError, match="KEY=VALUE"):
         SandboxConfig(env=["NOEQ"])
-    cfg = SandboxConfig(limits={"wall_time_s": 2}, docker={"warm": 0}, e2b={"retries": 0})
+    cfg = SandboxConfig(limits={"wall_time_s": 2}, backends={"docker": {"warm": 0}, "e2b": {"retries": 0}})
     assert cfg.limits == Limits(wall_time_s=2) and cfg.docker.warm == 0 and cfg.e2b.retries == 0
 
 
@@ -46,11 +45,6 @@ def test_code_environment_is_an_allow_list():
     cfg = SandboxConfig(env=["A=1=2"], env_passthrough=["KEEP"])
     env = cfg.code_env({"KEEP": "k", "AWS_SECRET_ACCESS_KEY": "x", "HOME": "/root"})
     assert env["A"] == "1=2" and env["KEEP"] == "k" and env["HOME"] == "/tmp" and "AWS_SECRET_ACCESS_KEY" not in env
-
-
-def test_backend_selection_is_lazy():
-    for backend, cls in (("local", "LocalSandbox"), ("docker", "DockerSandbox"), ("e2b", "E2BSandbox")):
-        assert type(make_sandbox(SandboxConfig(backend=backend))).__name__ == cls  # nothing started
 
 
 def test_reading_the_backend_names_imports_no_sdk():
@@ -61,7 +55,8 @@ def test_reading_the_backend_names_imports_no_sdk():
         "print([m for m in ('numpy', 'docker', 'e2b', 'e2b_code_interpreter', 'httpx', 'importlib.metadata') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out == "('local', 'docker', 'e2b') docker\n[]\n", out
+    names, modules = out.splitlines()
+    assert names == f"{SANDBOX_BACKENDS.names()} docker" and modules == "[]", out
 
 
 def test_a_backend_is_one_class_and_one_registered_name():
@@ -111,12 +106,24 @@ def test_a_backend_is_one_class_and_one_registered_name():
         SandboxConfig(backend="echo")
 
 
-def test_every_backend_keeps_the_protocol():
-    from sandbox import Sandbox
+@pytest.mark.parametrize("name", SANDBOX_BACKENDS.names())
+def test_every_registered_backend_keeps_the_protocol(name):
+    """Each entry, whatever registered it: a SandboxBase built (not started) from a SandboxConfig
+    that selects it, keeping the Sandbox protocol, its settings (if any) a dataclass that is
+    `sandbox.<name>`. Nothing is started: no engine, no cloud."""
+    import dataclasses
 
-    for name in ("local", "docker", "e2b"):
-        sb = make_sandbox(SandboxConfig(backend=name))
-        assert isinstance(sb, Sandbox) and sb.info == {} and isinstance(sb.stats, dict), name
+    from sandbox import Sandbox, SandboxBase
+
+    entry = SANDBOX_BACKENDS.entry(name)
+    assert issubclass(entry.obj, SandboxBase)
+    cfg = SandboxConfig(backend=name)
+    sb = make_sandbox(cfg)
+    assert isinstance(sb, entry.obj) and isinstance(sb, Sandbox) and sb.info == {} and isinstance(sb.stats, dict)
+    for m in ("start", "session", "close"):
+        assert m in {k for c in type(sb).__mro__[:-1] if c is not SandboxBase for k in vars(c)}, (name, m)
+    if entry.config is not None:
+        assert dataclasses.is_dataclass(entry.config) and isinstance(getattr(cfg, name), entry.config)
 
 
 def test_result_helpers():

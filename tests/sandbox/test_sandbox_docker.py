@@ -19,7 +19,7 @@ def lease_of(session) -> object:
 
 @pytest.fixture(scope="module")
 def sb(make_box):
-    box = make_box("docker", docker=DockerConfig(warm=1), workers=1)
+    box = make_box("docker", backends={"docker": DockerConfig(warm=1)}, workers=1)
     yield box
     box.close()
 
@@ -76,7 +76,7 @@ def test_ipc_objects_do_not_survive_into_the_next_session(sb):
 
 
 def test_each_container_runs_its_code_as_its_own_host_uid(make_box):
-    box = make_box("docker", docker=DockerConfig(warm=2), workers=2)
+    box = make_box("docker", backends={"docker": DockerConfig(warm=2)}, workers=2)
     try:
         with box.session() as a, box.session() as b:
             uids = [int(s.run("import os; print(os.getuid())").stdout) for s in (a, b)]
@@ -97,4 +97,6 @@ def test_dead_container_is_replaced(sb):
 
 def test_missing_image_is_a_clear_infrastructure_error(sb):
     with pytest.raises(SandboxError, match="sandbox.docker.build"):
-        SyncSandbox(SandboxConfig(backend="docker", docker=DockerConfig(image="stare-sandbox:does-not-exist")))
+        SyncSandbox(
+            SandboxConfig(backend="docker", backends={"docker": DockerConfig(image="stare-sandbox:does-not-exist")})
+        )

@@ -106,7 +106,7 @@ def server():
 
 def e2b_box(url: str, retries: int = 2) -> SyncSandbox:
     e2b = E2BConfig(sandbox_url=url, debug=True, retries=retries, request_timeout_s=5)
-    return SyncSandbox(SandboxConfig(backend="e2b", limits=LIMITS, e2b=e2b))
+    return SyncSandbox(SandboxConfig(backend="e2b", limits=LIMITS, backends={"e2b": e2b}))
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,9 @@ def test_key_and_domain_come_from_config(monkeypatch):
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(e2b_code_interpreter.AsyncSandbox, "create", fake_create)
-    cfg = SandboxConfig(backend="e2b", e2b=E2BConfig(api_key="k-123", domain="e2b.example", template="tpl"))
+    cfg = SandboxConfig(
+        backend="e2b", backends={"e2b": E2BConfig(api_key="k-123", domain="e2b.example", template="tpl")}
+    )
     with SyncSandbox(cfg) as box:
         r = box.run("print(1)")
     assert r.status == "sandbox_error" and "stop here" in r.error
@@ -196,6 +198,6 @@ def test_missing_key_fails_fast_as_sandbox_error(monkeypatch):
     monkeypatch.delenv("E2B_API_KEY", raising=False)
     monkeypatch.delenv("E2B_ACCESS_TOKEN", raising=False)
     t = time.monotonic()
-    with SyncSandbox(SandboxConfig(backend="e2b", e2b=E2BConfig(retries=0))) as box:
+    with SyncSandbox(SandboxConfig(backend="e2b", backends={"e2b": E2BConfig(retries=0)})) as box:
         r = box.run("print(1)")
     assert r.status == "sandbox_error" and time.monotonic() - t < 10, r

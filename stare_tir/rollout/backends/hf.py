@@ -129,7 +129,7 @@ def _make_cache(kv):
     return cache
 
 
-@ROLLOUT_BACKENDS.register("hf")
+@ROLLOUT_BACKENDS.register("hf", config=HFBackendConfig)  # its settings: rollout.hf
 class HFBackend(BackendBase):
     """Continuous-batching generation with a Hugging Face causal LM (see module docstring).
 

@@ -48,7 +48,7 @@ class StaleWeightsError(RuntimeError):
     """Every server that could take a request serves other weights than the last push."""
 
 
-@ROLLOUT_BACKENDS.register("sglang")
+@ROLLOUT_BACKENDS.register("sglang", config=SGLangConfig)  # its settings: rollout.sglang
 class SGLangBackend(BackendBase):
     """Client of one or more SGLang HTTP servers (see the package docstring).
 
