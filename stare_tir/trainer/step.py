@@ -127,13 +127,15 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
         return skip_empty_step(run, step, batch, timer.seconds["rollout"])
     run.empty_in_row = 0
     release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
-    score(run, batch)
+    with timer("score"):
+        score(run, batch)
     with timer("recompute"):
         recompute(run, batch)
     observe(run, batch)
     k = run.cfg.algo.mini_batches(run.cfg.trainer.prompts_per_step)
     if k == 1:
-        inputs = shape(run, step_seed(run, step), batch, rollouts)
+        with timer("shape"):
+            inputs = shape(run, step_seed(run, step), batch, rollouts)
         with timer("update"):
             applied, skipped = update(run, inputs, metrics)
     else:  # shaped per mini-batch, inside the update
@@ -141,7 +143,8 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
             applied, skipped = update_mini_batches(run, step, batch, rollouts, k)
     metrics["update/optimizer_steps"] = float(applied)
     if applied:  # the update's own entropy change, on the same tokens (one no-grad pass)
-        metrics.update(entropy_after_update(run.learner, batch.trajs, metrics["entropy/batch"]))
+        with timer("diagnostics"):
+            metrics.update(entropy_after_update(run.learner, batch.trajs, metrics["entropy/batch"]))
     count_nonfinite(run, step, skipped, metrics)
     with timer("sync"):
         if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
