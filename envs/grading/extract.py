@@ -97,13 +97,17 @@ _BOX_JOIN_RE = re.compile(
 )
 
 
+_MAX_JOIN_CHARS = 200  # longer text between two boxes is prose: they are two answers
+
+
 def _last_boxed(text: str) -> str | None:
     boxes = _find_boxed(text)
     if not boxes:
         return None
     parts = [boxes[-1]]
     for b in reversed(boxes[:-1]):
-        if _BOX_JOIN_RE.fullmatch(text[b[1] : parts[0][0]]):
+        gap = text[b[1] : parts[0][0]]
+        if len(gap) <= _MAX_JOIN_CHARS and _BOX_JOIN_RE.fullmatch(gap):
             parts.insert(0, b)
         else:
             break
@@ -112,13 +116,15 @@ def _last_boxed(text: str) -> str | None:
 
 # Where an answer line starts ("The final answer is", "Answer:", "the answers are", "the correct
 # option is", "答案：", "故选", GSM8K's "####"); group 1 is the rest of the text.
+# (No two adjacent quantifiers may match the same text: "answer is" then a long run of spaces
+# would be tried in cubic many ways. The colons and spaces after an anchor are one class.)
 _FINAL_RE = re.compile(
-    r"(?:\banswers?\s*(?:is|are|was|would\s+be|should\s+be|will\s+be)?\s*[:：=]"
-    r"|\banswers?\s+(?:is|are|was|would\s+be|should\s+be|will\s+be)\b\s*:?"
-    r"|final\s+answer\s*\*\*\s*:?\s*(?=\n)|(?:^|\n)\s*\**answer\b\**\s*:?"
-    r"|\b(?:option|choice)\s+(?:is|would\s+be)\b\s*:?"
-    r"|答案\s*(?:是|为|為|应为|應為)?\s*[:：]?|(?:故|所以|因此|应|應)选\s*[:：]?"
-    r"|(?:^|\n)[ \t]*####)\s*[:：]?\s*(\S.*)",
+    r"(?:\banswers?(?:\s*(?:is|are|was|would\s+be|should\s+be|will\s+be))?\s*[:：=]"
+    r"|\banswers?\s+(?:is|are|was|would\s+be|should\s+be|will\s+be)\b"
+    r"|final\s+answer\s*\*\*[ \t]*:?(?=[ \t]*\n)|(?:^|\n)[ \t]*\**answer\b\**"
+    r"|\b(?:option|choice)\s+(?:is|would\s+be)\b"
+    r"|答案(?:\s*(?:是|为|為|应为|應為))?|(?:故|所以|因此|应|應)选"
+    r"|(?:^|\n)[ \t]*####)[\s:：]*(\S.*)",
     re.IGNORECASE,
 )
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
@@ -156,8 +162,9 @@ _OPTION_CORRECT_RE = re.compile(
     r"(?:\b(?i:option|choice)\s+)?(?<![\w(])\(?([A-E])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b"
 )
 _NEGATION_RE = re.compile(r"\bnot\b|n't\b|\bnever\b|\bno\s+longer\b", re.IGNORECASE)
-_NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*%?)\s+[A-Za-z][A-Za-z' -]*")
-_MINERVA_CLOSE_RE = re.compile(r"\s*\.?\s*I\s+hope\s+it\s+is\s+correct\W*$", re.IGNORECASE)
+_NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*%)?)\s+[A-Za-z][A-Za-z' -]*")
+# (Starts only where a run of spaces and dots starts: a search tries one start per run.)
+_MINERVA_CLOSE_RE = re.compile(r"(?<![\s.])[\s.]*I\s+hope\s+it\s+is\s+correct\W*$", re.IGNORECASE)
 _SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
 
 
@@ -165,6 +172,9 @@ def _first_span_run(sentence: str) -> str | None:
     """The first math span of a sentence with the spans joined to it by connectors only."""
     spans = math_spans(sentence)
     return join_spans(spans, sentence, forward=True) if spans else None
+
+
+_MAX_LINE_CHARS = 2000  # an answer line is read up to here (no answer is longer; bounded work on junk)
 
 
 def _from_final_line(text: str) -> str | None:
@@ -179,7 +189,7 @@ def _from_final_line(text: str) -> str | None:
     display = _DISPLAY_RE.match(tail)
     if display and display.group(2).strip():  # "\[\n9\n\]": display math over several lines
         return display.group(2).strip()
-    rest = tail.split("\n")[0].strip()
+    rest = tail.split("\n", 1)[0][:_MAX_LINE_CHARS].strip()
     rest = _MINERVA_CLOSE_RE.sub("", rest)  # "... is $12$. I hope it is correct." (also glued: "4.I hope")
     boxed = _last_boxed(rest)
     if boxed is not None:
@@ -262,7 +272,8 @@ def _strip_template(response: str) -> str:
 
 
 _LAST_LINE_NUMBER_RE = re.compile(
-    r"[*$\s]*(?:\\\(|\\\[)?\s*([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|[-+]?\\[dt]?frac\{\d+\}\{\d+\})\s*(?:\\\)|\\\])?[*$\s]*"
+    r"[*$\s]*(?:(?:\\\(|\\\[)\s*)?([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|[-+]?\\[dt]?frac\{\d+\}\{\d+\})"
+    r"(?:\s*(?:\\\)|\\\]))?[*$\s]*"
 )
 
 
@@ -279,7 +290,7 @@ def _last_line_number(text: str) -> str | None:
 
 # An option letter stated in prose: "I think it's B", "so I'd go with B", "I choose (D)".
 _OPTION_IN_PROSE_RE = re.compile(
-    r"\b(?:it'?s|it\s+is|is|go(?:ing)?\s+with|choose|chose|pick|select|option|choice|answer)\s*:?\s*"
+    r"\b(?:it'?s|it\s+is|is|go(?:ing)?\s+with|choose|chose|pick|select|option|choice|answer)(?:\s*:)?\s*"
     r"(?:\*\*)?\(?([A-E])\)?(?:\*\*)?(?=[\s.,!;:]|$)"
 )
 
