@@ -6,6 +6,9 @@ grader (`env.grader=builtin`). The cases are read from the test files with `ast`
 each test that calls their compare helper (`compare_strings(gold, pred, ...)`, or
 `verify(parse(gold), parse(pred))`) contributes its parametrized rows, and a helper call written
 out in a test body (`assert compare_strings("$\\frac{1}{3}$", "0.3333$", ...) == 1`) is one case.
+Their string-extraction test (`parse(pred, [StringExtractionConfig()]) == [...]`) gives a case
+per row: the response against the letter it reads (expected equal), or, where it reads none,
+against "A" (expected not equal).
 
 Reported apart, not as failures of ours:
 - deliberate refusals (`DELIBERATE`): math-verify compares floats after rounding to the
@@ -40,7 +43,7 @@ VERSION = "0.9.0"
 SHA256 = "45ac6c61344ba056b9e99a660a4bc8d044ed408f730aed68c60435aa5eec4645"
 SDIST = f"math_verify-{VERSION}.tar.gz"
 TOTAL = 283  # the cases its tests assert (huggingface/Math-Verify at 5d148cf, plus 7)
-HELPERS = ("compare_strings", "verify")
+HELPERS = ("compare_strings", "verify", "parse")
 
 # (pred, gold): the decimal rule refuses a close decimal for an exact value, whatever precision a
 # test asks math-verify to round to.
@@ -106,7 +109,9 @@ def _value(node: ast.AST):
 def _doubled(source: str, node: ast.AST) -> bool:
     """A raw string literal that writes `\\\\` before a letter (meaning one backslash)."""
     text = ast.get_source_segment(source, node) or ""
-    return text[:1] in "rR" and any(text[i : i + 2] == "\\\\" and text[i + 2 : i + 3].isalpha() for i in range(len(text)))
+    return text[:1] in "rR" and any(
+        text[i : i + 2] == "\\\\" and text[i + 2 : i + 3].isalpha() for i in range(len(text))
+    )
 
 
 def _calls_helper(fn: ast.FunctionDef) -> bool:
@@ -125,6 +130,12 @@ def cases_of(name: str, source: str) -> list[Case]:
             if not (isinstance(dec, ast.Call) and getattr(dec.func, "attr", None) == "parametrize"):
                 continue
             names = [s.strip() for s in ast.literal_eval(dec.args[0]).split(",")]
+            if names == ["pred", "expected", "config"]:  # their string extraction: the letter it reads
+                for row in dec.args[1].elts:
+                    pred, extracted = _value(row.elts[0]), _value(row.elts[1])
+                    gold = extracted[-1] if extracted else "A"  # (none read: no letter is its answer)
+                    out.append(Case(pred, gold, bool(extracted), where, False))
+                continue
             if "gold" not in names or "pred" not in names:
                 continue
             flag = "expected" if "expected" in names else "result"
