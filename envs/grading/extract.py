@@ -40,10 +40,18 @@ from __future__ import annotations
 
 import re
 
-from envs.grading.extract_prose import answer_in_prose, glued_number, join_spans, math_spans
+from envs.grading.extract_prose import (
+    MINERVA_CLOSE_RE,
+    answer_in_prose,
+    glued_number,
+    join_spans,
+    math_spans,
+    number_text,
+    prose_numbers,
+)
 from envs.grading.units import unit_after
 
-__all__ = ["boxed_set", "extract_answer", "option_in_prose"]
+__all__ = ["boxed_set", "boxed_values", "extract_answer", "option_in_prose"]
 
 # A box, also damaged the ways a reader still sees one: "\\beginboxed{42}", "boxed {77}" (no
 # backslash, before a brace), a box glyph or \\Box before a brace ("□{15}").
@@ -89,6 +97,11 @@ def _find_boxed(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
+def boxed_values(text: str) -> list[str]:
+    """The contents of every box in `text`, in order ("\\boxed{1} papers and \\boxed{2} bins" -> 1, 2)."""
+    return [b[2].strip() for b in _find_boxed(text)]
+
+
 # What may stand between two boxes of one multi-part answer (a label "x =" included:
 # "x = \\boxed{-2} \\text{ or } x = \\boxed{3}").
 _BOX_JOIN_RE = re.compile(
@@ -127,6 +140,7 @@ _FINAL_RE = re.compile(
     r"|(?:^|\n)[ \t]*####)[\s:：]*(\S.*)",
     re.IGNORECASE,
 )
+_FINAL_ANSWER_RE = re.compile(r"\bfinal\s+answer\b", re.IGNORECASE)
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
 _MATH_WORDS = {
@@ -163,8 +177,6 @@ _OPTION_CORRECT_RE = re.compile(
 )
 _NEGATION_RE = re.compile(r"\bnot\b|n't\b|\bnever\b|\bno\s+longer\b", re.IGNORECASE)
 _NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*%)?)\s+[A-Za-z][A-Za-z' -]*")
-# (Starts only where a run of spaces and dots starts: a search tries one start per run.)
-_MINERVA_CLOSE_RE = re.compile(r"(?<![\s.])[\s.]*I\s+hope\s+it\s+is\s+correct\W*$", re.IGNORECASE)
 _SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
 
 
@@ -190,7 +202,7 @@ def _from_final_line(text: str) -> str | None:
     if display and display.group(2).strip():  # "\[\n9\n\]": display math over several lines
         return display.group(2).strip()
     rest = tail.split("\n", 1)[0][:_MAX_LINE_CHARS].strip()
-    rest = _MINERVA_CLOSE_RE.sub("", rest)  # "... is $12$. I hope it is correct." (also glued: "4.I hope")
+    rest = MINERVA_CLOSE_RE.sub("", rest)  # "... is $12$. I hope it is correct." (also glued: "4.I hope")
     boxed = _last_boxed(rest)
     if boxed is not None:
         return boxed
@@ -227,6 +239,12 @@ def _from_final_line(text: str) -> str | None:
     if math is None and words:  # "12 apples": the number; "5 miles": the number and its unit
         unit = unit_after(ans[words.end(1) :])
         ans = f"{words.group(1).strip()} {unit}" if unit else words.group(1)
+    elif math is None and len(ans.split()) > 2:  # "Jane started growing it 3 hours ago": its one number
+        numbers = prose_numbers(ans)
+        if len(numbers) == 1 and len(re.findall(r"\d", ans)) == len(re.findall(r"\d", numbers[0].group(0))):
+            after = ans[numbers[0].end() :]
+            unit = unit_after(after) if not numbers[0].group("unit") and after[:1].isspace() else None
+            return f"{number_text(numbers[0])} {unit}" if unit else number_text(numbers[0])
     return ans or None
 
 
@@ -328,6 +346,13 @@ def _extract_in(text: str, boxed_only: bool) -> str | None:
         line = _from_final_line(block)
         return line if line is not None else block.strip()
     boxed = _last_boxed(text)
+    if boxed is not None and not boxed_only:
+        # A final-answer line after the last box states the answer the box worked towards
+        # ("... = \\boxed{255}. So she has $10,455. The final answer is $10,455$.").
+        after = text[_find_boxed(text)[-1][1] :]
+        line = _from_final_line(after) if _FINAL_ANSWER_RE.search(after) else None
+        if line is not None and re.search(r"\d", line):
+            return line
     if boxed is not None or boxed_only:
         return boxed
     line = _from_final_line(text)

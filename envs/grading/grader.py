@@ -94,7 +94,7 @@ from envs.grading.equivalence import (
     normalize_answer,
     solution_count,
 )
-from envs.grading.extract import boxed_set, extract_answer, option_in_prose
+from envs.grading.extract import boxed_set, boxed_values, extract_answer, option_in_prose
 from envs.grading.forms import percent_rate_equal
 from envs.grading.protocol import GradingContext, GradingMethod, Verdict
 from envs.grading.units import compare_quantities
@@ -309,9 +309,16 @@ def _within(eq, deadline: float):
     return call
 
 
+MAX_GOLD_CHARS = 300  # a longer gold is a worked solution (MATH's), not an answer: its answer is read
+
+
 def gold_answer(gold: str) -> str:
-    """The answer a gold states: its box when it has one, else the gold itself."""
+    """The answer a gold states: all its boxes when it has several ("\\boxed{1} papers and
+    \\boxed{2} bins" -> "1, 2"), its box, the final answer of a worked solution, else the gold."""
     if "\\boxed" in gold or "\\fbox" in gold:
+        joined = boxed_set(gold, len(boxed_values(gold)))  # (None when words take a box back: "no no")
+        return joined or extract_answer(gold) or gold
+    if len(gold) > MAX_GOLD_CHARS:
         return extract_answer(gold) or gold
     return gold
 

@@ -127,6 +127,10 @@ def parse_structure(s: str):
     if s.startswith("\\{") and s.endswith("\\}") and _wrapped(s[1:-2] + "}"):
         inner = s[2:-2]
         return ("set", _items(_item_texts(inner)) if inner.strip() else [])
+    if len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _wrapped(s):  # "{-2021, 2021}": braces, no backslash
+        parts = _item_texts(s[1:-1])
+        if len(parts) > 1:
+            return ("set", _items(parts))
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and _wrapped(s):
         parts = _item_texts(s[1:-1])
         if len(parts) > 1:
@@ -357,7 +361,7 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
         labelled = _compare_labelled(p, g, scalar_eq, relation_eq)
         if labelled is not None:
             return labelled
-        return _match_unordered(p[1], g[1], scalar_eq, relation_eq)
+        return _match_unordered(_once(p[1], g[1]), g[1], scalar_eq, relation_eq)
     if kp == "seq" and kg == "seq":
         if (p[1], p[2]) != (g[1], g[2]) or len(p[3]) != len(g[3]):
             return False
@@ -375,6 +379,26 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kg == "set" and kp == "scalar" and len(g[1]) == 1:
         return compare_structures(p, g[1][0], scalar_eq, relation_eq)
     return False
+
+
+def _once(ps: list, gs: list) -> list:
+    """The prediction's items, each written once, when the gold writes none twice: a solution set
+    that lists one solution again ("(3,17,3,7), ..., (3, 17, 3, 7)") names the same set. Only
+    items written alike (spaces aside) are the same; a gold with a repeated item (a double root)
+    keeps the count."""
+
+    def key(node):
+        return repr(node).replace(" ", "")
+
+    if len({key(n) for n in gs}) < len(gs):
+        return ps
+    seen: set[str] = set()
+    out = []
+    for n in ps:
+        if key(n) not in seen:
+            seen.add(key(n))
+            out.append(n)
+    return out
 
 
 def _function_pair(p, g) -> bool:
