@@ -95,3 +95,30 @@ def test_over_budget_escalates_or_refuses(monkeypatch):
     assert g.compare("x + 1", "1 + x", None) == (False, "budget")
     assert g.compare("5", "5", None) == (True, "fast")  # the same text needs no comparator
     g.close()
+
+
+def test_graders_see_a_public_context():
+    """A grader is a GradingMethod; the Grader it runs on is a GradingContext (issue 40's seam)."""
+    from envs.grading import GRADERS, GradingContext, GradingMethod, Verdict
+
+    g = Grader("builtin", symbolic=False, cache_size=0)
+    assert isinstance(g, GradingContext)
+    for name in GRADERS.names():
+        assert isinstance(GRADERS.get(name)(), GradingMethod), name
+    assert g.compare("\\frac{1}{2}", "0.5", None) == (True, "fast")
+    assert g._equivalent("\\frac{1}{2}", "0.5", None) == (True, "fast")  # the old name still answers
+
+    class Upper:  # a user's grader, through the public context only
+        needs = None
+
+        def check(self, ctx, response, gold, timeout_s):
+            verdict, stage = ctx.compare(response.upper(), gold.upper(), timeout_s)
+            return Verdict(verdict, stage, response.upper())
+
+        def equivalent(self, ctx, pred, gold, timeout_s):
+            return ctx.compare(pred, gold, timeout_s)[0]
+
+    with GRADERS.temporarily("upper", Upper):
+        result = Grader("upper", symbolic=False).check("b", "B")
+    assert result.correct and result.pred == "B"
+    g.close()
