@@ -173,8 +173,10 @@ _ANCHOR_HEDGE_RE = re.compile(
 )
 # "option E is correct", "(C) is the right one": an option letter stated correct.
 _OPTION_CORRECT_RE = re.compile(
-    r"(?:\b(?i:option|choice)\s+)?(?<![\w(])\(?([A-E])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b"
+    r"(?:\b(?i:option|choice)\s+)?(?<![\w(])\(?([A-E])\)?\s+is\s+(?:the\s+)?(?i:correct|right|valid)\b"
 )
+# A response that opens with an option letter ("A. Because B is not valid", "(C) since ...").
+_LEADING_OPTION_RE = re.compile(r"\s*\(?([A-E])(?:\)|\.|:)(?:\s|$)")
 _NEGATION_RE = re.compile(r"\bnot\b|n't\b|\bnever\b|\bno\s+longer\b", re.IGNORECASE)
 _NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*%)?)\s+[A-Za-z][A-Za-z' -]*")
 _SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
@@ -324,7 +326,8 @@ def option_in_prose(response: str) -> str | None:
     tail = text[-2000:]
     matches = list(_OPTION_IN_PROSE_RE.finditer(tail))
     if not matches:
-        return None
+        leading = _LEADING_OPTION_RE.match(text)  # "A. Because B is not valid": the letter it opens with
+        return leading.group(1) if leading and not _MORE_OPTIONS_RE.match(text[leading.end() - 1 :]) else None
     m = matches[-1]
     sentence_start = max(tail.rfind(c, 0, m.start()) for c in ".!?\n。") + 1
     before = tail[sentence_start : m.start()]

@@ -171,6 +171,9 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     masked = _mask(text, spans)
     last = spans[-1]
     begin, end, finished = _sentence_bounds(masked, last[0], last[1])
+    run_on = list(_RUN_ON_RE.finditer(masked, begin, last[0]))
+    if run_on:  # "$y = 6$ So, the pair is $(7, 6)$.": the conclusion starts at "So"
+        begin = run_on[-1].end()
     sentence = masked[begin:end]
     if "?" in sentence or _HEDGE_RE.search(sentence) or _TASK_RE.match(sentence):
         return None

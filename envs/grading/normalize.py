@@ -108,6 +108,7 @@ def normalize_answer(s: str) -> str:
     s = s.replace("±", "\\pm ").replace("∓", "\\mp ")
     s = _SUPERSCRIPT_RE.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", s)  # 10⁴, m²
     s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
+    s = s.replace("\\$", "").replace("$", "").strip()  # (before the tail rules: "$$0.06 \\text{ yuan}$$")
     # "17\text{ any text}": words in \text after a value are a comment, not part of it.
     tail = _TEXT_TAIL_RE.search(s)
     if tail and _MERIDIEM_RE.search(tail.group(0)):
@@ -121,6 +122,7 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|bigg|Bigg|big|Big)(?![a-zA-Z])", "", s)
     s = re.sub(r"\\(?:displaystyle|textstyle|limits|nolimits|rm|bf|it)(?![a-zA-Z])", "", s)
     s = re.sub(r",\\!\s*", ",", s)  # "11,\\! 111" is a thousands separator
+    s = re.sub(r"(?<=\d) ?\{ ?, ?\} ?(?=\d)", ",", s)  # "14 {, }916": a thousands separator
     s = s.replace("{,}", ",").replace("\\!", "")
     s = re.sub(r"(?<!\\)\\[,;:>]", "", s)
     s = re.sub(r"\\(?:qquad|quad|space)(?![a-zA-Z])|(?<!\\)\\ |~", " ", s)

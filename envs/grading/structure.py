@@ -155,6 +155,9 @@ def _matrix_sum(s: str):
     \\begin{pmatrix}3&4\\end{pmatrix}") as the matrix it evaluates to, entry by entry: exact
     numbers added exactly, other entries as the written sum; None for anything else."""
     found = list(_WRITTEN_MATRIX_RE.finditer(s))
+    product = _matrix_product(s, found)
+    if product is not None:
+        return product
     signs, pos = [], 0
     for k, m in enumerate(found):
         gap = s[pos : m.start()].strip()
@@ -180,6 +183,30 @@ def _matrix_sum(s: str):
                 row.append("".join(f"{'-' if sg < 0 else '+'}({c})" for sg, c in zip(signs, cells)).lstrip("+"))
         rows.append(row)
     return ("matrix", rows)
+
+
+def _matrix_product(s: str, found: list[re.Match]):
+    """A product of written matrices of numbers ("\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}
+    \\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}", juxtaposed or with \\cdot/\\times) as the matrix it
+    evaluates to, exactly; None for anything else (an entry that is no plain number, shapes that
+    do not chain)."""
+    gaps = [s[a.end() : b.start()].strip() for a, b in zip(found, found[1:])]
+    if len(found) < 2 or s[: found[0].start()].strip() or s[found[-1].end() :].strip():
+        return None
+    if any(gap not in ("", "\\cdot", "\\times") for gap in gaps):
+        return None
+    result = None
+    for m in found:
+        rows = [[parse_number(c) for c in r] for r in _matrix_rows(m.group(2))]
+        if not rows or any(n is None for r in rows for n in r) or len({len(r) for r in rows}) != 1:
+            return None
+        mat = [[n.value for n in r] for r in rows]
+        if result is not None:
+            if len(result[0]) != len(mat):
+                return None
+            mat = [[sum(a * b for a, b in zip(row, col)) for col in zip(*mat)] for row in result]
+        result = mat
+    return ("matrix", [[str(v) for v in row] for row in result])
 
 
 def _item_texts(inner: str) -> list[str]:
