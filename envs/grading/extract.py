@@ -197,7 +197,10 @@ def _from_final_line(text: str) -> str | None:
         return None
     anchor = matches[-1]
     sentence_start = max(text.rfind(c, 0, anchor.start()) for c in ".!?\n。") + 1
-    if _ANCHOR_HEDGE_RE.search(text[sentence_start : anchor.end(1)].split("\n")[0]):
+    # The sentence of the anchor and its value: a doubt there takes the answer back, not one in a
+    # later sentence of the same line ("... is $14{,}916$. I hope it is correct. Note: ... assumes").
+    value_sentence = re.split(r"(?<=[.!?])\s", text[anchor.start(1) : anchor.end(1)], maxsplit=1)[0]
+    if _ANCHOR_HEDGE_RE.search((text[sentence_start : anchor.start(1)] + value_sentence).split("\n")[0]):
         return None
     tail = text[anchor.start(1) :]
     display = _DISPLAY_RE.match(tail)
@@ -401,6 +404,10 @@ _CORRECTION_RE = re.compile(
 )
 
 
+def _one_tuple(value: str) -> bool:
+    return value[:1] == "(" and value[-1:] == ")" and value.count("(") == 1 and value.count(")") == 1
+
+
 def boxed_set(response: str, n: int) -> str | None:
     """The last `n` boxes of a response as one answer ("The first root is \\boxed{-1}. The second
     root is \\boxed{3}." -> "-1, 3"), for a gold that is a set of `n` solutions: each box one
@@ -416,8 +423,8 @@ def boxed_set(response: str, n: int) -> str | None:
     if len(boxes) < n:
         return None
     values = [b[2].strip() for b in boxes]
-    if len(set(values)) < n or any("," in v or ";" in v or not v for v in values):
-        return None
+    if len(set(values)) < n or any(("," in v or ";" in v) and not _one_tuple(v) or not v for v in values):
+        return None  # (a box that lists several values is no one value; a tuple "(3, 3)" is one)
     for a, b in zip(boxes, boxes[1:]):
         between = text[a[1] : b[0]]
         if len(between) > 200 or _CORRECTION_RE.search(between) or _ANCHOR_HEDGE_RE.search(between):

@@ -179,6 +179,8 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
         return None
     if not _states_nothing_more(text[end:]):
         return None
+    if _RUN_ON_RE.search(masked, last[1], end):  # "$$...$$ Therefore, it increases by 100%.": concluded after
+        return None
     if not finished and re.search(r"\w", text[last[1] :]):
         return None  # the sentence runs on to the end of the text unfinished (a truncated response)
     in_sentence = [s for s in spans if s[0] >= begin]
