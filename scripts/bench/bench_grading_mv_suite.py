@@ -13,7 +13,8 @@ against "A" (expected not equal).
 Reported apart, not as failures of ours:
 - deliberate refusals (`DELIBERATE`): math-verify compares floats after rounding to the
   `precision` a test asks for, so "0.3333" is 1/3 at precision 4; our decimal rule keeps a close
-  decimal for an exact value refused (envs.grading.numbers), on purpose;
+  decimal for an exact value refused (envs.grading.numbers), on purpose; likewise f(y) for f(x)
+  (their non-strict mode), a set for a pair, and 1 + 1/e for 1 - 1/e;
 - artifacts: a raw string that doubles its backslashes (r"$-2 \\\\le x$" is LaTeX's line break, then
   "le"), which math-verify's parser forgives and ours reads as written.
 A false positive is our "equal" on a case expected not equal.
@@ -54,6 +55,14 @@ DELIBERATE = {
         "$\\begin{pmatrix}0.33\\\\0.2 \\end{pmatrix}$",
         "$(\\begin{pmatrix}\\frac{1}{3}\\\\ \\frac{1}{5} \\end{pmatrix})$",
     ): "0.33 is not 1/3 (math-verify: precision=2)",
+    # Different answers that a test of theirs calls equal on purpose, for an option we do not have
+    # or a reading of theirs:
+    ("$f(y)$", "$f(x)$"): "f(y) is not f(x) (math-verify: strict=False ignores variable names)",
+    ("${1,3}$", "$(1,3)$"): "the set {1, 3} is not the pair (1, 3)",
+    (
+        "$1 + \\frac{1}{\\mathrm{e}}$",
+        "$1 - \\frac{1}{\\mathrm{e}}$",
+    ): "1 + 1/e is not 1 - 1/e (their test pins their parse of \\mathrm{e} as a name)",
 }
 
 
