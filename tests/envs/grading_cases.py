@@ -483,4 +483,62 @@ CASES: list[tuple[str, str, bool, str]] = [
         True,
         "extraction",
     ),
+    (
+        r"\begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}",
+        r"When multiplying by identity: $\begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix} \begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}$",
+        True,
+        "matrix",
+    ),
+    (
+        r"\begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}",
+        r"$\boxed{\begin{pmatrix}1 & 2 \\ 0 & 1\end{pmatrix} \begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}}$",
+        False,
+        "matrix",
+    ),
+    (
+        r"\begin{pmatrix}2 & 1 \\ 4 & 3\end{pmatrix}",
+        r"$\boxed{\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix} \cdot \begin{pmatrix}0 & 1 \\ 1 & 0\end{pmatrix}}$",
+        True,
+        "matrix",
+    ),
+    (
+        r"F_n = \sum_{k=0}^{n-1} F_k F_{n-k-1}",
+        r"$F_n = \sum_{k=0}^{n-1} F_{n-k-1} F_k$",
+        True,
+        "expression",
+    ),
+    (
+        r"F_n = \sum_{k=0}^{n-1} F_k F_{n-k-1}",
+        r"$F_n = \sum_{k=0}^{n-2} F_k F_{n-k-2}$",
+        False,
+        "expression",
+    ),
+    (r"$$0.06 \text{ yuan}$$", r"$$\boxed{0.06 \text{ yuan}}$$", True, "units"),
+    (r"$$0.06 \text{ yuan}$$", r"$$\boxed{0.6 \text{ yuan}}$$", False, "units"),
+    (r"(3, 3), (1, 1)", r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", True, "set"),
+    (r"(3, 3), (1, 1)", r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 2)}$$", False, "set"),
+    ("A", "A. Because B is not valid", True, "choice"),
+    ("B", "A. Because B is not valid", False, "choice"),
+    ("B", "Because B is valid", True, "choice"),
+    ("B", "Because B is not valid", False, "choice"),
+    (
+        "(7,6)",
+        r"$y = 8.8 - 2.8 = 6$ So, the ordered pair $(x, y)$ that solves the system is $(7, 6)$. <|im_start|>user",
+        True,
+        "extraction",
+    ),
+    (
+        "14916",
+        r"So $N = 14 {, }916$. Final Answer: The final answer is $14 {, }916$. I hope it is correct. Note: The "
+        r"solution provided assumes that $A$ and $B$ are digits that are nonzero.",
+        True,
+        "extraction",
+    ),
+    (
+        "100\\%",
+        r"Now suppose the error in the momentum is halved. Dividing, we get: $$\frac{\Delta x'}{\Delta x} \geq "
+        r"\frac{2}{1}.$$ Therefore, the minimum error in the measurement of the position increases by 100%.",
+        True,
+        "extraction",
+    ),
 ]
