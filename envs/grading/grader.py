@@ -55,6 +55,15 @@ The builtin stages:
    thread, even inside C code; a timed-out call counts as "not equal" and as a timeout in
    `Grader.stats` and in `GradeResult.timed_out`.
 
+Steps 0-2 run in the caller's process (the trainer's main process), outside the worker's kill
+bound, so they are bounded by construction: no pattern they run on model text has nested or
+adjacent quantifiers that can match the same characters (each text has one way to match, or a
+lookbehind lets a search start once per run of spaces), scans have length caps (answers over
+`MAX_ANSWER_CHARS` compare as text, labels over 80 characters are no labels, an answer line is
+read up to 2000 characters, prose from the last 4000), and the comparison as a whole has a budget
+(`IN_PROCESS_BUDGET_S`): past it, what is undecided goes to the worker, or counts as not equal
+(stage "budget") where the worker may not run. A slow answer is never accepted for being slow.
+
 The decimal rule (`envs.grading.numbers.numbers_equal`): two exact forms compare exactly. Two decimals
 are equal when their values are ("1.60" = "1.6"), or, by default, when the prediction states more
 digits and rounds to a gold of two or more decimals (a gold rounded to "27.39" accepts
@@ -121,7 +130,7 @@ class GradeResult:
     pred: str | None
     timed_out: bool
     seconds: float
-    stage: str  # the stage that decided: fast | cache | symbolic | math_verify | timeout | none
+    stage: str  # the stage that decided: fast | cache | symbolic | math_verify | timeout | budget | none
 
 
 def answers_equivalent(pred: str, gold: str, *, timeout_s: float | None = None) -> bool:
