@@ -57,21 +57,24 @@ def test_labels_are_read_as_before():
 
 _PIECES = st.sampled_from(
     ["a", "x", "Z", "1", "9", " ", "\n", "{", "}", "=", "\\", "\\\\", "_", "^", "$", "(", ")", ",", ".", "'"]
-    + ["\\boxed{", "\\frac{", "\\text{", "The answer is ", "answer:", "####", "I hope it is correct", "%", "and "]
+    + ["ab ", "a_1", "1,", "= ", "\\{", "%", "and ", "\\boxed{", "\\frac{", "\\text{"]
 )
+_HEADS = st.sampled_from(["", "\\boxed{", "The answer is ", "Final Answer: ", "answer:", "#### ", "$", "x = "])
+_TAILS = st.sampled_from(["", "}", "1 = 19}", " = 19", "I hope it is correct", "!", "$", ".", " m", "?"])
 
 
 @st.composite
 def adversarial(draw) -> str:
-    """Long runs of a few pieces (letters, digits, spaces, braces, '=', backslashes, anchors)."""
-    parts = draw(st.lists(st.tuples(_PIECES, st.integers(1, 4000)), min_size=1, max_size=6))
-    text = "".join(piece * (n // len(piece) or 1) for piece, n in parts)
+    """An answer anchor or a box, long runs of a few pieces (letters, digits, spaces, braces, '=',
+    backslashes), and an ending that makes a pattern fail late: where backtracking shows."""
+    runs = draw(st.lists(st.tuples(_PIECES, st.sampled_from([1, 40, 400, 4000, 20000])), min_size=1, max_size=3))
+    text = draw(_HEADS) + "".join(piece * max(1, n // len(piece)) for piece, n in runs) + draw(_TAILS)
     return text[:20000]
 
 
 @settings(
     max_examples=100,
-    deadline=None,  # timed below, per call, so that one slow example names its call
+    deadline=4 * BOUND_S * 1000,  # ms per example (4 calls); each call is also timed below, to name it
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(text=adversarial(), other=st.sampled_from(["19", "x = 3", "\\frac{1}{2}", "(1, 2)", "A"]))
