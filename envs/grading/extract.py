@@ -51,7 +51,7 @@ from envs.grading.extract_prose import (
 )
 from envs.grading.units import unit_after
 
-__all__ = ["boxed_set", "boxed_values", "extract_answer", "option_in_prose"]
+__all__ = ["boxed_set", "boxed_values", "extract_answer", "has_answer_line", "option_in_prose"]
 
 # A box, also damaged the ways a reader still sees one: "\\beginboxed{42}", "boxed {77}" (no
 # backslash, before a brace), a box glyph or \\Box before a brace ("□{15}").
@@ -251,6 +251,11 @@ def _from_final_line(text: str) -> str | None:
             unit = unit_after(after) if not numbers[0].group("unit") and after[:1].isspace() else None
             return f"{number_text(numbers[0])} {unit}" if unit else number_text(numbers[0])
     return ans or None
+
+
+def has_answer_line(text: str) -> bool:
+    """Whether `text` has a final-answer line ("The final answer is", "Answer:", ...)."""
+    return _FINAL_RE.search(text) is not None
 
 
 def _option_stated_correct(text: str) -> str | None:

@@ -103,7 +103,7 @@ from envs.grading.equivalence import (
     normalize_answer,
     solution_count,
 )
-from envs.grading.extract import boxed_set, boxed_values, extract_answer, option_in_prose
+from envs.grading.extract import boxed_set, boxed_values, extract_answer, has_answer_line, option_in_prose
 from envs.grading.forms import percent_rate_equal
 from envs.grading.protocol import GradingContext, GradingMethod, Verdict
 from envs.grading.units import compare_quantities
@@ -327,7 +327,7 @@ def gold_answer(gold: str) -> str:
     if "\\boxed" in gold or "\\fbox" in gold:
         joined = boxed_set(gold, len(boxed_values(gold)))  # (None when words take a box back: "no no")
         return joined or extract_answer(gold) or gold
-    if len(gold) > MAX_GOLD_CHARS:
+    if len(gold) > MAX_GOLD_CHARS and has_answer_line(gold):  # (a long formula stays whole)
         return extract_answer(gold) or gold
     return gold
 
