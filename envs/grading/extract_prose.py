@@ -198,8 +198,9 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
 # is 2/3."): the sentence starts at the conclusion word.
 _RUN_ON_RE = re.compile(r"(?<=[\w)$])[ \t]+(?=(?:Therefore|Thus|Hence|So|Finally)\b)")
 # A number the sentence takes back ("the number is not 10 which is 1,000.99", "it's not 10 it's
-# 12"): it is not the answer, and its "not" does not negate what follows.
-_NEGATED_NUMBER_RE = re.compile(r"\bnot\b[^\d\n]{0,12}?[-+]?\d[\d,]*(?:\.\d+)?")
+# 12"): it is not the answer, and its "not" does not negate what follows; unless a connector
+# joins more to it ("x is not 2 or 3" negates both).
+_NEGATED_NUMBER_RE = re.compile(r"\bnot\b[^\d\n]{0,12}?[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?(?![\d.,])(?!\s*(?:or|and|nor)\b)")
 # Between two numbers: the second restates the first ("5 + 5 = 10", "10 which is 1,000.99").
 _RESTATED_RE = re.compile(r"\s*(?:=|which\s+is|that\s+is|i\.e\.,?|it'?s)\s*")
 

@@ -474,6 +474,9 @@ CASES: list[tuple[str, str, bool, str]] = [
     ("1000.99", "so the number is 10 which is 1,000.99m²", True, "extraction"),
     ("1000.99", "not it's not 10 it's 1,000.99m²", True, "extraction"),
     ("10", "The answer is not 10.", False, "extraction"),
+    ("3", "Therefore, x is not 2 or 3.", False, "extraction"),
+    ("3", "Therefore, x is not 2, 3.", False, "extraction"),
+    ("3", "Thus it is not 2 but 3.", True, "extraction"),
     (  # a gold that is a worked solution: its final answer is the gold
         "The overall percent loss in value is $100 \\% - 72 \\%=28 \\%$. Final Answer: The final answer is $28 \\%$. "
         "I hope it is correct. Note: The solution provided is incorrect. The correct approach is as follows: "
