@@ -369,6 +369,29 @@ def check_sync_dir(sglang: Any) -> None:
         ) from None
 
 
+def gpu_recipe_without_gpu(cfg: Any) -> str | None:
+    """The warning for a training config made for GPUs (a bf16 learner, SGLang rollouts, an HF
+    backend on cuda: the 7B recipes) started where no CUDA device is visible: it would start and
+    run its learner on the CPU, hours per step, without a word. None when nothing is amiss. torch
+    is imported only for such a config (it loads in seconds; a CPU config is not made to wait)."""
+    wants = [f"learner.dtype={cfg.learner.dtype}"] if cfg.learner.dtype == "bf16" else []
+    if cfg.trainer.backend == "sglang":
+        wants.append("trainer.backend=sglang")
+    if str(cfg.rollout.hf.device).startswith("cuda"):
+        wants.append(f"rollout.hf.device={cfg.rollout.hf.device}")
+    if not wants:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"this config is made for GPUs ({', '.join(wants)}) but no CUDA device is visible here: the learner "
+        "runs on the CPU, hours per step for a 7B model. Run it on a GPU node (check CUDA_VISIBLE_DEVICES "
+        "and `stare-env`), or on a CPU start from configs/tiny_cpu.yaml or configs/smollm2_cpu.yaml"
+    )
+
+
 # Optional mirrors of metrics.jsonl: (config key, module to import, package to install).
 _TRACKERS = (("trainer.tensorboard", "tensorboard", "tensorboard"), ("trainer.wandb_project", "wandb", "wandb"))
 

@@ -347,3 +347,37 @@ def test_a_hub_model_id_that_does_not_exist_is_one_line_before_anything_loads(tm
     )
     assert_one_line(proc, "data.train='hf:org/nodata:train': no such dataset on the Hugging Face hub")
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_gpu_recipe_on_a_machine_without_gpus_says_so_at_start(monkeypatch):
+    """configs/retool_qwen2.5_7b_*.yaml (bf16 learner, SGLang rollouts) started where no CUDA
+    device is visible: one warning line naming why it is a GPU recipe and what to run instead.
+    Where a GPU is visible, and for the CPU configs, nothing."""
+    import torch
+    from loguru import logger
+
+    from stare_tir.app import pipeline
+    from stare_tir.app.preflight import gpu_recipe_without_gpu
+    from stare_tir.config import load_config
+    from stare_tir.train_config import TrainConfig
+
+    gpu = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_stare.yaml", ["model.path=tiny"])
+    cpu = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said = gpu_recipe_without_gpu(gpu)
+    assert said is not None and "\n" not in said
+    assert "(learner.dtype=bf16, trainer.backend=sglang)" in said and "configs/tiny_cpu.yaml" in said
+    assert gpu_recipe_without_gpu(cpu) is None
+    for name in ("check_model", "check_trackers", "check_backend", "check_sandbox", "check_sft_traces", "check_data"):
+        monkeypatch.setattr(pipeline, name, lambda *a: None)  # only the warning is under test
+    monkeypatch.setattr(pipeline, "check_sync_dir", lambda *a: None)
+    monkeypatch.setattr(pipeline, "check_router", lambda *a: None)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING", format="{message}")
+    try:
+        assert pipeline.preflight_problems(gpu) == []
+    finally:
+        logger.remove(sink)
+    assert [line for line in lines if "made for GPUs" in line] == [said + "\n"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert gpu_recipe_without_gpu(gpu) is None
