@@ -304,11 +304,12 @@ def check_sglang_health(
     start = time.monotonic()
     deadline = start + startup_timeout_s if deadline is None else deadline
     next_log = start + STARTUP_POLL_S  # quiet unless it has to wait
+    says = int(os.environ.get("RANK", "0")) == 0  # every rank waits; rank 0 tells
     while True:
         state, said = _ask_server(url, max(1.0, min(timeout_s, deadline - time.monotonic())))
         waited = time.monotonic() - start
         if state == "ready":
-            if waited >= STARTUP_POLL_S:
+            if waited >= STARTUP_POLL_S and says:
                 logger.info(f"SGLang server {key}={url} is ready after {waited:.0f} s")
             return
         if state == "other":
@@ -326,7 +327,7 @@ def check_sglang_health(
                 "(`python -m sglang.launch_server --model-path MODEL --port PORT`), fix the URL, or "
                 "raise rollout.sglang.startup_timeout_s for a model that loads longer"
             )
-        if time.monotonic() >= next_log:
+        if time.monotonic() >= next_log and says:
             logger.info(
                 f"waiting for the SGLang server {key}={url} ({said}); {waited:.0f} s of "
                 f"rollout.sglang.startup_timeout_s={startup_timeout_s:g}"
