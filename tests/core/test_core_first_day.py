@@ -258,7 +258,7 @@ def test_rl_from_a_hub_model_with_sft_off_says_so(monkeypatch):
     from stare_tir.config import load_config
     from stare_tir.train_config import TrainConfig
 
-    for name in ("check_model", "check_trackers", "check_backend", "check_sandbox", "check_sft_traces", "check_data"):
+    for name in ("check_model", "check_trackers", "check_backend", "check_sandbox", "check_sft_traces", "check_data", "gpu_recipe_without_gpu"):  # fmt: skip
         monkeypatch.setattr(pipeline, name, lambda *a: None)  # no hub, no servers: only the warning is under test
     monkeypatch.setattr(pipeline, "check_sync_dir", lambda *a: None)
     monkeypatch.setattr(pipeline, "check_router", lambda *a: None)
