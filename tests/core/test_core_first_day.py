@@ -149,9 +149,9 @@ def test_auto_accumulation_follows_an_override_of_the_stage():
 
 
 def readme_one_gpu_commands() -> list[list[str]]:
-    """The stare-sft and stare-train commands of the README's one-GPU section, as argument lists."""
+    """The stare-sft and stare-train commands of the README's one-GPU quick start, as argument lists."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## One GPU: a small public model") :]
+    section = text[text.index("### One GPU") :]
     block = section[section.index("```bash") + len("```bash") : section.index("```\n", section.index("```bash") + 7)]
     commands = [shlex.split(c.replace("\\\n", " ")) for c in re.split(r"\n(?=\S)", block.strip())]
     return [c for c in commands if c and c[0] in ("stare-sft", "stare-train")]
