@@ -67,9 +67,9 @@ class RetoolConfig:
     # Prompt preset: "retool" (full instructions, for real models) or "short" (a one-line system
     # prompt, for the tiny CPU model whose context is a few hundred tokens).
     prompt: Literal["retool", "short"] = "retool"
-    # How a tool call is written and answered (`envs.tool_formats.TOOL_FORMATS`): "retool" = the
-    # <code>/<interpreter> text tags; "hermes" = native tool calling, <tool_call> JSON and `tool`
-    # messages rendered by the model's chat template (needs a template that can call tools).
+    # How a tool call is written and answered (`envs.tool_formats.TOOL_FORMATS`, docs/tool-formats.md):
+    # "retool" = the `<code>`/`<interpreter>` text tags; "hermes" = native tool calling, `<tool_call>`
+    # JSON and `tool` messages rendered by the model's chat template (which must be able to call tools).
     tool_format: str = field(default="retool", metadata={"choices": TOOL_FORMATS.names})
     # Replaces the preset's system prompt when set.
     system_prompt: str | None = None

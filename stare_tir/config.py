@@ -360,8 +360,11 @@ def save_config(cfg: Any, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    tmp.replace(path)
+    try:
+        tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves nothing behind
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -95,7 +95,10 @@ class MetricsLog:
                 import wandb
             except ImportError as e:
                 raise ImportError(f"trainer.wandb_project: {e}; pip install 'stare-tir[tracking]'") from None
-            self._wandb = wandb.init(project=wandb_project, name=run_name, config=config, id=wandb_id, resume="allow")
+            # dir: W&B's files (wandb/) go into the run directory, not the current one
+            self._wandb = wandb.init(
+                project=wandb_project, name=run_name, config=config, id=wandb_id, resume="allow", dir=str(run_dir)
+            )
 
     def truncate_after(self, step: int) -> None:
         """Drop rows with step > `step` (written after the checkpoint a resumed run starts from)."""

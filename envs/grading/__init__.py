@@ -6,9 +6,11 @@
     extract_answer(response) -> str | None                  # which part of a response is its answer
     answers_equivalent(pred, gold) -> bool                  # compare two extracted answers
     GRADERS                                                 # the registry of graders (env.grader)
+    GradingMethod, GradingContext, Verdict                  # a grader, what it may use, what it returns
 
 The modules, by concept (the stages and their rules are documented in `grader`):
 - `grader`: the graders (builtin, boxed, math_verify), the result cache, the bounded worker process;
+- `protocol`: the graders' seam (`GradingMethod`, the public `GradingContext` it sees, `Verdict`);
 - `extract`, `extract_prose`: where a response states its final answer;
 - `normalize`, `numbers`, `units`, `forms`, `commutative`, `structure`, `equivalence`: the
   in-process comparison (LaTeX text, exact numbers and the decimal rule, quantities with units,
@@ -22,11 +24,15 @@ The modules, by concept (the stages and their rules are documented in `grader`):
 from envs.grading.equivalence import normalize_answer, parse_number
 from envs.grading.extract import extract_answer
 from envs.grading.grader import GRADERS, Grader, GradeResult, answers_equivalent, get_grader, grade_answer
+from envs.grading.protocol import GradingContext, GradingMethod, Verdict
 
 __all__ = [
     "GRADERS",
     "GradeResult",
     "Grader",
+    "GradingContext",
+    "GradingMethod",
+    "Verdict",
     "answers_equivalent",
     "extract_answer",
     "get_grader",

@@ -7,8 +7,9 @@ is split into terms (at + and - outside brackets) and each term into factors, an
 equal when they have the same terms with the same factors, in any order. Only what surely
 commutes is reordered: lowercase letters and Greek letters with their subscripts and exponents,
 a leading number, and parenthesized groups (themselves compared the same way). Anything else
-(a capital letter, which may name a matrix; a function such as \\sin, whose argument is the
-factor after it; a fraction) leaves the pair to the other stages. A sum or product sign
+(a capital letter, which may name a matrix, unless a lowercase index makes it a term of a
+sequence, F_k or F_{n-k-1}; a function such as \\sin, whose argument is the factor after it; a
+fraction) leaves the pair to the other stages. A sum or product sign
 (`\\sum_{k=0}^{n}`, `\\prod_{i=1}^{m}`) may open a single term; its bounds are compared as text.
 This rule only ever says "equal": a pair it cannot read is decided elsewhere.
 """
@@ -24,7 +25,10 @@ _GREEK = (
     "rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega"
 )
 _SCRIPT = r"(?:\{[^{}]*\}|[a-zA-Z0-9])"
-_ATOM_RE = re.compile(rf"(?:[a-z]|\\(?:{_GREEK})(?![a-zA-Z]))(?:[_^]{_SCRIPT}){{0,2}}'*")
+_ATOM_RE = re.compile(
+    rf"(?:[a-z]|\\(?:{_GREEK})(?![a-zA-Z]))(?:[_^]{_SCRIPT}){{0,2}}'*"
+    rf"|[A-Z]_(?:\{{[^{{}}]*[a-z][^{{}}]*\}}|[a-z])(?:\^{_SCRIPT})?'*"  # a term of a sequence: F_k, F_{{n-k-1}}
+)
 _NUMBER_RE = re.compile(r"\d+(?:\.\d+)?")
 _OPERATOR_RE = re.compile(rf"\\(?:sum|prod)(?![a-zA-Z])(?:[_^]{_SCRIPT}){{0,2}}")
 _TIMES_RE = re.compile(r"\\(?:cdot|times)(?![a-zA-Z])|\*")

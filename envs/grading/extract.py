@@ -40,10 +40,18 @@ from __future__ import annotations
 
 import re
 
-from envs.grading.extract_prose import answer_in_prose, glued_number, join_spans, math_spans
+from envs.grading.extract_prose import (
+    MINERVA_CLOSE_RE,
+    answer_in_prose,
+    glued_number,
+    join_spans,
+    math_spans,
+    number_text,
+    prose_numbers,
+)
 from envs.grading.units import unit_after
 
-__all__ = ["boxed_set", "extract_answer", "option_in_prose"]
+__all__ = ["boxed_set", "boxed_values", "extract_answer", "has_answer_line", "option_in_prose"]
 
 # A box, also damaged the ways a reader still sees one: "\\beginboxed{42}", "boxed {77}" (no
 # backslash, before a brace), a box glyph or \\Box before a brace ("□{15}").
@@ -89,6 +97,11 @@ def _find_boxed(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
+def boxed_values(text: str) -> list[str]:
+    """The contents of every box in `text`, in order ("\\boxed{1} papers and \\boxed{2} bins" -> 1, 2)."""
+    return [b[2].strip() for b in _find_boxed(text)]
+
+
 # What may stand between two boxes of one multi-part answer (a label "x =" included:
 # "x = \\boxed{-2} \\text{ or } x = \\boxed{3}").
 _BOX_JOIN_RE = re.compile(
@@ -97,13 +110,17 @@ _BOX_JOIN_RE = re.compile(
 )
 
 
+_MAX_JOIN_CHARS = 200  # longer text between two boxes is prose: they are two answers
+
+
 def _last_boxed(text: str) -> str | None:
     boxes = _find_boxed(text)
     if not boxes:
         return None
     parts = [boxes[-1]]
     for b in reversed(boxes[:-1]):
-        if _BOX_JOIN_RE.fullmatch(text[b[1] : parts[0][0]]):
+        gap = text[b[1] : parts[0][0]]
+        if len(gap) <= _MAX_JOIN_CHARS and _BOX_JOIN_RE.fullmatch(gap):
             parts.insert(0, b)
         else:
             break
@@ -112,15 +129,18 @@ def _last_boxed(text: str) -> str | None:
 
 # Where an answer line starts ("The final answer is", "Answer:", "the answers are", "the correct
 # option is", "答案：", "故选", GSM8K's "####"); group 1 is the rest of the text.
+# (No two adjacent quantifiers may match the same text: "answer is" then a long run of spaces
+# would be tried in cubic many ways. The colons and spaces after an anchor are one class.)
 _FINAL_RE = re.compile(
-    r"(?:\banswers?\s*(?:is|are|was|would\s+be|should\s+be|will\s+be)?\s*[:：=]"
-    r"|\banswers?\s+(?:is|are|was|would\s+be|should\s+be|will\s+be)\b\s*:?"
-    r"|final\s+answer\s*\*\*\s*:?\s*(?=\n)|(?:^|\n)\s*\**answer\b\**\s*:?"
-    r"|\b(?:option|choice)\s+(?:is|would\s+be)\b\s*:?"
-    r"|答案\s*(?:是|为|為|应为|應為)?\s*[:：]?|(?:故|所以|因此|应|應)选\s*[:：]?"
-    r"|(?:^|\n)[ \t]*####)\s*[:：]?\s*(\S.*)",
+    r"(?:\banswers?(?:\s*(?:is|are|was|would\s+be|should\s+be|will\s+be))?\s*[:：=]"
+    r"|\banswers?\s+(?:is|are|was|would\s+be|should\s+be|will\s+be)\b"
+    r"|final\s+answer\s*\*\*[ \t]*:?(?=[ \t]*\n)|(?:^|\n)[ \t]*\**answer\b\**"
+    r"|\b(?:option|choice)\s+(?:is|would\s+be)\b"
+    r"|答案(?:\s*(?:是|为|為|应为|應為))?|(?:故|所以|因此|应|應)选"
+    r"|(?:^|\n)[ \t]*####)[\s:：]*(\S.*)",
     re.IGNORECASE,
 )
+_FINAL_ANSWER_RE = re.compile(r"\bfinal\s+answer\b", re.IGNORECASE)
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
 _MATH_WORDS = {
@@ -153,11 +173,12 @@ _ANCHOR_HEDGE_RE = re.compile(
 )
 # "option E is correct", "(C) is the right one": an option letter stated correct.
 _OPTION_CORRECT_RE = re.compile(
-    r"(?:\b(?i:option|choice)\s+)?(?<![\w(])\(?([A-E])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b"
+    r"(?:\b(?i:option|choice)\s+)?(?<![\w(])\(?([A-E])\)?\s+is\s+(?:the\s+)?(?i:correct|right|valid)\b"
 )
+# A response that opens with an option letter ("A. Because B is not valid", "(C) since ...").
+_LEADING_OPTION_RE = re.compile(r"\s*\(?([A-E])(?:\)|\.|:)(?:\s|$)")
 _NEGATION_RE = re.compile(r"\bnot\b|n't\b|\bnever\b|\bno\s+longer\b", re.IGNORECASE)
-_NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*%?)\s+[A-Za-z][A-Za-z' -]*")
-_MINERVA_CLOSE_RE = re.compile(r"\s*\.?\s*I\s+hope\s+it\s+is\s+correct\W*$", re.IGNORECASE)
+_NUMBER_THEN_WORDS_RE = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*%)?)\s+[A-Za-z][A-Za-z' -]*")
 _SENTENCE_CUT_RE = re.compile(r"(?<!\d)\.(?:\s|$)|\.\s|[。；]")
 
 
@@ -167,20 +188,26 @@ def _first_span_run(sentence: str) -> str | None:
     return join_spans(spans, sentence, forward=True) if spans else None
 
 
+_MAX_LINE_CHARS = 2000  # an answer line is read up to here (no answer is longer; bounded work on junk)
+
+
 def _from_final_line(text: str) -> str | None:
     matches = list(_FINAL_RE.finditer(text))
     if not matches:
         return None
     anchor = matches[-1]
     sentence_start = max(text.rfind(c, 0, anchor.start()) for c in ".!?\n。") + 1
-    if _ANCHOR_HEDGE_RE.search(text[sentence_start : anchor.end(1)].split("\n")[0]):
+    # The sentence of the anchor and its value: a doubt there takes the answer back, not one in a
+    # later sentence of the same line ("... is $14{,}916$. I hope it is correct. Note: ... assumes").
+    value_sentence = re.split(r"(?<=[.!?])\s", text[anchor.start(1) : anchor.end(1)], maxsplit=1)[0]
+    if _ANCHOR_HEDGE_RE.search((text[sentence_start : anchor.start(1)] + value_sentence).split("\n")[0]):
         return None
     tail = text[anchor.start(1) :]
     display = _DISPLAY_RE.match(tail)
     if display and display.group(2).strip():  # "\[\n9\n\]": display math over several lines
         return display.group(2).strip()
-    rest = tail.split("\n")[0].strip()
-    rest = _MINERVA_CLOSE_RE.sub("", rest)  # "... is $12$. I hope it is correct." (also glued: "4.I hope")
+    rest = tail.split("\n", 1)[0][:_MAX_LINE_CHARS].strip()
+    rest = MINERVA_CLOSE_RE.sub("", rest)  # "... is $12$. I hope it is correct." (also glued: "4.I hope")
     boxed = _last_boxed(rest)
     if boxed is not None:
         return boxed
@@ -217,7 +244,18 @@ def _from_final_line(text: str) -> str | None:
     if math is None and words:  # "12 apples": the number; "5 miles": the number and its unit
         unit = unit_after(ans[words.end(1) :])
         ans = f"{words.group(1).strip()} {unit}" if unit else words.group(1)
+    elif math is None and len(ans.split()) > 2:  # "Jane started growing it 3 hours ago": its one number
+        numbers = prose_numbers(ans)
+        if len(numbers) == 1 and len(re.findall(r"\d", ans)) == len(re.findall(r"\d", numbers[0].group(0))):
+            after = ans[numbers[0].end() :]
+            unit = unit_after(after) if not numbers[0].group("unit") and after[:1].isspace() else None
+            return f"{number_text(numbers[0])} {unit}" if unit else number_text(numbers[0])
     return ans or None
+
+
+def has_answer_line(text: str) -> bool:
+    """Whether `text` has a final-answer line ("The final answer is", "Answer:", ...)."""
+    return _FINAL_RE.search(text) is not None
 
 
 def _option_stated_correct(text: str) -> str | None:
@@ -262,7 +300,8 @@ def _strip_template(response: str) -> str:
 
 
 _LAST_LINE_NUMBER_RE = re.compile(
-    r"[*$\s]*(?:\\\(|\\\[)?\s*([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|[-+]?\\[dt]?frac\{\d+\}\{\d+\})\s*(?:\\\)|\\\])?[*$\s]*"
+    r"[*$\s]*(?:(?:\\\(|\\\[)\s*)?([-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|[-+]?\\[dt]?frac\{\d+\}\{\d+\})"
+    r"(?:\s*(?:\\\)|\\\]))?[*$\s]*"
 )
 
 
@@ -279,7 +318,7 @@ def _last_line_number(text: str) -> str | None:
 
 # An option letter stated in prose: "I think it's B", "so I'd go with B", "I choose (D)".
 _OPTION_IN_PROSE_RE = re.compile(
-    r"\b(?:it'?s|it\s+is|is|go(?:ing)?\s+with|choose|chose|pick|select|option|choice|answer)\s*:?\s*"
+    r"\b(?:it'?s|it\s+is|is|go(?:ing)?\s+with|choose|chose|pick|select|option|choice|answer)(?:\s*:)?\s*"
     r"(?:\*\*)?\(?([A-E])\)?(?:\*\*)?(?=[\s.,!;:]|$)"
 )
 
@@ -295,7 +334,8 @@ def option_in_prose(response: str) -> str | None:
     tail = text[-2000:]
     matches = list(_OPTION_IN_PROSE_RE.finditer(tail))
     if not matches:
-        return None
+        leading = _LEADING_OPTION_RE.match(text)  # "A. Because B is not valid": the letter it opens with
+        return leading.group(1) if leading and not _MORE_OPTIONS_RE.match(text[leading.end() - 1 :]) else None
     m = matches[-1]
     sentence_start = max(tail.rfind(c, 0, m.start()) for c in ".!?\n。") + 1
     before = tail[sentence_start : m.start()]
@@ -317,6 +357,13 @@ def _extract_in(text: str, boxed_only: bool) -> str | None:
         line = _from_final_line(block)
         return line if line is not None else block.strip()
     boxed = _last_boxed(text)
+    if boxed is not None and not boxed_only:
+        # A final-answer line after the last box states the answer the box worked towards
+        # ("... = \\boxed{255}. So she has $10,455. The final answer is $10,455$.").
+        after = text[_find_boxed(text)[-1][1] :]
+        line = _from_final_line(after) if _FINAL_ANSWER_RE.search(after) else None
+        if line is not None and re.search(r"\d", line):
+            return line
     if boxed is not None or boxed_only:
         return boxed
     line = _from_final_line(text)
@@ -362,6 +409,10 @@ _CORRECTION_RE = re.compile(
 )
 
 
+def _one_tuple(value: str) -> bool:
+    return value[:1] == "(" and value[-1:] == ")" and value.count("(") == 1 and value.count(")") == 1
+
+
 def boxed_set(response: str, n: int) -> str | None:
     """The last `n` boxes of a response as one answer ("The first root is \\boxed{-1}. The second
     root is \\boxed{3}." -> "-1, 3"), for a gold that is a set of `n` solutions: each box one
@@ -377,8 +428,8 @@ def boxed_set(response: str, n: int) -> str | None:
     if len(boxes) < n:
         return None
     values = [b[2].strip() for b in boxes]
-    if len(set(values)) < n or any("," in v or ";" in v or not v for v in values):
-        return None
+    if len(set(values)) < n or any(("," in v or ";" in v) and not _one_tuple(v) or not v for v in values):
+        return None  # (a box that lists several values is no one value; a tuple "(3, 3)" is one)
     for a, b in zip(boxes, boxes[1:]):
         between = text[a[1] : b[0]]
         if len(between) > 200 or _CORRECTION_RE.search(between) or _ANCHOR_HEDGE_RE.search(between):

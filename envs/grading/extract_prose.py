@@ -29,7 +29,7 @@ import re
 
 from envs.grading.units import UNIT_SYMBOL_RE, unit_after
 
-__all__ = ["answer_in_prose", "glued_number", "join_spans", "math_spans"]
+__all__ = ["answer_in_prose", "glued_number", "join_spans", "math_spans", "number_text", "prose_numbers"]
 
 # Math delimiters; `\$` (an escaped dollar, a currency sign inside math) never opens or closes.
 # Each delimiter pair as an alternative; lengths are bounded, so an unclosed delimiter scans a
@@ -94,6 +94,11 @@ def number_text(m: re.Match) -> str:
     return f"{num} {m.group('unit')}" if m.group("unit") else num
 
 
+def prose_numbers(text: str) -> list[re.Match]:
+    """The plain numbers of a sentence (`_NUMBER_RE`: times, fractions, decimals, percentages)."""
+    return list(_NUMBER_RE.finditer(text))
+
+
 def glued_number(text: str) -> str | None:
     """ "7.2m/s" -> "7.2 m/s", "2,500.75€" -> "2,500.75": a number with a glued unit or currency
     (text outside math, where a letter after a number is a unit); None for anything else."""
@@ -101,6 +106,8 @@ def glued_number(text: str) -> str | None:
     return number_text(m) if m else None
 
 
+# Minerva's closing sentence (starts only where a run of spaces and dots starts: one try per run).
+MINERVA_CLOSE_RE = re.compile(r"(?<![\s.])[\s.]*I\s+hope\s+it\s+is\s+correct\W*$", re.IGNORECASE)
 _SENTENCE_END_RE = re.compile(r"(?<!\d)\.(?=\s|$)|[.!?。！？](?=\s)|[!?。！？]$|\n\s*\n|\n")
 _CONNECTOR_RE = re.compile(r"(?:\s|,|;|\\(?:text|mbox)\{\s*(?:and|or)\s*\}|\band\b|\bor\b)*")
 _LONE_NAME_RE = re.compile(r"^\s*(?:\\(?!pi\b|infty\b)[a-zA-Z]+|[a-zA-Z]{1,3})(?:_\{?\w+\}?)?'*\s*$")
@@ -164,10 +171,15 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     masked = _mask(text, spans)
     last = spans[-1]
     begin, end, finished = _sentence_bounds(masked, last[0], last[1])
+    run_on = list(_RUN_ON_RE.finditer(masked, begin, last[0]))
+    if run_on:  # "$y = 6$ So, the pair is $(7, 6)$.": the conclusion starts at "So"
+        begin = run_on[-1].end()
     sentence = masked[begin:end]
     if "?" in sentence or _HEDGE_RE.search(sentence) or _TASK_RE.match(sentence):
         return None
     if not _states_nothing_more(text[end:]):
+        return None
+    if _RUN_ON_RE.search(masked, last[1], end):  # "$$...$$ Therefore, it increases by 100%.": concluded after
         return None
     if not finished and re.search(r"\w", text[last[1] :]):
         return None  # the sentence runs on to the end of the text unfinished (a truncated response)
@@ -182,18 +194,33 @@ def _from_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     return answer or None
 
 
-def _from_numbers(text: str) -> str | None:
+# A conclusion run on after a formula without a period ("P(A) = 2/3 Therefore, the probability
+# is 2/3."): the sentence starts at the conclusion word.
+_RUN_ON_RE = re.compile(r"(?<=[\w)$])[ \t]+(?=(?:Therefore|Thus|Hence|So|Finally)\b)")
+# A number the sentence takes back ("the number is not 10 which is 1,000.99", "it's not 10 it's
+# 12"): it is not the answer, and its "not" does not negate what follows; unless a connector
+# joins more to it ("x is not 2 or 3" negates both).
+_NEGATED_NUMBER_RE = re.compile(r"\bnot\b[^\d\n]{0,12}?[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?(?![\d.,])(?!\s*(?:or|and|nor)\b)")
+# Between two numbers: the second restates the first ("5 + 5 = 10", "10 which is 1,000.99").
+_RESTATED_RE = re.compile(r"\s*(?:=|which\s+is|that\s+is|i\.e\.,?|it'?s)\s*")
+
+
+def _from_numbers(text: str, *, concluded_only: bool = False) -> str | None:
     stripped = text.strip()
     ends = [m for m in _SENTENCE_END_RE.finditer(stripped) if m.end() < len(stripped)]
     last = stripped[ends[-1].end() :].strip() if ends else stripped
-    whole = not ends and len(stripped.split()) <= 30
+    run_on = list(_RUN_ON_RE.finditer(last))
+    if run_on:
+        last = last[run_on[-1].end() :]
+    whole = not ends and not run_on and len(stripped.split()) <= 30 and not concluded_only
     concluded = bool(_CONCLUSION_RE.match(last)) and stripped[-1] in ".!。"  # (not a truncated sentence)
+    last = _NEGATED_NUMBER_RE.sub(" ", last)
     if not (whole or concluded) or "?" in last or _HEDGE_RE.search(last) or _TASK_RE.match(last):
         return None
     numbers = list(_NUMBER_RE.finditer(last))
     if not numbers:
         return None
-    if len(numbers) > 1 and not re.fullmatch(r"\s*=\s*", last[numbers[-2].end() : numbers[-1].start()]):
+    if len(numbers) > 1 and not _RESTATED_RE.fullmatch(last[numbers[-2].end() : numbers[-1].start()]):
         return None  # several numbers, and the last one is not the result of "... = n"
     last_number = numbers[-1]
     text_after = last[last_number.end() :]
@@ -207,7 +234,11 @@ def answer_in_prose(text: str) -> str | None:
     if len(text) > _WINDOW_CHARS:
         text = text[-_WINDOW_CHARS:]  # the conclusion is at the end; bound the work on junk
     text = _CODE_RE.sub("\n<code>\n", text)  # code is no prose: what follows it is not concluded
+    text = MINERVA_CLOSE_RE.sub(".", text)  # "... 12 sequences. I hope it is correct." ends at "sequences."
     spans = math_spans(text)
     if spans:
-        return _from_spans(text, spans)
+        answer = _from_spans(text, spans)
+        # A concluding sentence after the last span, with a plain number ("Therefore, the error
+        # increases by 100%."), is the answer.
+        return answer if answer is not None else _from_numbers(text[spans[-1][1] :], concluded_only=True)
     return _from_numbers(text)

@@ -55,6 +55,15 @@ The builtin stages:
    thread, even inside C code; a timed-out call counts as "not equal" and as a timeout in
    `Grader.stats` and in `GradeResult.timed_out`.
 
+Steps 0-2 run in the caller's process (the trainer's main process), outside the worker's kill
+bound, so they are bounded by construction: no pattern they run on model text has nested or
+adjacent quantifiers that can match the same characters (each text has one way to match, or a
+lookbehind lets a search start once per run of spaces), scans have length caps (answers over
+`MAX_ANSWER_CHARS` compare as text, labels over 80 characters are no labels, an answer line is
+read up to 2000 characters, prose from the last 4000), and the comparison as a whole has a budget
+(`IN_PROCESS_BUDGET_S`): past it, what is undecided goes to the worker, or counts as not equal
+(stage "budget") where the worker may not run. A slow answer is never accepted for being slow.
+
 The decimal rule (`envs.grading.numbers.numbers_equal`): two exact forms compare exactly. Two decimals
 are equal when their values are ("1.60" = "1.6"), or, by default, when the prediction states more
 digits and rounds to a gold of two or more decimals (a gold rounded to "27.39" accepts
@@ -94,12 +103,23 @@ from envs.grading.equivalence import (
     normalize_answer,
     solution_count,
 )
-from envs.grading.extract import boxed_set, extract_answer, option_in_prose
+from envs.grading.extract import boxed_set, boxed_values, extract_answer, has_answer_line, option_in_prose
 from envs.grading.forms import percent_rate_equal
+from envs.grading.protocol import GradingContext, GradingMethod, Verdict
 from envs.grading.units import compare_quantities
 from registry import Registry
 
-__all__ = ["GRADERS", "GradeResult", "Grader", "answers_equivalent", "get_grader", "grade_answer"]
+__all__ = [
+    "GRADERS",
+    "GradeResult",
+    "Grader",
+    "GradingContext",
+    "GradingMethod",
+    "Verdict",
+    "answers_equivalent",
+    "get_grader",
+    "grade_answer",
+]
 
 
 @dataclass(frozen=True)
@@ -110,7 +130,7 @@ class GradeResult:
     pred: str | None
     timed_out: bool
     seconds: float
-    stage: str  # the stage that decided: fast | cache | symbolic | math_verify | timeout | none
+    stage: str  # the stage that decided: fast | cache | symbolic | math_verify | timeout | budget | none
 
 
 def answers_equivalent(pred: str, gold: str, *, timeout_s: float | None = None) -> bool:
@@ -121,9 +141,10 @@ def answers_equivalent(pred: str, gold: str, *, timeout_s: float | None = None) 
 # ----------------------------------------------------------------------------- the graders
 
 # env.grader: which grader scores rewards and evaluations (one setting for both). Each entry is
-# a class whose `check` grades a response and whose `equivalent` compares two extracted answers
-# (maj@N groups answers with it); both run on the `Grader` that holds the cache and the worker.
-GRADERS: Registry[type] = Registry("grader")
+# a `GradingMethod` (envs.grading.protocol): its `check` grades a response and its `equivalent`
+# compares two extracted answers (maj@N groups answers with it); both see the `Grader` that holds
+# the cache and the worker through its public `GradingContext` (compare, ask_worker).
+GRADERS: Registry[type[GradingMethod]] = Registry("grader")
 
 
 _OPTION_LETTER_RE = re.compile(r"\(?[A-E]\)?")
@@ -136,25 +157,25 @@ class BuiltinGrading:
     boxed_only = False
     needs: tuple[str, str] | None = None  # (module, pip requirement) this grader cannot run without
 
-    def check(self, grader: Grader, response: str, gold: str, timeout_s: float | None) -> tuple[bool, str, str | None]:
+    def check(self, ctx: GradingContext, response: str, gold: str, timeout_s: float | None) -> Verdict:
         pred = extract_answer(response, boxed_only=self.boxed_only)
         if pred is None and not self.boxed_only and _OPTION_LETTER_RE.fullmatch(gold.strip()):
             pred = option_in_prose(response)  # a letter gold: "I think it's B" states B
         if pred is None:
-            return False, "none", None
-        gold_ans = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else gold
-        verdict, stage = grader._equivalent(pred, gold_ans or gold, timeout_s)
-        if not verdict and stage != "timeout":
+            return Verdict(False, "none", None)
+        gold_ans = gold_answer(gold)
+        verdict, stage = ctx.compare(pred, gold_ans, timeout_s)
+        if not verdict and stage not in ("timeout", "budget"):
             # A gold set of n solutions, answered in n boxes that other text separates ("The
             # first root is \\boxed{-1}. The second root is \\boxed{3}."): the boxes are the set.
-            joined = boxed_set(response, solution_count(gold_ans or gold))
+            joined = boxed_set(response, solution_count(gold_ans))
             if joined is not None and joined != pred:
-                verdict, stage = grader._equivalent(joined, gold_ans or gold, timeout_s)
+                verdict, stage = ctx.compare(joined, gold_ans, timeout_s)
                 pred = joined if verdict else pred
-        return verdict, stage, pred
+        return Verdict(verdict, stage, pred)
 
-    def equivalent(self, grader: Grader, pred: str, gold: str, timeout_s: float | None) -> bool:
-        return grader._equivalent(pred, gold, timeout_s)[0]
+    def equivalent(self, ctx: GradingContext, pred: str, gold: str, timeout_s: float | None) -> bool:
+        return ctx.compare(pred, gold, timeout_s)[0]
 
 
 @GRADERS.register("math_verify")
@@ -163,12 +184,12 @@ class MathVerifyGrading:
 
     needs: tuple[str, str] | None = ("math_verify", "math-verify>=0.9,<0.10")
 
-    def check(self, grader: Grader, response: str, gold: str, timeout_s: float | None) -> tuple[bool, str, str | None]:
-        reply = grader._ask_worker({"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s)
-        return reply["equal"], reply["stage"], reply.get("pred")
+    def check(self, ctx: GradingContext, response: str, gold: str, timeout_s: float | None) -> Verdict:
+        reply = ctx.ask_worker({"mode": "math_verify", "response": response, "gold_raw": gold}, timeout_s)
+        return Verdict(reply["equal"], reply["stage"], reply.get("pred"))
 
-    def equivalent(self, grader: Grader, pred: str, gold: str, timeout_s: float | None) -> bool:
-        return grader._ask_worker({"mode": "math_verify_pair", "pred": pred, "gold_raw": gold}, timeout_s)["equal"]
+    def equivalent(self, ctx: GradingContext, pred: str, gold: str, timeout_s: float | None) -> bool:
+        return ctx.ask_worker({"mode": "math_verify_pair", "pred": pred, "gold_raw": gold}, timeout_s)["equal"]
 
 
 @GRADERS.register("boxed")
@@ -274,7 +295,41 @@ class _SymbolicWorker:
 # ----------------------------------------------------------------------------- grader
 
 MAX_WORKER_CHARS = 2000  # longer answer pairs are compared by the in-process stages only
-MAX_ANSWER_CHARS = 20000  # longer answer pairs are compared as whitespace-split text only
+MAX_ANSWER_CHARS = 4000  # longer answer pairs are compared as whitespace-split text only
+# The in-process comparison of one pair stops past this many seconds: what it has not decided by
+# then goes to the worker (killed past its own bound), or, where the worker may not run, counts as
+# not equal (stage "budget"). Every pattern it runs is linear or bounded by a length cap, so this
+# is a backstop, not the rule; a real answer takes well under a millisecond.
+IN_PROCESS_BUDGET_S = 0.25
+
+
+class OverBudget(NeedSymbolic):
+    """The in-process stage ran past `IN_PROCESS_BUDGET_S`: the worker decides, or nobody does."""
+
+
+def _within(eq, deadline: float):
+    """`eq` (a scalar or relation comparator) that raises OverBudget once `deadline` has passed."""
+
+    def call(*args):
+        if time.monotonic() > deadline:
+            raise OverBudget("in-process grading budget spent")
+        return eq(*args)
+
+    return call
+
+
+MAX_GOLD_CHARS = 300  # a longer gold is a worked solution (MATH's), not an answer: its answer is read
+
+
+def gold_answer(gold: str) -> str:
+    """The answer a gold states: all its boxes when it has several ("\\boxed{1} papers and
+    \\boxed{2} bins" -> "1, 2"), its box, the final answer of a worked solution, else the gold."""
+    if "\\boxed" in gold or "\\fbox" in gold:
+        joined = boxed_set(gold, len(boxed_values(gold)))  # (None when words take a box back: "no no")
+        return joined or extract_answer(gold) or gold
+    if len(gold) > MAX_GOLD_CHARS and has_answer_line(gold):  # (a long formula stays whole)
+        return extract_answer(gold) or gold
+    return gold
 
 
 class Grader:
@@ -302,7 +357,7 @@ class Grader:
         GRADERS.check(mode, "grader")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be > 0")
-        self._grading = GRADERS.get(mode)()
+        self._grading: GradingMethod = GRADERS.get(mode)()
         if self._grading.needs is not None:
             import importlib.util
 
@@ -313,8 +368,8 @@ class Grader:
         self.timeout_s = timeout_s
         self.symbolic = symbolic
         self.cache_size = cache_size
-        self.finer_decimals = bool(finer_decimals)
-        self._scalar_eq = partial(fast_scalar_eq, finer_decimals=self.finer_decimals)
+        self._finer_decimals = bool(finer_decimals)
+        self._scalar_eq = partial(fast_scalar_eq, finer_decimals=self._finer_decimals)
         self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self._lock = threading.Lock()
         self._worker = _SymbolicWorker(startup_timeout_s)
@@ -342,8 +397,13 @@ class Grader:
         with self._lock:
             self._worker.kill()
 
-    # -- stages
-    def _ask_worker(self, request: dict, timeout_s: float | None) -> dict:
+    # -- the GradingContext a grader sees (envs.grading.protocol)
+    @property
+    def finer_decimals(self) -> bool:
+        return self._finer_decimals
+
+    def ask_worker(self, request: dict, timeout_s: float | None) -> dict:
+        """One request to the bounded worker process (`GradingContext.ask_worker`)."""
         bound = timeout_s or self.timeout_s
         with self._lock:
             self.stats["symbolic_calls"] += 1
@@ -361,7 +421,9 @@ class Grader:
             return {"equal": False, "stage": "timeout"}
         return res
 
-    def _equivalent(self, pred: str, gold: str, timeout_s: float | None) -> tuple[bool, str]:
+    def compare(self, pred: str, gold: str, timeout_s: float | None) -> tuple[bool, str]:
+        """The builtin stages on two extracted answers (`GradingContext.compare`, module docstring)."""
+        deadline = time.monotonic() + IN_PROCESS_BUDGET_S
         with self._lock:
             self.stats["calls"] += 1
         if len(pred) + len(gold) > MAX_ANSWER_CHARS:  # junk, not an answer: spare the regex passes
@@ -386,7 +448,10 @@ class Grader:
         try:
             # A "not equal" here is final: the worker runs the same structure walk, and its
             # comparators defer to these fast ones wherever these decide.
-            verdict, escalate = compare_normalized(p, g, self._scalar_eq, fast_relation_eq), False
+            scalar_eq, relation_eq = _within(self._scalar_eq, deadline), _within(fast_relation_eq, deadline)
+            verdict, escalate = compare_normalized(p, g, scalar_eq, relation_eq), False
+        except OverBudget:
+            verdict, escalate, stage = False, True, "budget"
         except NeedSymbolic:
             verdict, escalate = False, True
         except Exception as e:  # a grader bug must never crash training: count it as "not equal"
@@ -395,15 +460,19 @@ class Grader:
             logger.warning("grading failed ({!r}); counted as not equal: {!r} vs {!r}", e, p[:80], g[:80])
             verdict, escalate = False, False
         if escalate and self.symbolic and len(pred) + len(gold) <= MAX_WORKER_CHARS:
-            reply = self._ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold}, timeout_s)
+            reply = self.ask_worker({"pred": p, "gold": g, "pred_raw": pred, "gold_raw": gold}, timeout_s)
             verdict, stage = reply["equal"], reply["stage"]
-        if stage != "timeout":  # a timeout may pass next time (a cold machine): not remembered
+        if stage not in ("timeout", "budget"):  # a timeout may pass next time (a cold machine): not remembered
             with self._lock:
                 if self.cache_size > 0:
                     self._cache[key] = verdict
                     if len(self._cache) > self.cache_size:
                         self._cache.popitem(last=False)
         return verdict, stage
+
+    # The names graders called before the seam was public (kept for callers written against them).
+    _equivalent = compare
+    _ask_worker = ask_worker
 
 
 _INSTANCES: dict[tuple[str, bool], Grader] = {}  # one per setting and process: its worker is a process resource

@@ -89,8 +89,9 @@ _UNIT_TAIL_RE = re.compile(
 )
 
 
+_MAX_UNIT_SCAN_CHARS = 300  # (its lazy head tries every split: quadratic, so only on answer-sized text)
 _MERIDIEM_RE = re.compile(r"\{\s*[AaPp]\.?\s*[Mm]\.?\s*\}")
-_TEXT_TAIL_RE = re.compile(r"\s*\\(?:text|textrm|mbox|textnormal)\{\s*[a-zA-Z][a-zA-Z .,'!?-]*\}\.?$")
+_TEXT_TAIL_RE = re.compile(r"(?<!\s)\s*\\(?:text|textrm|mbox|textnormal)\{\s*[a-zA-Z][a-zA-Z .,'!?-]*\}\.?$")
 
 
 _DEGREE = r"(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z]))"
@@ -103,10 +104,11 @@ _SUPERSCRIPT_RE = re.compile(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
 
 def normalize_answer(s: str) -> str:
     """Canonical LaTeX-ish text of an answer: no delimiters, styling, units or separators."""
-    s = s.strip()
-    s = s.replace("\n", " ").replace("±", "\\pm ").replace("∓", "\\mp ")
+    s = re.sub(r"\s+", " ", s).strip()  # first: no pattern below meets a run of spaces
+    s = s.replace("±", "\\pm ").replace("∓", "\\mp ")
     s = _SUPERSCRIPT_RE.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", s)  # 10⁴, m²
     s = re.sub(r"(?<!\\)\\$", "", s).strip()  # "185\\": a stray trailing backslash
+    s = s.replace("\\$", "").replace("$", "").strip()  # (before the tail rules: "$$0.06 \\text{ yuan}$$")
     # "17\text{ any text}": words in \text after a value are a comment, not part of it.
     tail = _TEXT_TAIL_RE.search(s)
     if tail and _MERIDIEM_RE.search(tail.group(0)):
@@ -120,6 +122,7 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|bigg|Bigg|big|Big)(?![a-zA-Z])", "", s)
     s = re.sub(r"\\(?:displaystyle|textstyle|limits|nolimits|rm|bf|it)(?![a-zA-Z])", "", s)
     s = re.sub(r",\\!\s*", ",", s)  # "11,\\! 111" is a thousands separator
+    s = re.sub(r"(?<=\d) ?\{ ?, ?\} ?(?=\d)", ",", s)  # "14 {, }916": a thousands separator
     s = s.replace("{,}", ",").replace("\\!", "")
     s = re.sub(r"(?<!\\)\\[,;:>]", "", s)
     s = re.sub(r"\\(?:qquad|quad|space)(?![a-zA-Z])|(?<!\\)\\ |~", " ", s)
@@ -140,12 +143,12 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)  # \frac12
     s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)  # \frac1{2}
     s = re.sub(r"\\frac\s*(\{[^{}]*\})\s*(\d)", r"\\frac\1{\2}", s)  # \frac{1}2
-    s = re.sub(r"\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", "", s, flags=re.IGNORECASE)
+    s = re.sub(r"(?<!\s)\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", "", s, flags=re.IGNORECASE)
     s = s.replace("%", "")
     s = re.sub(r"\s+", " ", s).strip()
     s = re.sub(r"^(?:[a-zA-Z]\s*)?\\in(?![a-zA-Z])\s*", "", s)  # "x \in [0, 1)" -> "[0, 1)"; not \int
     s = s.rstrip(" .;,")
-    m = _UNIT_TAIL_RE.match(s)
+    m = _UNIT_TAIL_RE.match(s) if len(s) <= _MAX_UNIT_SCAN_CHARS else None
     if m and _is_unit_tail(m.group(1), m.group(2), m.group(3)):
         s = m.group(1).strip()
     s = re.sub(r"^\+\s*(?=[\d\\])", "", s)

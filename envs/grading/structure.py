@@ -65,19 +65,30 @@ def _wrapped(s: str) -> bool:
     return depth == 0
 
 
-_LIST_SEP = re.compile(r"\s*(?:,|;|\band\b|\bor\b)\s*")
-_COMMA = re.compile(r"\s*,\s*")
-_SEMI = re.compile(r"\s*;\s*")
+# Separators start where a run of spaces starts (`_split_top` tries them at every position).
+_LIST_SEP = re.compile(r"(?<!\s)\s*(?:,|;|\band\b|\bor\b)\s*")
+_COMMA = re.compile(r"(?<!\s)\s*,\s*")
+_SEMI = re.compile(r"(?<!\s)\s*;\s*")
+_CUP = re.compile(r"(?<!\s)\s*\\cup\s*")
 _MATRIX_RE = re.compile(r"^\\begin\{([pbvBV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
 # A label on the left of "=": a name (x, x_1, AB, \\alpha, f(x)), a ratio of names (V_1:V_2), a
 # quotient of names (\\frac{NO}{BO}), |AB|, \\angle ABC, or a tuple of names ((p,q,r)). Never
 # an expression with operators or digits outside subscripts ("a+3z = 0", "7 = 11a+c").
-_NAME = r"(?:[a-zA-Z]+|\\(?!frac|sqrt|binom)[a-zA-Z]+)(?:_\{?[a-zA-Z0-9,]+\}?)?'*"
+# Written so that a text has one way to match at most (model text reaches it: a run of letters
+# matched as "names of names" backtracked exponentially): a name is one letter or one command (a
+# run of letters is several names), its subscript braced or a digit run or one letter then digits.
+_NAME = r"(?:[a-zA-Z]|\\(?!frac|sqrt|binom)[a-zA-Z]+(?![a-zA-Z]))(?:_(?:\{[a-zA-Z0-9,]+\}|[0-9]+|[a-zA-Z][0-9]*)(?![0-9]))?'*"
 _NAMES = rf"{_NAME}(?:\s*{_NAME})*"
 _VAR_LHS_RE = re.compile(
-    rf"^(?:{_NAMES}|\\angle\s*{_NAMES}|{_NAME}\([a-zA-Z0-9, ]*\)|\\frac\{{{_NAMES}\}}\{{{_NAMES}\}}|"
-    rf"{_NAMES}\s*:\s*{_NAMES}|\|{_NAMES}\||\([a-zA-Z](?:\s*,\s*[a-zA-Z])*\))$"
+    rf"^(?:{_NAMES}|\\angle\s*{_NAMES}|(?:[a-zA-Z]+|\\(?!frac|sqrt|binom)[a-zA-Z]+)(?:_[a-zA-Z0-9]+|_\{{[a-zA-Z0-9,]+\}})?'*\([a-zA-Z0-9, ]*\)|"
+    rf"\\frac\{{{_NAMES}\}}\{{{_NAMES}\}}|{_NAMES}\s*:\s*{_NAMES}|\|{_NAMES}\||\([a-zA-Z](?:\s*,\s*[a-zA-Z])*\))$"
 )
+MAX_LABEL_CHARS = 80  # a label longer than this is prose, not a name
+
+
+def is_label(text: str) -> bool:
+    """A name, a ratio, a quotient of names, ... (`_VAR_LHS_RE`): the left side of an assignment."""
+    return len(text) <= MAX_LABEL_CHARS and _VAR_LHS_RE.match(text) is not None
 
 
 def parse_structure(s: str):
@@ -97,11 +108,11 @@ def parse_structure(s: str):
         if "\\approx" in ops:  # "x \approx 3.1" -> 3.1 ; "1/3 \approx 0.33" -> 1/3
             k = ops.index("\\approx")
             exact = "".join(p + o for p, o in zip(pieces[:k], ops[:k])) + pieces[k]
-            is_var = k == 0 and _VAR_LHS_RE.match(pieces[0])
+            is_var = k == 0 and is_label(pieces[0])
             return parse_structure(pieces[k + 1] if is_var else exact)
         return ("rel", pieces, ops)
     if "\\cup" in s:
-        parts = _split_top(s, re.compile(r"\s*\\cup\s*"))
+        parts = _split_top(s, _CUP)
         if len(parts) > 1:
             return ("union", [parse_structure(p) for p in parts])
     summed = _matrix_sum(s) if s.count("\\begin{") > 1 else None
@@ -116,6 +127,10 @@ def parse_structure(s: str):
     if s.startswith("\\{") and s.endswith("\\}") and _wrapped(s[1:-2] + "}"):
         inner = s[2:-2]
         return ("set", _items(_item_texts(inner)) if inner.strip() else [])
+    if len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _wrapped(s):  # "{-2021, 2021}": braces, no backslash
+        parts = _item_texts(s[1:-1])
+        if len(parts) > 1:
+            return ("set", _items(parts))
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and _wrapped(s):
         parts = _item_texts(s[1:-1])
         if len(parts) > 1:
@@ -140,6 +155,9 @@ def _matrix_sum(s: str):
     \\begin{pmatrix}3&4\\end{pmatrix}") as the matrix it evaluates to, entry by entry: exact
     numbers added exactly, other entries as the written sum; None for anything else."""
     found = list(_WRITTEN_MATRIX_RE.finditer(s))
+    product = _matrix_product(s, found)
+    if product is not None:
+        return product
     signs, pos = [], 0
     for k, m in enumerate(found):
         gap = s[pos : m.start()].strip()
@@ -165,6 +183,30 @@ def _matrix_sum(s: str):
                 row.append("".join(f"{'-' if sg < 0 else '+'}({c})" for sg, c in zip(signs, cells)).lstrip("+"))
         rows.append(row)
     return ("matrix", rows)
+
+
+def _matrix_product(s: str, found: list[re.Match]):
+    """A product of written matrices of numbers ("\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}
+    \\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}", juxtaposed or with \\cdot/\\times) as the matrix it
+    evaluates to, exactly; None for anything else (an entry that is no plain number, shapes that
+    do not chain)."""
+    gaps = [s[a.end() : b.start()].strip() for a, b in zip(found, found[1:])]
+    if len(found) < 2 or s[: found[0].start()].strip() or s[found[-1].end() :].strip():
+        return None
+    if any(gap not in ("", "\\cdot", "\\times") for gap in gaps):
+        return None
+    result = None
+    for m in found:
+        rows = [[parse_number(c) for c in r] for r in _matrix_rows(m.group(2))]
+        if not rows or any(n is None for r in rows for n in r) or len({len(r) for r in rows}) != 1:
+            return None
+        mat = [[n.value for n in r] for r in rows]
+        if result is not None:
+            if len(result[0]) != len(mat):
+                return None
+            mat = [[sum(a * b for a, b in zip(row, col)) for col in zip(*mat)] for row in result]
+        result = mat
+    return ("matrix", [[str(v) for v in row] for row in result])
 
 
 def _item_texts(inner: str) -> list[str]:
@@ -195,7 +237,7 @@ def _as_interval(node):
     if node[0] != "rel":
         return None
     pieces, ops = node[1], node[2]
-    var_idx = [i for i, p in enumerate(pieces) if _VAR_LHS_RE.match(p) and p not in _CONSTS]
+    var_idx = [i for i, p in enumerate(pieces) if is_label(p) and p not in _CONSTS]
     if len(var_idx) != 1 or any(o not in ("<", ">", "<=", ">=") for o in ops):
         return None
     v = var_idx[0]
@@ -231,7 +273,7 @@ def _is_assignment(node) -> bool:
     lhs = node[1][0]
     return (
         len(node[1]) >= 3
-        or bool(_VAR_LHS_RE.match(lhs) or FUNCTION_HEAD_RE.match(_squash(lhs)) or _OPERATION_LHS_RE.match(lhs))
+        or bool(is_label(lhs) or FUNCTION_HEAD_RE.match(_squash(lhs)) or _OPERATION_LHS_RE.match(lhs))
         or (
             len(node[1]) == 2
             and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", lhs))
@@ -244,7 +286,7 @@ def _labelled(items: list) -> list[str] | None:
     """The labels when every item is "label = value" ("k = 45, n = 2"), else None."""
     labels = []
     for it in items:
-        if not (it[0] == "rel" and len(it[1]) == 2 and it[2] == ["="] and _VAR_LHS_RE.match(it[1][0])):
+        if not (it[0] == "rel" and len(it[1]) == 2 and it[2] == ["="] and is_label(it[1][0])):
             return None
         labels.append(_squash(it[1][0]))
     return labels if len(set(labels)) == len(labels) else None
@@ -256,7 +298,7 @@ def _labelled_tuples(node):
     items = node[1]
     labels = []
     for it in items:
-        if not (it[0] == "rel" and len(it[1]) == 2 and it[2] == ["="] and _VAR_LHS_RE.match(it[1][0])):
+        if not (it[0] == "rel" and len(it[1]) == 2 and it[2] == ["="] and is_label(it[1][0])):
             return None
         labels.append(_squash(it[1][0]))
     k = len(set(labels))
@@ -346,7 +388,7 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
         labelled = _compare_labelled(p, g, scalar_eq, relation_eq)
         if labelled is not None:
             return labelled
-        return _match_unordered(p[1], g[1], scalar_eq, relation_eq)
+        return _match_unordered(_once(p[1], g[1]), g[1], scalar_eq, relation_eq)
     if kp == "seq" and kg == "seq":
         if (p[1], p[2]) != (g[1], g[2]) or len(p[3]) != len(g[3]):
             return False
@@ -364,6 +406,26 @@ def compare_structures(p, g, scalar_eq: ScalarEq, relation_eq: RelationEq) -> bo
     if kg == "set" and kp == "scalar" and len(g[1]) == 1:
         return compare_structures(p, g[1][0], scalar_eq, relation_eq)
     return False
+
+
+def _once(ps: list, gs: list) -> list:
+    """The prediction's items, each written once, when the gold writes none twice: a solution set
+    that lists one solution again ("(3,17,3,7), ..., (3, 17, 3, 7)") names the same set. Only
+    items written alike (spaces aside) are the same; a gold with a repeated item (a double root)
+    keeps the count."""
+
+    def key(node):
+        return repr(node).replace(" ", "")
+
+    if len({key(n) for n in gs}) < len(gs):
+        return ps
+    seen: set[str] = set()
+    out = []
+    for n in ps:
+        if key(n) not in seen:
+            seen.add(key(n))
+            out.append(n)
+    return out
 
 
 def _function_pair(p, g) -> bool:
@@ -449,7 +511,7 @@ def _open_condition(node) -> bool:
     if kind == "rel":
         if _OPERATION_LHS_RE.match(node[1][0]) and all(o == "=" for o in node[2]):
             return False  # "\\lim_{x\\to0} f(x) = 1" states a value, not a condition on x
-        return any(o != "=" for o in node[2]) or not _VAR_LHS_RE.match(node[1][0]) or len(node[1]) > 2
+        return any(o != "=" for o in node[2]) or not is_label(node[1][0]) or len(node[1]) > 2
     if kind == "list":
         return node[2] == "and" or any(_open_condition(it) for it in node[1])
     return False

@@ -25,7 +25,9 @@ a shared machine hits both alike):
 Hang check: adversarial answers (power towers, huge factorials, deep nesting, long sums) go
 through our grader, in every mode; each call must return within its time bound plus start-up.
 
-    python scripts/bench_grading.py [--repeat 3] [--show-disagreements]
+    python scripts/bench/bench_grading.py [--repeat 3] [--show-disagreements]
+
+math-verify's own test suite, graded by ours: scripts/bench/bench_grading_mv_suite.py.
 
 The last line is `RESULT agree_ours=N/M agree_math_verify=N/M false_pos_ours=K
 false_pos_math_verify=K kinds_below_math_verify=K closeness_false_pos=K heldout_agree_ours=N/M
@@ -104,6 +106,12 @@ ADVERSARIAL = [
     "\\boxed{" + "\\sqrt{" * 80 + "2" + "}" * 80 + "}",
     "\\boxed{" + "x^{" * 40 + "2" + "}" * 40 + "}",
     r"\boxed{" + "+".join(f"x^{{{i}}}" for i in range(300)) + "}",
+    # Backtracking patterns of the in-process stage (outside the worker's bound): a run of letters
+    # before "=", an answer anchor or Minerva's closing before a long run of spaces.
+    "\\boxed{" + "a" * 40 + "1 = 19}",
+    "\\boxed{the total number of points is 1 + 18 = 19}",
+    "The answer is " + " " * 5000,
+    "The answer is 5" + " " * 5000 + "I hope",
 ]
 
 

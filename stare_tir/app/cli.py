@@ -219,7 +219,7 @@ def sft_main(argv: list[str] | None = None) -> int:
         if problems:
             raise StartupError("\n".join(problems))
         out = sft_output(cfg)
-        setup_run_logging(out.parent)
+        setup_run_logging(out)  # train.log inside sft.output, not beside it
         _, summary = sft_stage(cfg, resolve_model_path(cfg.model), Path(cfg.trainer.run_dir), overwrite=args.overwrite)
         if summary.get("rank", 0) == 0 and not summary.get("reused"):
             resumed = f" resumed_from={summary['resumed_from']}" if summary.get("resumed_from") else ""

@@ -1,8 +1,11 @@
 """`stare-compare RUN_OR_EVAL_DIR...`: the summary fields of runs and evaluations side by side.
 
-A training run directory contributes its summary.json (accuracy before and after RL, the best
-held-out accuracy and its step, when the STARE gate first opened, tool calls, entropy, steps, wall
-time); an evaluation directory (`stare-eval`'s out_dir) one block of rows per dataset (avg@N,
+A training run directory contributes what its metrics.jsonl says over the whole run, every launch
+of a resumed run included (accuracy before RL, the best held-out accuracy and its step, when the
+STARE gate first opened, the gate's share of steps, entropy at the first and last step, steps, the
+steps' time), and its summary.json what only the end of a run knows (the final model's accuracy and
+tool calls, the last launch's wall time). A run that has not finished (no summary.json yet) is shown
+with what it has, marked unfinished, instead of failing the table. An evaluation directory (`stare-eval`'s out_dir) one block of rows per dataset (avg@N,
 pass@k, maj@N, tool calls, response length). One row per field, one column per directory, printed
 as a fixed-width table; `--csv FILE` and `--markdown FILE` write the same table. Light: no torch.
 """
@@ -16,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from stare_tir.tracking import first_gate_step, read_metrics
 
 # (row label, summary.json key) of a training run, in the order a reader checks them.
 RUN_FIELDS = (
@@ -31,6 +36,18 @@ RUN_FIELDS = (
     ("entropy last step", "entropy_last_step"),
     ("RL steps", "steps"),
     ("grader", "grader"),
+)
+# What metrics.jsonl gives for the whole run (every launch): these keys are taken from it.
+FROM_METRICS = (
+    "acc_before_rl",
+    "tool_calls_before_rl",
+    "best_acc",
+    "best_acc_step",
+    "gate_first_step",
+    "gate_on_fraction",
+    "entropy_first_step",
+    "entropy_last_step",
+    "steps",
 )
 # Per dataset of an evaluation: (row label, metric key or a function of the metrics).
 EVAL_FIELDS = (
@@ -74,6 +91,59 @@ def eval_datasets(directory: Path) -> dict[str, dict]:
     return found
 
 
+def run_metrics(rows: list[dict]) -> dict[str, Any]:
+    """The summary fields that metrics.jsonl rows give, over every row (all launches of a run)."""
+    train = list({r["step"]: r for r in rows if "entropy/batch" in r and isinstance(r.get("step"), int)}.values())
+    train.sort(key=lambda r: r["step"])
+    evals = [(r["step"], r["eval/acc"]) for r in rows if isinstance(r.get("eval/acc"), (int, float))]
+    best = max(evals, key=lambda e: (e[1], -e[0])) if evals else (None, None)
+    before = next((r for r in rows if r.get("step") == 0 and "eval/acc" in r), {})
+    step_s = [r["time/step"] for r in train if isinstance(r.get("time/step"), (int, float))]
+    return {
+        "acc_before_rl": before.get("eval/acc"),
+        "tool_calls_before_rl": before.get("eval/tool_calls"),
+        "best_acc": best[1],
+        "best_acc_step": best[0],
+        "gate_first_step": first_gate_step(train),
+        "gate_on_fraction": sum(r.get("stare/gate_on", 0.0) for r in train) / len(train) if train else None,
+        "entropy_first_step": train[0]["entropy/batch"] if train else None,
+        "entropy_last_step": train[-1]["entropy/batch"] if train else None,
+        "steps": train[-1]["step"] if train else None,
+        "step_seconds": round(sum(step_s), 1) if step_s else None,
+    }
+
+
+def _config(d: Path) -> dict:
+    """The directory's config.yaml as a mapping ({} when there is none or it cannot be read)."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load((d / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return tree if isinstance(tree, dict) else {}
+
+
+def _run_column(d: Path, summary: dict) -> dict[str, Any]:
+    """A training run's column: metrics.jsonl for the whole run, summary.json for its end."""
+    metrics = run_metrics(read_metrics(d)) if (d / "metrics.jsonl").is_file() else {}
+    status = "finished" if summary else "unfinished (no summary.json yet)"
+    ended, now = summary.get("steps"), metrics.get("steps")
+    if isinstance(ended, int) and isinstance(now, int) and now > ended:  # extended, and running again
+        status = f"unfinished (its summary.json is from step {ended})"
+        summary = {k: v for k, v in summary.items() if k not in ("acc_after_rl", "tool_calls_after_rl", "seconds")}
+    values = {**summary, **{k: metrics[k] for k in FROM_METRICS if k in metrics}}
+    if "grader" not in values:  # an unfinished run: its config says
+        values["grader"] = (_config(d).get("env") or {}).get("grader")
+    column: dict[str, Any] = {"status": status}
+    for label, key in RUN_FIELDS:
+        column[label] = values.get(key)
+    column["RL step time, all launches (s)"] = metrics.get("step_seconds")
+    seconds = summary.get("seconds") or {}
+    column["wall time, last launch (s)"] = round(sum(seconds.values()), 1) if seconds else None
+    return column
+
+
 def summarize(directory: str | Path) -> dict[str, Any]:
     """One column: {row label: value} of a run or an evaluation directory."""
     d = Path(directory)
@@ -82,16 +152,14 @@ def summarize(directory: str | Path) -> dict[str, Any]:
         raise CompareError(f"{d}: no such directory (pass run directories or stare-eval output directories)")
     summary = _read_json(summary_path) if summary_path.is_file() else {}
     column: dict[str, Any] = {}
-    if "datasets" not in summary and summary:  # a training run
-        for label, key in RUN_FIELDS:
-            column[label] = summary.get(key)
-        seconds = summary.get("seconds") or {}
-        column["wall time (s)"] = round(sum(seconds.values()), 1) if seconds else None
-        return column
+    if summary and "datasets" not in summary:
+        return _run_column(d, summary)  # a finished training run
     datasets = eval_datasets(d)
+    if not datasets and not summary and ((d / "metrics.jsonl").is_file() or "trainer" in _config(d)):
+        return _run_column(d, summary)  # a training run that has not finished
     if not datasets:
         raise CompareError(
-            f"{d}: holds no summary.json (a run that has not finished, or not a run or evaluation directory)"
+            f"{d}: holds no summary.json, metrics.jsonl or training config.yaml (not a run or evaluation directory)"
         )
     for name, metrics in sorted(datasets.items()):
         for label, key in EVAL_FIELDS:

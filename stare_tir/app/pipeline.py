@@ -35,6 +35,7 @@ from stare_tir.app.preflight import (
     check_sandbox,
     check_sync_dir,
     check_trackers,
+    gpu_recipe_without_gpu,
 )
 from stare_tir.app.run_dir import check_run_dir, clear_run_dir, run_markers
 from stare_tir.config import save_config
@@ -72,6 +73,8 @@ def preflight_problems(cfg: TrainConfig, found_before: int = 0) -> list[str]:
     check(check_sandbox, cfg.sandbox)
     check(check_sft_traces, cfg)
     check(check_data, cfg.data)
+    if (gpu_warning := gpu_recipe_without_gpu(cfg)) is not None:
+        logger.warning(gpu_warning)
     if not cfg.sft.enabled and cfg.model.path not in TINY_MODELS and not Path(cfg.model.path).expanduser().exists():
         # The 7B configs ship model.path=Qwen/Qwen2.5-7B with SFT off: left as shipped, RL starts
         # on the base model, which the paper's recipe never does.

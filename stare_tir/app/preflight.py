@@ -5,7 +5,8 @@ traceback after the model has loaded: a model path that does not exist, a hub id
 exist or a hub that cannot be reached, a data file that is missing or has a bad row, an SGLang
 server that does not answer, a `sync_dir` that cannot be written, a sandbox backend that cannot
 run one cell (no Docker engine, no e2b key), a registry name that does not exist, a requested
-tracker that is not installed. Every remote piece is asked once, with a short timeout.
+tracker that is not installed. Every remote piece is asked once, with a short timeout, except
+SGLang servers that are still loading: they are waited for (`rollout.sglang.startup_timeout_s`).
 `check_*` functions raise `StartupError`; the console entry points (`stare_tir.app.cli`) print its
 message alone unless `--debug` is given.
 """
@@ -16,10 +17,14 @@ import asyncio
 import importlib.util
 import os
 import re
+import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Literal
+
+from loguru import logger
 
 from envs.data import SHIPPED, DataError
 from sandbox import SandboxConfig, SandboxError, make_sandbox
@@ -227,7 +232,8 @@ def check_sandbox(cfg: SandboxConfig, timeout_s: float = 120.0) -> dict:
 
 def check_backend(kind: str, sglang: Any, key: str = "trainer.backend") -> None:
     """A registered backend (`ROLLOUT_BACKENDS`); with SGLang: servers are named and every one
-    answers (`check_sglang_health`)."""
+    answers (`check_sglang_health`), waiting up to `rollout.sglang.startup_timeout_s` in all for
+    servers that are still loading."""
     from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS
 
     if kind not in ROLLOUT_BACKENDS:
@@ -239,17 +245,27 @@ def check_backend(kind: str, sglang: Any, key: str = "trainer.backend") -> None:
             f"{key}=sglang needs rollout.sglang.urls (one or more SGLang server URLs, "
             "e.g. rollout.sglang.urls=[http://127.0.0.1:30000])"
         )
+    deadline = time.monotonic() + sglang.startup_timeout_s  # one wait for all: they load side by side
     for name, urls in (("urls", sglang.urls), ("weight_urls", sglang.weight_urls)):
         for i, url in enumerate(urls):
-            check_sglang_health(url, f"rollout.sglang.{name}[{i}]")
+            check_sglang_health(url, f"rollout.sglang.{name}[{i}]", sglang.startup_timeout_s, deadline=deadline)
 
 
-def check_sglang_health(url: str, key: str, timeout_s: float = REMOTE_TIMEOUT_S) -> None:
-    """GET <url>/model_info (a server; /health where that is 404: a router, which forwards it):
-    200 once the model is loaded. Not /health first: on 0.5.23 it runs a one-token generate
-    (python/sglang/srt/entrypoints/http_server.py `health_generate`), which a server left paused
-    by a killed trainer holds until it times out, and which computes on freed memory while a
-    colocated server is released."""
+# While servers load: seconds between two tries, and between two progress lines in the log.
+STARTUP_POLL_S = 2.0
+STARTUP_LOG_EVERY_S = 30.0
+
+
+def _ask_server(url: str, timeout_s: float) -> tuple[str, str]:
+    """One look at a server: ("ready" | "loading" | "other", what it answered).
+
+    GET <url>/model_info (a server; /health where that is 404: a router, which forwards it). Not
+    /health first: on 0.5.23 it runs a one-token generate (python/sglang/srt/entrypoints/
+    http_server.py `health_generate`), which a server left paused by a killed trainer holds until
+    it times out, and which computes on freed memory while a colocated server is released.
+    Loading: nothing listens yet (a server opens its port once its model is loaded), or 503 (up,
+    still warming up; 502/504 from a proxy in front of one). A name that does not resolve, or any
+    other answer, is no SGLang server and never will be."""
     status, path = 0, "/model_info"
     for path in ("/model_info", "/health"):
         try:
@@ -259,17 +275,62 @@ def check_sglang_health(url: str, key: str, timeout_s: float = REMOTE_TIMEOUT_S)
             status = e.code
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise StartupError(
-                f"{key}={url!r}: no SGLang server answers there ({reason}): start one "
-                "(`python -m sglang.launch_server --model-path MODEL --port PORT`) or fix the URL"
-            ) from None
+            if isinstance(reason, socket.gaierror):
+                return "other", f"its host name does not resolve ({reason})"
+            return "loading", f"no answer: {reason}"
         if status != 404:
             break
-    if status != 200:
-        raise StartupError(
-            f"{key}={url!r}: the server answered {path} with HTTP {status} (still loading, or unhealthy): "
-            "wait until its log says it is ready, or check that log"
-        )
+    if status == 200:
+        return "ready", f"{path}: HTTP 200"
+    if status in (502, 503, 504):
+        return "loading", f"{path}: HTTP {status}, still loading"
+    return "other", f"it answered {path} with HTTP {status}"
+
+
+def check_sglang_health(
+    url: str,
+    key: str,
+    startup_timeout_s: float = 0.0,
+    timeout_s: float = REMOTE_TIMEOUT_S,
+    deadline: float | None = None,
+) -> None:
+    """The server at `url` answers as a ready SGLang server. One still loading (nothing listens
+    yet, or 503) is asked again every few seconds until `deadline` (default: now +
+    `startup_timeout_s`), with a progress line every 30 s; one that answers as something else
+    fails at once."""
+    start = time.monotonic()
+    deadline = start + startup_timeout_s if deadline is None else deadline
+    next_log = start + STARTUP_POLL_S  # quiet unless it has to wait
+    says = int(os.environ.get("RANK", "0")) == 0  # every rank waits; rank 0 tells
+    while True:
+        state, said = _ask_server(url, max(1.0, min(timeout_s, deadline - time.monotonic())))
+        waited = time.monotonic() - start
+        if state == "ready":
+            if waited >= STARTUP_POLL_S and says:
+                logger.info(f"SGLang server {key}={url} is ready after {waited:.0f} s")
+            return
+        if state == "other":
+            raise StartupError(
+                f"{key}={url!r} is no SGLang server ({said}): point it at a server started with "
+                "`python -m sglang.launch_server --model-path MODEL --port PORT`"
+            )
+        if time.monotonic() >= deadline:
+            if startup_timeout_s <= 0:
+                waiting = ""
+            else:
+                waiting = f" after waiting {waited:.0f} s (rollout.sglang.startup_timeout_s={startup_timeout_s:g})"
+            raise StartupError(
+                f"{key}={url!r}: no SGLang server answers there ({said}){waiting}: start one "
+                "(`python -m sglang.launch_server --model-path MODEL --port PORT`), fix the URL, or "
+                "raise rollout.sglang.startup_timeout_s for a model that loads longer"
+            )
+        if time.monotonic() >= next_log and says:
+            logger.info(
+                f"waiting for the SGLang server {key}={url} ({said}); {waited:.0f} s of "
+                f"rollout.sglang.startup_timeout_s={startup_timeout_s:g}"
+            )
+            next_log = time.monotonic() + STARTUP_LOG_EVERY_S
+        time.sleep(max(0.0, min(STARTUP_POLL_S, deadline - time.monotonic())))
 
 
 def check_router(sglang: Any) -> None:
@@ -304,6 +365,29 @@ def check_sync_dir(sglang: Any) -> None:
             f"rollout.sglang.sync_dir={sglang.sync_dir!r} cannot be written ({e.strerror or e}): point it at a "
             "directory this process can write and every SGLang server can read"
         ) from None
+
+
+def gpu_recipe_without_gpu(cfg: Any) -> str | None:
+    """The warning for a training config made for GPUs (a bf16 learner, SGLang rollouts, an HF
+    backend on cuda: the 7B recipes) started where no CUDA device is visible: it would start and
+    run its learner on the CPU, hours per step, without a word. None when nothing is amiss. torch
+    is imported only for such a config (it loads in seconds; a CPU config is not made to wait)."""
+    wants = [f"learner.dtype={cfg.learner.dtype}"] if cfg.learner.dtype == "bf16" else []
+    if cfg.trainer.backend == "sglang":
+        wants.append("trainer.backend=sglang")
+    if str(cfg.rollout.hf.device).startswith("cuda"):
+        wants.append(f"rollout.hf.device={cfg.rollout.hf.device}")
+    if not wants:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"this config is made for GPUs ({', '.join(wants)}) but no CUDA device is visible here: the learner "
+        "runs on the CPU, hours per step for a 7B model. Run it on a GPU node (check CUDA_VISIBLE_DEVICES "
+        "and `stare-env`), or on a CPU start from configs/tiny_cpu.yaml or configs/smollm2_cpu.yaml"
+    )
 
 
 # Optional mirrors of metrics.jsonl: (config key, module to import, package to install).

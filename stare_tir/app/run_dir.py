@@ -8,6 +8,7 @@ once the new run's start-up checks have passed. Light on purpose: no torch impor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from loguru import logger
 
 from stare_tir.app.preflight import StartupError
 from stare_tir.config import config_changes, resolve_config
@@ -71,8 +73,11 @@ def auto_resume(run_dir: Path) -> bool:
     )
 
 
-def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, prog: str = "stare-train") -> None:
-    """Refuse to start a new run into a directory that holds one, or to resume where none is."""
+def check_run_dir(
+    run_dir: Path, *, resume: bool, overwrite: bool, prog: str = "stare-train", write_test: bool = True
+) -> None:
+    """Refuse to start a new run into a directory that holds one, or to resume where none is, or
+    a directory that cannot be written (`check_run_dir_writable`; write_test=False skips it)."""
     if resume and overwrite:
         raise StartupError("--resume and --overwrite contradict each other: pass one of them")
     if resume:
@@ -87,6 +92,8 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, prog: str = "
                 f"its first save, trainer.save_every): start it again with `{prog} --overwrite "
                 f"trainer.run_dir={run_dir}`"
             )
+        if write_test:
+            check_run_dir_writable(run_dir)
         return
     found = run_markers(run_dir)
     if found and not overwrite and run_under_way(run_dir):
@@ -94,6 +101,49 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, prog: str = "
             f"trainer.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}): continue it with "
             f"--resume, replace it with --overwrite, or name a new directory with trainer.run_dir=..."
         )
+    if write_test:
+        check_run_dir_writable(run_dir)
+
+
+# Bytes the start-up check writes (and syncs) in the run directory: enough to need a data block.
+PROBE_BYTES = 64 * 1024
+
+
+def check_run_dir_writable(run_dir: Path, key: str = "trainer.run_dir") -> int:
+    """The run directory can be written: a probe file is written, synced and removed there (or in
+    its nearest existing parent, where it would be made: a failed start creates nothing). A full
+    or read-only file system then ends the start in one line, before the first write of the run
+    (config.yaml) would end it in a traceback. Logs and returns the free bytes there."""
+    where = run_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise StartupError(f"{key}={str(run_dir)!r}: {where} is a file, not a directory: name another directory")
+    probe = where / f".stare-write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * PROBE_BYTES)
+            fh.flush()
+            os.fsync(fh.fileno())  # a file system short of space may refuse only here
+    except OSError as e:
+        raise StartupError(
+            f"{key}={str(run_dir)!r} cannot be written ({e.strerror or e}; {_free(where)} free in {where}): "
+            f"free space there, or name another directory with {key}=..."
+        ) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+    free = shutil.disk_usage(where).free
+    logger.info(f"run directory {run_dir}: {_free(where)} free")
+    return free
+
+
+def _free(where: Path) -> str:
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return "unknown space"
+    return f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
 
 
 def clear_run_dir(run_dir: Path, world_size: int = 1) -> list[str]:
@@ -148,7 +198,7 @@ def resume_config(
     was found) are shown and must be accepted (`accept_changes`, or `confirm(changes)` answering
     yes); otherwise a StartupError lists them.
     """
-    check_run_dir(run_dir, resume=True, overwrite=False)
+    check_run_dir(run_dir, resume=True, overwrite=False, write_test=False)  # tested when the run starts
     saved_tree, saved = read_saved_config(schema, run_dir)
     new = requested if requested is not None else resolve_config(schema, saved_tree, overrides)
     new.trainer.run_dir = str(run_dir)

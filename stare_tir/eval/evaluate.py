@@ -280,6 +280,13 @@ def evaluate_problems(
                 + ("; fix it and rerun: failed samples are retried, finished ones kept" if path is not None else "")
             )
         logger.info(f"{dataset}: {start + len(chunk)}/{len(todo)} samples ({time.time() - t0:.1f}s)")
+    failed = [r for r in new_rows if infra_failed(r)]
+    if failed:
+        logger.warning(
+            f"{dataset}: {len(failed)} samples failed on the sandbox or backend (first: "
+            f"{next((r['error'] for r in failed if r.get('error')), 'no cause reported')}); they count neither "
+            "right nor wrong" + ("; rerunning the same command retries them" if path is not None else "")
+        )
 
     latest.update(_latest_by_key(new_rows))
     wanted = {(pid, i) for pid in ids for i in range(n)}

@@ -420,6 +420,8 @@ class RolloutEngine:
             timing["env_s"] += time.perf_counter() - t
             if step.done:
                 traj.finish_reason = _finish_when_done(gen, step.info or {})
+                if (step.info or {}).get("error"):  # the env's cause (a sandbox failure), kept
+                    traj.info["error"] = str(step.info["error"])
                 return
             if gen.finish_reason == "eos":
                 traj.finish_reason = "eos"

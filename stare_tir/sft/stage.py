@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,14 @@ def sft_stage(
                 f"{', '.join(changed)}): choose another sft.output, delete it, or pass --overwrite to replace it"
             )
         logger.warning(f"sft: replacing {out}, made from other inputs (changed: {', '.join(changed)})")
-        if _rank() == 0:
-            shutil.rmtree(out)
+        if _rank() == 0:  # all but the logs: stare-sft logs into sft.output (train.log is open)
+            for old in out.iterdir():
+                if re.fullmatch(r"train(\.rank\d+)?\.log", old.name):
+                    continue
+                if old.is_dir() and not old.is_symlink():
+                    shutil.rmtree(old)
+                else:
+                    old.unlink()
     if not named and cfg.sft.reuse:
         other = _sibling_output(run_dir, f"sft/model/{KEY_FILE}", key)
         if other is not None:

@@ -138,15 +138,86 @@ def test_sglang_servers_must_answer_health():
     def health(status: int):
         return lambda path: (status if path == "/health" else 404, {}, b"")
 
-    with http_server(health(200)) as up, http_server(health(503)) as loading:
+    quick = dict(startup_timeout_s=0.5)
+    with http_server(health(200)) as up, http_server(health(503)) as loading, http_server(health(404)) as other:
         check_backend("sglang", SGLangConfig(urls=[up]))
-        with pytest.raises(StartupError, match=r"rollout.sglang.urls\[1\]=.*HTTP 503 \(still loading"):
-            check_backend("sglang", SGLangConfig(urls=[up, loading]))
+        with pytest.raises(
+            StartupError, match=r"rollout.sglang.urls\[1\]=.*HTTP 503, still loading.*startup_timeout_s"
+        ):
+            check_backend("sglang", SGLangConfig(urls=[up, loading], **quick))
         with pytest.raises(StartupError, match=r"rollout.sglang.weight_urls\[0\]=.*no SGLang server answers"):
-            check_backend("sglang", SGLangConfig(urls=[up], weight_urls=[closed_port_url()]))
+            check_backend("sglang", SGLangConfig(urls=[up], weight_urls=[closed_port_url()], **quick))
+        t0 = time.monotonic()
+        with pytest.raises(StartupError, match=r"is no SGLang server \(it answered /health with HTTP 404\)"):
+            check_backend("sglang", SGLangConfig(urls=[other]))  # the default wait: not for this one
+        assert time.monotonic() - t0 < 5
     with pytest.raises(StartupError, match=r"needs rollout.sglang.urls"):
         check_backend("sglang", SGLangConfig())
     check_backend("hf", SGLangConfig(urls=[closed_port_url()]))  # not used: not asked
+
+
+def test_a_server_still_loading_is_waited_for_with_progress_lines(monkeypatch, capfd):
+    """Refused for 2 s (nothing listens while the model loads), then 503 for 2 s (warming up),
+    then ready: the check waits, says what it waits for, and passes. One that never comes up ends
+    within the (lowered) timeout naming its URL."""
+    import socket
+
+    import stare_tir.app.preflight as preflight
+
+    monkeypatch.setattr(preflight, "STARTUP_POLL_S", 0.2)
+    monkeypatch.setattr(preflight, "STARTUP_LOG_EVERY_S", 1.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    opened_at: list[float] = []
+
+    def answer(path: str):
+        ready = time.monotonic() - opened_at[0] > 2.0
+        return (200 if ready else 503) if path == "/model_info" else 404, {}, b"{}"
+
+    def serve_later(stop: threading.Event) -> None:
+        time.sleep(2.0)
+        server = ThreadingHTTPServer(("127.0.0.1", port), _handler(answer))
+        opened_at.append(time.monotonic())
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        stop.wait()
+        server.shutdown()
+        server.server_close()
+
+    stop = threading.Event()
+    threading.Thread(target=serve_later, args=(stop,), daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    try:
+        check_backend("sglang", SGLangConfig(urls=[url], startup_timeout_s=30))
+    finally:
+        stop.set()
+    assert 4.0 <= time.monotonic() - t0 < 15
+    log = capfd.readouterr().err
+    assert f"waiting for the SGLang server rollout.sglang.urls[0]={url} (no answer:" in log, log
+    assert "HTTP 503, still loading" in log and "is ready after" in log, log
+    dead = closed_port_url()
+    t0 = time.monotonic()
+    with pytest.raises(StartupError) as err:
+        check_backend("sglang", SGLangConfig(urls=[dead], startup_timeout_s=2))
+    assert 2.0 <= time.monotonic() - t0 < 6
+    assert f"rollout.sglang.urls[0]='{dead}': no SGLang server answers there" in str(err.value)
+    assert "after waiting 2 s (rollout.sglang.startup_timeout_s=2)" in str(err.value) and "\n" not in str(err.value)
+
+
+def _handler(answer):
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            status, headers, body = answer(self.path)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return Handler
 
 
 def test_sync_dir_must_be_named_and_writable(tmp_path):
@@ -194,16 +265,56 @@ def assert_one_line(proc: subprocess.CompletedProcess, message: str) -> None:
 
 @pytest.mark.parametrize("script", ["train_tir.py", "eval_aime.py"])
 def test_a_dead_sglang_url_ends_the_command_in_seconds_with_one_line(tmp_path, script):
+    """No server ever comes up: the start-up wait (lowered here from 900 s) ends with the URL."""
     dead = closed_port_url()
+    wait = "rollout.sglang.startup_timeout_s=3"
     args = (
-        [f"trainer.run_dir={tmp_path / 'run'}", "trainer.backend=sglang", f"rollout.sglang.urls=[{dead}]"]
+        [f"trainer.run_dir={tmp_path / 'run'}", "trainer.backend=sglang", f"rollout.sglang.urls=[{dead}]", wait]
         if script == "train_tir.py"
-        else ["model.path=tiny", "backend=sglang", f"rollout.sglang.urls=[{dead}]", f"out_dir={tmp_path / 'ev'}"]
+        else ["model.path=tiny", "backend=sglang", f"rollout.sglang.urls=[{dead}]", f"out_dir={tmp_path / 'ev'}", wait]
     )
     proc, seconds = run_cli(script, *args, cwd=tmp_path)
     assert_one_line(proc, f"rollout.sglang.urls[0]='{dead}': no SGLang server answers there")
+    assert "after waiting 3 s (rollout.sglang.startup_timeout_s=3)" in proc.stderr
+    assert "waiting for the SGLang server rollout.sglang.urls[0]" in proc.stderr  # progress, before the end
     assert seconds < 60, seconds  # start-up only: no model was loaded
     assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "ev").exists()
+
+
+def test_the_readme_launch_lines_work_as_printed(tmp_path):
+    """`launch_server ... &` then the trainer at once: the server (the stand-in, its port opened
+    only after a few seconds, as a real one opens it once its model is loaded) is waited for and
+    the start-up checks go on. They stop at the next piece, a missing data file here, so that the
+    test ends before any model loads: that is then the only problem reported."""
+    import socket
+
+    from stare_tir.model import ensure_tiny_checkpoint
+
+    standin = ROOT / "tests" / "rollout" / "sglang_standin.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, str(standin), "--model-path", str(ensure_tiny_checkpoint()), "--port", str(port)]
+        + ["--threads", "1", "--start-delay-s", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proc, _ = run_cli(
+            "train_tir.py",
+            f"trainer.run_dir={tmp_path / 'run'}",
+            "trainer.backend=sglang",
+            f"rollout.sglang.urls=[http://127.0.0.1:{port}]",
+            f"rollout.sglang.sync_dir={tmp_path / 'sync'}",
+            f"data.train={tmp_path / 'missing.jsonl'}",
+            cwd=tmp_path,
+        )
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+    assert_one_line(proc, f"data.train='{tmp_path / 'missing.jsonl'}'")
+    assert f"SGLang server rollout.sglang.urls[0]=http://127.0.0.1:{port} is ready after" in proc.stderr
 
 
 @pytest.mark.parametrize("script", ["train_tir.py", "eval_aime.py"])
@@ -236,3 +347,37 @@ def test_a_hub_model_id_that_does_not_exist_is_one_line_before_anything_loads(tm
     )
     assert_one_line(proc, "data.train='hf:org/nodata:train': no such dataset on the Hugging Face hub")
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_gpu_recipe_on_a_machine_without_gpus_says_so_at_start(monkeypatch):
+    """configs/retool_qwen2.5_7b_*.yaml (bf16 learner, SGLang rollouts) started where no CUDA
+    device is visible: one warning line naming why it is a GPU recipe and what to run instead.
+    Where a GPU is visible, and for the CPU configs, nothing."""
+    import torch
+    from loguru import logger
+
+    from stare_tir.app import pipeline
+    from stare_tir.app.preflight import gpu_recipe_without_gpu
+    from stare_tir.config import load_config
+    from stare_tir.train_config import TrainConfig
+
+    gpu = load_config(TrainConfig, ROOT / "configs" / "retool_qwen2.5_7b_stare.yaml", ["model.path=tiny"])
+    cpu = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said = gpu_recipe_without_gpu(gpu)
+    assert said is not None and "\n" not in said
+    assert "(learner.dtype=bf16, trainer.backend=sglang)" in said and "configs/tiny_cpu.yaml" in said
+    assert gpu_recipe_without_gpu(cpu) is None
+    for name in ("check_model", "check_trackers", "check_backend", "check_sandbox", "check_sft_traces", "check_data"):
+        monkeypatch.setattr(pipeline, name, lambda *a: None)  # only the warning is under test
+    monkeypatch.setattr(pipeline, "check_sync_dir", lambda *a: None)
+    monkeypatch.setattr(pipeline, "check_router", lambda *a: None)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING", format="{message}")
+    try:
+        assert pipeline.preflight_problems(gpu) == []
+    finally:
+        logger.remove(sink)
+    assert [line for line in lines if "made for GPUs" in line] == [said + "\n"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert gpu_recipe_without_gpu(gpu) is None

@@ -150,3 +150,62 @@ def test_only_rank_0_checks_the_directory(tmp_path, monkeypatch):
     with pytest.raises(StartupError, match="already holds a run"):
         pipeline.start_run(cfg)
     assert os.environ["RANK"] == "0"
+
+
+def test_a_full_disk_is_one_line_at_start_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """The file system refuses the run directory's write (ENOSPC, as a full disk does at the
+    sync): rc 2 with one line naming the directory and its free space; nothing is left there."""
+    import errno
+
+    from stare_tir.app import run_dir as run_dir_mod
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(run_dir_mod.os, "fsync", full)
+    (tmp_path / "runs").mkdir()
+    assert train_main([f"trainer.run_dir={tmp_path / 'runs' / 'a'}"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "cannot be written" in line]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "free in" in lines[0], err
+    assert "Traceback" not in err
+    assert list((tmp_path / "runs").iterdir()) == []  # no run directory, no probe, no temporary config
+
+
+def test_the_run_directorys_free_space_is_logged_at_start(tmp_path, capfd):
+    from stare_tir.app.run_dir import check_run_dir
+
+    check_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    assert f"run directory {tmp_path / 'run'}: " in capfd.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+def test_a_full_file_system_through_the_command(tmp_path):
+    """The user's case for real: a full tmpfs (mounted in a user namespace of its own) under the
+    run directory. Without the check: a traceback (rc 1) at config.yaml and a zero-byte temporary
+    file per attempt. Skipped where user namespaces cannot mount."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("no user namespaces here to mount a small tmpfs in")
+    root = Path(__file__).resolve().parents[2]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = (
+        'mount -t tmpfs -o size=256k tmpfs "$MNT" || exit 97; '
+        'head -c 1048576 /dev/zero >"$MNT/fill" 2>/dev/null; '
+        '"$PY" "$ROOT/scripts/train_tir.py" trainer.run_dir="$MNT/run" sandbox.backend=local; rc=$?; '
+        'echo "LEFT: $(ls -A "$MNT" | grep -v "^fill$" | tr "\\n" " ")"; exit $rc'
+    )
+    env = {**os.environ, "MNT": str(mnt), "PY": sys.executable, "ROOT": str(root)}
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
+    if proc.returncode == 97:
+        pytest.skip("this kernel refuses tmpfs in a user namespace")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert any(f"trainer.run_dir='{mnt / 'run'}' cannot be written (No space left on device" in e for e in errors)
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].strip() == "LEFT:", proc.stdout  # nothing but the filler

@@ -125,3 +125,66 @@ def test_stare_env_prints_versions_and_devices():
     for name in ("python", "torch", "deepspeed", "transformers", "sglang"):
         assert name in names
     assert "cuda" in r.stdout
+
+
+def _write_run(run: Path, rows: list[dict], summary: dict | None, grader: str = "math_verify") -> Path:
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"trainer:\n  steps: 4\nenv:\n  grader: {grader}\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def _step(step: int, entropy: float, gate: float = 0.0, seconds: float = 10.0, **extra) -> dict:
+    return {"step": step, "entropy/batch": entropy, "stare/gate_on": gate, "time/step": seconds, **extra}
+
+
+def test_compare_shows_an_unfinished_run_beside_a_finished_one(tmp_path):
+    """One run still training (no summary.json): its column shows what metrics.jsonl has, marked
+    unfinished; the table is not refused for it."""
+    done_rows = [{"step": 0, "eval/acc": 0.2, "eval/tool_calls": 1.0}, *(_step(s, 0.5) for s in (1, 2))]
+    done_rows.append({"step": 2, "eval/acc": 0.4, "eval/tool_calls": 2.0})
+    summary = {"acc_before_rl": 0.2, "acc_after_rl": 0.4, "steps": 2, "grader": "math_verify", "seconds": {"rl": 30}}
+    done = _write_run(tmp_path / "done", done_rows, summary)
+    running = _write_run(
+        tmp_path / "running",
+        [{"step": 0, "eval/acc": 0.1, "eval/tool_calls": 0.5}, _step(1, 0.7, gate=1.0), _step(2, 0.6)],
+        None,
+        grader="boxed",
+    )
+    r = compare(str(done), str(running))
+    assert r.returncode == 0, r.stderr
+    lines = {line.split("  ")[0].strip(): line.split() for line in r.stdout.splitlines()[2:]}
+    assert "finished" in r.stdout and "unfinished (no summary.json yet)" in r.stdout
+    assert lines["held-out acc before RL"][-2:] == ["0.200", "0.100"]
+    assert lines["held-out acc after RL (final)"][-2:] == ["0.400", "-"]
+    assert lines["RL steps"][-2:] == ["2", "2"] and lines["STARE gate first open at step"][-1] == "1"
+    assert lines["grader"][-2:] == ["math_verify", "boxed"]  # the unfinished run's config says
+
+
+def test_compare_after_a_resume_covers_every_launch(tmp_path):
+    """A run stopped at step 2 and resumed to step 4: summary.json was written by the last launch
+    (its wall time is that launch's), the numbers of the table come from the whole metrics.jsonl."""
+    rows = [
+        {"step": 0, "eval/acc": 0.5, "eval/tool_calls": 1.0},
+        _step(1, 0.9, gate=1.0, seconds=100.0),
+        _step(2, 0.8, seconds=100.0),  # first launch ends here (interrupted, checkpoint at 2)
+        _step(3, 0.7, seconds=50.0),
+        _step(4, 0.6, gate=1.0, seconds=50.0),
+        {"step": 4, "eval/acc": 0.75, "eval/tool_calls": 2.0},
+    ]
+    last_launch = {"acc_after_rl": 0.75, "steps": 4, "entropy_first_step": 0.7, "gate_on_fraction": 0.5}
+    run = _write_run(tmp_path / "run", rows, {**last_launch, "grader": "math_verify", "seconds": {"rl": 101.0}})
+    r = compare(str(run))
+    assert r.returncode == 0, r.stderr
+    lines = {line.split("  ")[0].strip(): line.split() for line in r.stdout.splitlines()[2:]}
+    assert lines["entropy first step"][-1] == "0.900"  # step 1 of the first launch
+    assert lines["gate on (fraction of steps)"][-1] == "0.500"
+    assert lines["STARE gate first open at step"][-1] == "1"
+    assert lines["best held-out acc"][-1] == "0.750" and lines["held-out acc before RL"][-1] == "0.500"
+    assert lines["RL step time, all launches (s)"][-1] == "300.000"
+    assert lines["wall time, last launch (s)"][-1] == "101.000"
+    _write_run(tmp_path / "extended", [*rows, _step(5, 0.5)], {**last_launch, "seconds": {"rl": 101.0}})
+    r = compare(str(tmp_path / "extended"))  # resumed past its end (more steps), still running
+    assert "unfinished (its summary.json is from step 4)" in r.stdout and "RL steps" in r.stdout

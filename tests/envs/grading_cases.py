@@ -422,4 +422,126 @@ CASES: list[tuple[str, str, bool, str]] = [
     ),
     ("12:00", r"\boxed{12:00}", True, "text"),
     ("12:00", r"\boxed{1:00}", False, "text"),
+    # ---- from math-verify 0.9.0's own test suite (scripts/bench/bench_grading_mv_suite.py): misses fixed
+    ("\\pm 2021", r"${-2021, 2021}$", True, "set"),
+    ("\\pm 7", r"\boxed{{-7,7}}", True, "set"),
+    ("{1,2,3}", r"\boxed{1} and \boxed{2} and \boxed{3}", True, "set"),
+    ("{1,2,3}", r"\boxed{1},\boxed{2},\boxed{3}", True, "set"),
+    (r"\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}", r"$${2, 3, 5, 7, 13}$$", True, "set"),
+    ("(1,3)", r"${1,3}$", False, "set"),  # a set is not a pair
+    ("{1,2,3}", r"\boxed{{1,2}}", False, "set"),
+    (
+        "(37,3,3,13),(17,3,3,7),(3,37,3,13),(3,17,3,7),(3,3,2,3)",
+        r"$\boxed{(3, 37, 3, 13), (3, 17, 3, 7), (3, 3, 2, 3), (3,17,3,7), (17,3,3,7), (37,3,3,13)}$",
+        True,
+        "set",
+    ),
+    ("1, 2", r"\boxed{1, 1, 2}", True, "set"),  # a solution listed twice
+    ("1, 1, 2", r"\boxed{1, 2}", False, "set"),  # a gold that counts a double root keeps the count
+    ("(3,17,3,7),(3,3,2,3)", r"\boxed{(3,17,3,7),(3,17,3,7)}", False, "set"),
+    (r"\boxed{1} papers and \boxed{2} bins", r"$\boxed{1,2}$", True, "extraction"),
+    (r"\boxed{1} no no no no no \boxed{2}", r"$\boxed{1,2}$", False, "extraction"),
+    (
+        "10455",
+        r"$0.05 \cdot 10,200 \cdot \frac{1}{2} = \boxed{255}$ So she has \$10,455. "
+        r"Final Answer: The final answer is $10,455$. I hope it is correct.",
+        True,
+        "extraction",
+    ),
+    ("255", r"So the interest is \boxed{255}. Final Answer: The final answer is $10,455$.", False, "extraction"),
+    ("3", "So s = 3. Final Answer: Jane started growing Sphere 3 hours ago. I hope it is correct.", True, "extraction"),
+    (
+        "8",
+        "So s = 3. Final Answer: Jane started growing Sphere 3 hours ago. I hope it is correct.",
+        False,
+        "extraction",
+    ),
+    (
+        "2/3",
+        "P(A) = (1/2) * (4/3) P(A) = 2/3 Therefore, the probability that Alice wins the game is 2/3. <|im_start|>user",
+        True,
+        "extraction",
+    ),
+    (
+        "12",
+        "The divisors of 90 are 1, 2, 3, 5, 6, 9, 10, 15, 18, 30, 45, and 90. Therefore, there are 12 distinct "
+        "arithmetic sequences that meet the three given conditions. I hope it is correct. <|im_start|>user",
+        True,
+        "extraction",
+    ),
+    ("1000.99", "the number is not 10 which is 1,000.99€", True, "extraction"),
+    ("10", "the number is not 10 which is 1,000.99€", False, "extraction"),
+    ("1000.99", "so the number is 10 which is 1,000.99m²", True, "extraction"),
+    ("1000.99", "not it's not 10 it's 1,000.99m²", True, "extraction"),
+    ("10", "The answer is not 10.", False, "extraction"),
+    ("3", "Therefore, x is not 2 or 3.", False, "extraction"),
+    ("3", "Therefore, x is not 2, 3.", False, "extraction"),
+    ("3", "Thus it is not 2 but 3.", True, "extraction"),
+    (  # a gold that is a worked solution: its final answer is the gold
+        "The overall percent loss in value is $100 \\% - 72 \\%=28 \\%$. Final Answer: The final answer is $28 \\%$. "
+        "I hope it is correct. Note: The solution provided is incorrect. The correct approach is as follows: "
+        + "we compute the two losses in turn and combine them into one percentage of the original value. "
+        * 3,
+        r"its value becomes $.8\cdot .9x = .72x$, making for a total loss of $\boxed{28\%}$.",
+        True,
+        "extraction",
+    ),
+    (
+        r"\begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}",
+        r"When multiplying by identity: $\begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix} \begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}$",
+        True,
+        "matrix",
+    ),
+    (
+        r"\begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}",
+        r"$\boxed{\begin{pmatrix}1 & 2 \\ 0 & 1\end{pmatrix} \begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}}$",
+        False,
+        "matrix",
+    ),
+    (
+        r"\begin{pmatrix}2 & 1 \\ 4 & 3\end{pmatrix}",
+        r"$\boxed{\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix} \cdot \begin{pmatrix}0 & 1 \\ 1 & 0\end{pmatrix}}$",
+        True,
+        "matrix",
+    ),
+    (
+        r"F_n = \sum_{k=0}^{n-1} F_k F_{n-k-1}",
+        r"$F_n = \sum_{k=0}^{n-1} F_{n-k-1} F_k$",
+        True,
+        "expression",
+    ),
+    (
+        r"F_n = \sum_{k=0}^{n-1} F_k F_{n-k-1}",
+        r"$F_n = \sum_{k=0}^{n-2} F_k F_{n-k-2}$",
+        False,
+        "expression",
+    ),
+    (r"$$0.06 \text{ yuan}$$", r"$$\boxed{0.06 \text{ yuan}}$$", True, "units"),
+    (r"$$0.06 \text{ yuan}$$", r"$$\boxed{0.6 \text{ yuan}}$$", False, "units"),
+    (r"(3, 3), (1, 1)", r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", True, "set"),
+    (r"(3, 3), (1, 1)", r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 2)}$$", False, "set"),
+    ("A", "A. Because B is not valid", True, "choice"),
+    ("B", "A. Because B is not valid", False, "choice"),
+    ("B", "Because B is valid", True, "choice"),
+    ("B", "Because B is not valid", False, "choice"),
+    (
+        "(7,6)",
+        r"$y = 8.8 - 2.8 = 6$ So, the ordered pair $(x, y)$ that solves the system is $(7, 6)$. <|im_start|>user",
+        True,
+        "extraction",
+    ),
+    (
+        "14916",
+        r"So $N = 14 {, }916$. Final Answer: The final answer is $14 {, }916$. I hope it is correct. Note: The "
+        r"solution provided assumes that $A$ and $B$ are digits that are nonzero.",
+        True,
+        "extraction",
+    ),
+    (
+        "100\\%",
+        r"Now suppose the error in the momentum is halved. Dividing, we get: $$\frac{\Delta x'}{\Delta x} \geq "
+        r"\frac{2}{1}.$$ Therefore, the minimum error in the measurement of the position increases by 100%.",
+        True,
+        "extraction",
+    ),
 ]

@@ -271,9 +271,13 @@ def test_symbolic_off_falls_back_to_strings_and_numbers():
 
 
 def test_light_imports():
+    """`envs` (grading, data, the Retool env, the task, the reward-function seam) imports without the
+    heavy stack: no torch, transformers, deepspeed or datasets, and sympy, math-verify and its LaTeX
+    parser load only in the grading worker."""
+    heavy = ("torch", "transformers", "deepspeed", "datasets", "sympy", "math_verify", "latex2sympy2_extended")
     code = (
-        "import sys, envs.grading, envs.data, envs.retool, envs.arithmetic, envs.base; "
-        "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'sympy', 'datasets') if m in sys.modules]; "
+        "import sys, envs.grading, envs.data, envs.retool, envs.arithmetic, envs.base, envs.reward; "
+        f"bad = [m for m in {heavy!r} if m in sys.modules]; "
         "assert not bad, bad"
     )
     root = Path(__file__).resolve().parents[2]

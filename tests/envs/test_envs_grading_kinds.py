@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import collections
 import importlib.util
-import subprocess
-import sys
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -216,15 +214,6 @@ def test_a_timeout_is_reported_in_the_result():
         assert g.stats["timeouts"] == 1 and g.stats["seconds"] > 0
     finally:
         g.close()
-
-
-def test_import_stays_light():
-    code = (
-        "import sys, envs.grading, envs.retool; "
-        "bad = [m for m in ('torch', 'sympy', 'math_verify', 'latex2sympy2_extended') if m in sys.modules]; "
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 # ----------------------------------------------------------------------------- env metrics

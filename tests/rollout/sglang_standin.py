@@ -36,7 +36,8 @@ a version is given):
 `--compat` picks the version behaviour (QUIRKS in sglang_standin_quirks.py): "0.5.23" (the default, as measured on the
 real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks. `/server_info` reports the
 compat version. `--token-delay-s D` makes each request emit one token per D seconds (a generation that
-takes as long as a learner step, for asynchronous training).
+takes as long as a learner step, for asynchronous training). `--start-delay-s D` opens the port only
+after D seconds, as a real server does once its model is loaded (connections are refused meanwhile).
 
 Faults it reproduces (each kills the process, as a fatal error in SGLang's scheduler loop kills
 the real server: the HTTP server's child watcher then ends it, and the pending call's connection
@@ -564,6 +565,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive timeout (uvicorn: 5 s)")
     ap.add_argument("--token-delay-s", type=float, default=0.0, help="seconds per emitted token of each request")
     ap.add_argument(
+        "--start-delay-s",
+        type=float,
+        default=0.0,
+        help="seconds before the port opens (a real server opens it once its model is loaded: minutes for 7B)",
+    )
+    ap.add_argument(
         "--rank-processes",
         action="store_true",
         help="each TP rank opens its tensor payload in its own process and keeps the weights (GPU check)",
@@ -574,6 +581,7 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     quirks = {q for q in args.quirks.split(",") if q}
+    time.sleep(args.start_delay_s)  # "loading": connections are refused meanwhile
     server = StandinServer(
         args.model_path,
         args.host,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -214,6 +215,89 @@ def test_a_refused_broadcast_ends_on_the_sending_side_within_the_groups_timeout(
     be.update_weights(_state(tiny_path).items(), version="2")  # a new group works
     assert _version(url) == "2"
     be.close()
+
+
+class NcclShaped:
+    """The pushing side of an NCCL weight-update group as the push sees it, over a real gloo group.
+
+    `broadcast` enqueues the transfer on a "stream" (one worker thread) and returns a work whose
+    `wait()` returns at once: NCCL's only makes the caller's CUDA stream wait
+    (ProcessGroupNCCL.cpp `WorkNCCL::wait` -> `synchronizeStream`), so the push's sender thread
+    ends before anything was sent. `synchronize()` is what the trainer's next GPU operation does
+    (it waits for that stream); `abort()` fails what is enqueued, as `ncclCommAbort` does."""
+
+    def __init__(self, pg) -> None:
+        import queue
+
+        self.pg, self.aborts = pg, 0
+        self.pending: list = []
+        self.aborted = threading.Event()
+        self.stream: queue.Queue = queue.Queue()
+        Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            tensors, opts, done = self.stream.get()
+            if not self.aborted.is_set():
+                with contextlib.suppress(Exception):  # gloo's timeout, once the receiver left
+                    self.pg.broadcast(tensors, opts).wait()
+            done.set()
+
+    def broadcast(self, tensors, opts):
+        done = threading.Event()
+        self.pending.append(done)
+        self.stream.put((tensors, opts, done))
+
+        class Work:
+            wait = staticmethod(lambda *a: True)  # returns at once, transfer or not
+            is_completed = staticmethod(done.is_set)
+
+        return Work()
+
+    def abort(self) -> None:
+        self.aborts += 1
+        self.aborted.set()
+        for done in self.pending:
+            done.set()
+
+    def synchronize(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for done in self.pending:
+            done.wait(max(0.0, deadline - time.monotonic()))
+
+
+def test_an_nccl_shaped_refusal_aborts_the_communicator_and_ends_the_run_in_seconds(
+    process_server, tiny_path, monkeypatch
+):
+    """Bucket 2 refused on a group whose `wait()` returns at once (NCCL's): the sender thread has
+    already returned when the refusal comes, and the broadcast it enqueued would hold the trainer's
+    next GPU operation until the group's timeout (then the watchdog's abort). The push aborts the
+    communicator anyway: the run ends with the server's message within seconds."""
+    import stare_tir.rollout.backends.sglang.push as push_mod
+
+    made: list[NcclShaped] = []
+    real_init = push_mod.init_weight_update_group
+
+    def nccl_shaped(*args, **kw):
+        made.append(NcclShaped(real_init(*args, **kw)))
+        return made[-1]
+
+    monkeypatch.setattr(push_mod, "init_weight_update_group", nccl_shaped)
+    url = process_server
+    request_sync("POST", url + "/standin_fault", {"refuse_update": 2})
+    cfg = SGLangConfig(weight_sync="distributed", dist_backend="gloo", bucket_mb=0.05, timeout_s=30)
+    be = SGLangBackend([url], cfg)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"stand-in refused weight update 2"):
+            be.update_weights(_state(tiny_path).items(), version="1")
+        assert len(made) == 1 and not be._group.sender.thread.is_alive()  # nothing left to see alive
+        assert made[0].aborts == 1, "the enqueued broadcast was left to the group's timeout"
+        made[0].synchronize(timeout_s=cfg.timeout_s + 5)  # the trainer's next GPU operation
+        assert time.monotonic() - t0 < 5
+    finally:
+        request_sync("POST", url + "/standin_fault", {"refuse_update": 0})
+        be.close()
 
 
 def test_restarted_server_is_set_aside_then_resynced(standin, tiny_path, tiny_tok):

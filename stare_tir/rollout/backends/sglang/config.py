@@ -23,6 +23,12 @@ class SGLangConfig:
     weight_urls: list[str] = field(default_factory=list)
     # Seconds a control call (weight update, flush, memory, group set-up) may take.
     timeout_s: float = 600.0
+    # Seconds the start-up checks wait for servers that are still loading (connection refused, or
+    # HTTP 503 while they warm up) before the run fails naming the URL; progress is logged every
+    # 30 s. A 7B server takes minutes to load, and the launch lines in the README start it in the
+    # background and the trainer at once. A server that answers as something else fails at once.
+    # 0: ask each server once.
+    startup_timeout_s: float = 900.0
     # Seconds to open a connection to a server (a dead server fails fast and is routed around).
     connect_timeout_s: float = 30.0
     # Seconds a /generate may wait for its answer; None: no limit. Finite by default so that a
@@ -83,6 +89,8 @@ class SGLangConfig:
         for name in ("timeout_s", "connect_timeout_s", "keepalive_s", "bucket_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
+        if self.startup_timeout_s < 0:
+            raise ValueError(f"startup_timeout_s={self.startup_timeout_s!r}: must be >= 0 (0: ask once)")
         if self.generate_timeout_s is not None and self.generate_timeout_s <= 0:
             raise ValueError(f"generate_timeout_s={self.generate_timeout_s!r}: must be > 0 or null")
         if self.tp_size < 0:

@@ -334,6 +334,14 @@ class Beside:
             self.error = exc
 
 
+def _pending(work: Any) -> bool:
+    """Whether an enqueued collective may still be running (a work that cannot say counts)."""
+    try:
+        return not work.is_completed()
+    except Exception:  # noqa: BLE001 - a failed work's query: abort to be sure
+        return True
+
+
 class UpdateGroup:
     """The weight-update process group: this process is rank 0, TP rank r of server i is rank
     1 + (tp sizes of the servers before i) + r.
@@ -351,6 +359,7 @@ class UpdateGroup:
         self.pg = None
         self.broken = False
         self.sender: Beside | None = None  # the last bucket's broadcast thread
+        self.works: list[Any] = []  # the last bucket's enqueued broadcasts
 
     @property
     def world_size(self) -> int:
@@ -416,6 +425,7 @@ class UpdateGroup:
                 "weight_version": version,
             }
             posts = Posts(self.urls, "/update_weights_from_distributed", [payload] * len(self.urls), cfg.timeout_s)
+            self.works = []
             sender = self.sender = Beside(self._broadcast, bucket)
             try:
                 posts.wait_for(sender.thread, "broadcasting weights", cfg.timeout_s)
@@ -427,21 +437,29 @@ class UpdateGroup:
                     said = posts.failure()
                     raise RuntimeError(f"broadcasting weights failed: {sender.error}" + (f"; {said}" if said else ""))
                 posts.join()
+                self.works = []  # every server received the bucket: nothing of it is pending
             except BaseException:
                 self.broken = True  # a half-done collective: this group is never used again
                 self._abort(sender)
                 raise
 
     def _abort(self, sender: Beside) -> None:
-        """After a refusal: abort this side's communicator so the sender thread's broadcast, which
-        the refusing server never joins, fails now instead of waiting in NCCL for the group's
-        timeout (`timeout_s`, which bounds it anyway: the group is made with it). The servers
-        that accepted the bucket are left in their broadcast: 0.5.23 makes their group without
-        a timeout argument (utils/common.py `init_custom_process_group` from
+        """After a refusal: abort this side's communicator whenever a broadcast of this bucket may
+        still be pending, so it fails now instead of waiting for the group's timeout (`timeout_s`:
+        the group is made with it) and then the watchdog's abort.
+
+        Whether the sender thread is alive says nothing on NCCL: its `wait()` only makes the
+        caller's CUDA stream wait for the communicator's (ProcessGroupNCCL.cpp `WorkNCCL::wait`),
+        so the thread returns at once and the enqueued broadcast, which the refusing server never
+        joins, holds the trainer's next GPU operation. A broadcast whose work reports completion
+        needs nothing; gloo's blocking one cannot be aborted and ends by the group's timeout.
+
+        The servers that accepted the bucket are left in their broadcast: 0.5.23 makes their
+        group without a timeout argument (utils/common.py `init_custom_process_group` from
         model_runner_components/weight_updater.py `init_weights_update_group`: torch's default,
-        30 minutes for NCCL) and takes no abort request, so they recover when it expires or
-        they are restarted; the trainer stops with the cause at once."""
-        if sender.thread.is_alive() and self.pg is not None:
+        30 minutes for NCCL) and takes no abort request, so they recover when it expires or they
+        are restarted; the trainer stops with the cause at once."""
+        if self.pg is not None and (sender.thread.is_alive() or any(_pending(w) for w in self.works)):
             try:
                 self.pg.abort()
             except Exception as exc:  # noqa: BLE001 - best effort: the group's timeout still ends it
@@ -455,7 +473,9 @@ class UpdateGroup:
 
     def _broadcast(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         for _, t in bucket:  # same order as `names`: the servers receive in that order
-            broadcast_from_rank0(self.pg, t.detach().contiguous()).wait()
+            work = broadcast_from_rank0(self.pg, t.detach().contiguous())
+            self.works.append(work)
+            work.wait()
 
     def destroy(self) -> None:
         """Best effort on both sides (servers may be gone); never raises."""
