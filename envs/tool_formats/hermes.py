@@ -22,6 +22,7 @@ import json
 import re
 
 from envs.tool_formats.base import TOOL_FORMATS, ToolCall, neutralize
+from envs.tool_formats.retool import RetoolFormat  # noqa: F401  (registered first, whoever imports this)
 
 TOOL_NAME = "python"
 HERMES_TOOLS: list[dict] = [
