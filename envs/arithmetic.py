@@ -23,6 +23,12 @@ only part of the time and fails most hard problems it answers directly: RL has c
 raise both the tool-call rate and the accuracy. `code_styles` (default: `print(EXPR)` only) can mix
 ways of writing the tool call's code that print the same line (`x = EXPR` + `print(x)`): a
 reward-neutral choice inside the tool mode.
+
+With a chat tool format (`cfg.tool_format="hermes"`) a tool trace is written in the OpenAI
+messages-with-tool-calls layout: an assistant message with `tool_calls` (`{"name": "python",
+"arguments": {"code": ...}}`), the `tool` message holding the env's observation, and the final
+assistant answer; the row carries the format's `tools`, so SFT renders it with the chat template
+exactly as RL rollouts are rendered.
 """
 
 from __future__ import annotations
@@ -207,6 +213,17 @@ def tool_turn(problem: dict, style: str = "print") -> str:
     return f"<code>\n```python\n{CODE_STYLES[style](problem['expr'])}\n```\n</code>"
 
 
+def tool_call_message(problem: dict, style: str = "print") -> dict:
+    """The assistant message that calls the python tool (chat tool formats), OpenAI layout."""
+    check_code_styles([style])
+    code = CODE_STYLES[style](problem["expr"])
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "python", "arguments": {"code": code}}}],
+    }
+
+
 def direct_answer(problem: dict) -> str:
     return f"{problem['expr']} = {problem['answer']}\n\\boxed{{{problem['answer']}}}"
 
@@ -248,9 +265,12 @@ async def amake_sft_traces(
 
     async def one(problem: dict, use_tool: bool, style: str) -> dict:
         env = RetoolEnv(problem, sandbox, cfg)
+        chat = env.format.chat_turns
+        after: list[dict] = []  # chat formats: the messages after the prompt
         try:
             if use_tool:
-                turn = tool_turn(problem, style)
+                call = tool_call_message(problem, style)
+                turn = env.format.assistant_text(call) if chat else tool_turn(problem, style)
                 for _ in range(3):  # infrastructure hiccups are retried (fresh env), code errors are not
                     async with sem:
                         res = await env.step(turn)
@@ -260,10 +280,23 @@ async def amake_sft_traces(
                     env = RetoolEnv(problem, sandbox, cfg)
                 if env.sandbox_error or res.observation is None:
                     raise RuntimeError(f"sandbox failed on {problem['id']}: {res.info}")
-                printed = res.observation.strip().removeprefix("<interpreter>").removesuffix("</interpreter>").strip()
+                if chat:
+                    printed = res.observation.strip()
+                else:
+                    printed = (
+                        res.observation.strip().removeprefix("<interpreter>").removesuffix("</interpreter>").strip()
+                    )
                 if printed != problem["answer"]:
                     raise RuntimeError(f"{problem['id']}: code printed {printed!r}, expected {problem['answer']!r}")
-                text = turn + res.observation + final_answer(printed)
+                if chat:
+                    text = turn + final_answer(printed)  # graded; the messages carry the tool turn
+                    after = [
+                        call,
+                        {"role": "tool", "name": "python", "content": res.observation},
+                        {"role": "assistant", "content": final_answer(printed)},
+                    ]
+                else:
+                    text = turn + res.observation + final_answer(printed)
             else:
                 text = direct_answer(problem)
             _, info = env.reward(text)
@@ -271,10 +304,12 @@ async def amake_sft_traces(
                 raise RuntimeError(f"{problem['id']}: trace graded wrong ({info})")
         finally:
             await env.close()
-        messages = env.initial_messages() + [{"role": "assistant", "content": text}]
+        messages = env.initial_messages() + (after or [{"role": "assistant", "content": text}])
         if on_trace is not None:
             on_trace()
         row = {"id": problem["id"], "messages": messages, "uses_tool": use_tool, "answer": problem["answer"]}
+        if chat:  # the schemas the chat template shows (SFT renders the row with them)
+            row["tools"] = env.tools
         if styled and use_tool:  # only then, so default traces stay byte-identical
             row["code_style"] = style
         return row

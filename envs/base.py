@@ -17,7 +17,9 @@ class StepResult:
     """What the env answers to one model turn.
 
     observation: text appended after the model's turn verbatim (the engine tokenizes it once and
-        masks it out of the loss), or None when nothing is appended.
+        masks it out of the loss), or None when nothing is appended. An env with `tools` (a chat
+        tool format, envs/tool_formats/) returns the content of a `tool` message instead, which the
+        engine renders with the model's chat template.
     done: True when the trajectory is finished (final answer, no code, budget spent, infra error).
     info: per-turn details for logging (status of the code run, whether it timed out, ...).
     """

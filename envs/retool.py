@@ -37,6 +37,7 @@ from loguru import logger
 from envs.base import EnvFactory, StepResult
 from envs.grading import GRADERS, get_grader
 from envs.reward import RewardFunction, load_reward_fn
+from envs.tool_formats import TOOL_FORMATS, make_tool_format
 from sandbox.base import ExecResult, ExecStatus, Sandbox, Session
 
 RETOOL_SYSTEM_PROMPT = (
@@ -66,6 +67,10 @@ class RetoolConfig:
     # Prompt preset: "retool" (full instructions, for real models) or "short" (a one-line system
     # prompt, for the tiny CPU model whose context is a few hundred tokens).
     prompt: Literal["retool", "short"] = "retool"
+    # How a tool call is written and answered (`envs.tool_formats.TOOL_FORMATS`, docs/tool-formats.md):
+    # "retool" = the `<code>`/`<interpreter>` text tags; "hermes" = native tool calling, `<tool_call>`
+    # JSON and `tool` messages rendered by the model's chat template (which must be able to call tools).
+    tool_format: str = field(default="retool", metadata={"choices": TOOL_FORMATS.names})
     # Replaces the preset's system prompt when set.
     system_prompt: str | None = None
     # The user message; "{problem}" is replaced by the problem text (no other braces are touched).
@@ -129,6 +134,7 @@ class RetoolConfig:
         if self.grade_timeout_s <= 0:
             raise ValueError(f"grade_timeout_s={self.grade_timeout_s!r}: must be > 0")
         GRADERS.check(self.grader, "grader")
+        TOOL_FORMATS.check(self.tool_format, "tool_format")
         if self.reward_timeout_s <= 0:
             raise ValueError(f"reward_timeout_s={self.reward_timeout_s!r}: must be > 0")
         if self.reward:
@@ -199,12 +205,17 @@ class RetoolEnv:
         cfg: RetoolConfig | None = None,
         reward_fn: RewardFunction | None = None,
     ) -> None:
-        self.stop_strings = ["</code>"]
         self.problem = problem
         self.sandbox = sandbox
         self.cfg = cfg or RetoolConfig()
+        self.format = make_tool_format(self.cfg.tool_format)
+        self.stop_strings = list(self.format.stop_strings)
+        # Chat formats: the tools' schemas for the chat template (the engine renders tool turns).
+        self.tools = list(self.format.tools)
         self.reward_fn = reward_fn  # env.reward's function, shared by the factory's envs (None: the grader)
         self.stats = {"tool_calls": 0, "code_errors": 0, "timeouts": 0, "sandbox_errors": 0, "void_turns": 0}
+        if self.format.chat_turns:  # only a JSON call can be malformed
+            self.stats["format_errors"] = 0
         self.sandbox_error = False
         self.turns = 0
         self._stack: contextlib.AsyncExitStack | None = None
@@ -213,18 +224,22 @@ class RetoolEnv:
 
     # -- prompt
     def initial_messages(self) -> list[dict]:
-        system = self.cfg.system_prompt if self.cfg.system_prompt is not None else PROMPTS[self.cfg.prompt]
+        system = (
+            self.cfg.system_prompt
+            if self.cfg.system_prompt is not None
+            else self.format.system_prompts[self.cfg.prompt]
+        )
         user = self.cfg.user_template.replace("{problem}", str(self.problem["problem"]))
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     # -- one model turn
     async def step(self, turn_text: str) -> StepResult:
         self.turns += 1
-        code, code_pos = extract_code(turn_text)
+        call = self.format.find_call(turn_text)
         answer_pos = _final_answer_pos(turn_text)
         info: dict = {"turn": self.turns}
-        if code is None or (answer_pos is not None and answer_pos > code_pos):
-            if code is None and answer_pos is None:
+        if call is None or (answer_pos is not None and answer_pos > call.pos):
+            if call is None and answer_pos is None:
                 self.stats["void_turns"] += 1
                 info["void_turn"] = True
             info["reason"] = "answer" if answer_pos is not None else "no_code"
@@ -232,8 +247,12 @@ class RetoolEnv:
         if self.stats["tool_calls"] >= self.cfg.max_tool_calls:
             info["reason"] = "max_tool_calls"
             return StepResult(None, True, info)
+        if call.error:  # malformed: the model reads why, the run goes on (max_turns bounds retries)
+            self.stats["format_errors"] = self.stats.get("format_errors", 0) + 1
+            info["format_error"] = call.error
+            return StepResult(self.format.observation(call.error), False, info)
         self.stats["tool_calls"] += 1
-        result = await self._run(code)
+        result = await self._run(call.code)
         obs = self._observation(result, info)
         if self.sandbox_error:
             info["reason"] = "sandbox_error"
@@ -283,12 +302,12 @@ class RetoolEnv:
                 tail = f"Killed (signal {result.signal})" if result.signal else "Killed"
             body = stdout + ("\n" if stdout and not stdout.endswith("\n") else "") + tail
         body = truncate_middle(body.strip("\n"), self.cfg.obs_max_chars, self.cfg.obs_head_ratio)
-        return f"\n<interpreter>\n{neutralize(body)}\n</interpreter>\n"
+        return self.format.observation(body)
 
     # -- grading
     def reward(self, response_text: str) -> tuple[float, dict]:
         cfg = self.cfg
-        model_text = strip_interpreter(response_text)
+        model_text = self.format.model_text(response_text)
         if self.reward_fn is not None:
             return self._own_reward(model_text)
         gold = str(self.problem["answer"])
@@ -341,10 +360,11 @@ class RetoolEnv:
         return r, info
 
     def _format_ok(self, model_text: str) -> bool:
-        if model_text.count("<code>") != model_text.count("</code>"):
+        open_tag, close_tag = self.format.call_tags
+        if model_text.count(open_tag) != model_text.count(close_tag):
             return False
         pos = _final_answer_pos(model_text, need_tag=self.cfg.require_answer_tag)
-        last_code = model_text.rfind("</code>")
+        last_code = model_text.rfind(close_tag)
         return pos is not None and pos > last_code
 
     async def close(self) -> None:

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from envs.retool import RetoolConfig, make_retool_env_factory
+from envs.tool_formats import make_tool_format
 from sandbox import SandboxConfig, make_sandbox
-from stare_tir.model import ModelConfig, load_tokenizer, resolve_model_path
+from stare_tir.model import ModelConfig, chat_template_name, load_tokenizer, resolve_model_path
 from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, Backend
+from stare_tir.rollout.chat_turns import check_tool_template
 from stare_tir.rollout.engine import RolloutConfig, RolloutEngine
 
 
@@ -65,6 +67,8 @@ def build_components(
     """
     path = model_path if model_path is not None else resolve_model_path(model)
     tok = tokenizer if tokenizer is not None else load_tokenizer(model, path)
+    # A chat tool format needs a template that shows tools and keeps earlier turns as they were.
+    check_tool_template(tok, make_tool_format(env.tool_format), chat_template_name(model, path))
     back = make_backend(backend, path, tok, rollout, trust_remote_code=model.trust_remote_code)
     try:
         box = make_sandbox(sandbox)

@@ -227,6 +227,10 @@ def build_tiny_model(
 
 # The pretrained tiny base shipped with the package (made by scripts/pretrain_tiny.py).
 PRETRAINED_TINY_BASE = Path(__file__).parent / "assets" / "tiny-base"
+# Chat templates shipped with the package; tiny_tools.jinja: the tiny model's template with tool
+# calling in the Qwen2.5 convention (`model.chat_template=<this dir>/tiny_tools.jinja` with
+# `env.tool_format=hermes`).
+TINY_TEMPLATES = Path(__file__).parent / "assets" / "templates"
 
 
 def pretrained_tiny_base() -> Path:
@@ -408,6 +412,14 @@ def load_tokenizer(model: ModelConfig, model_path: str) -> Any:
             "set model.chat_template (a Jinja template or a .jinja file)"
         )
     return tokenizer
+
+
+def chat_template_name(model: ModelConfig, model_path: str) -> str:
+    """How messages name the chat template in use: model.chat_template's file, or the tokenizer's."""
+    template = model.chat_template
+    if template:
+        return template if "{" not in template else "given inline in model.chat_template"
+    return f"of {model.tokenizer or model_path}"
 
 
 def model_fingerprint(model_path: str) -> str:

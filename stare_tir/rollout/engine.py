@@ -15,6 +15,11 @@ For every (problem, sample) the engine runs one small state machine, many of the
             back to GEN
     END     env.reward(decoded response) -> reward; env.close()
 
+An env that declares `tools` (a chat tool format, `env.tool_format=hermes`) gets them in its prompt
+(`apply_chat_template(..., tools=...)`), and its observations are the content of `tool` messages:
+the tokens appended are exactly the suffix its chat template renders for that message after the
+conversation so far (`chat_turns.ChatTurns`), the model's own ids kept as sampled.
+
 Each turn's max_new_tokens is clamped to min(max_new_tokens_per_turn, tokens left of
 max_total_tokens), so no trajectory ever exceeds its budget. Trajectories run as asyncio tasks
 (at most `max_concurrency` at once): while some wait for their sandbox, the backend batches the
@@ -46,6 +51,7 @@ from loguru import logger
 from envs.base import Env, EnvFactory
 from registry import Registry
 from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, Backend, Generation, SamplingParams
+from stare_tir.rollout.chat_turns import ChatTurns
 from stare_tir.rollout.trajectory import FINISH_REASONS, Trajectory
 
 
@@ -333,17 +339,24 @@ class RolloutEngine:
         # The template's control tokens (<|im_start|>, ...) must become their special ids here.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def _chat_turns(self, env: Env) -> ChatTurns | None:
+        """The conversation a chat tool format renders turn by turn, or None for a text format.
+        (An env without a `tools` attribute predates tool formats: a text format.)"""
+        tools = getattr(env, "tools", None)
+        return ChatTurns(self.tokenizer, env.initial_messages(), tools) if tools else None
+
     async def _rollout(
         self, problem: dict, group: int, sample: int, prompts: dict[int, list[int]], cfg: RolloutConfig
     ) -> Trajectory:
         env = self.env_factory(problem)
+        chat = self._chat_turns(env)
         if group not in prompts:  # chat template once per problem, shared by its samples
-            prompts[group] = self._prompt_ids(env)
+            prompts[group] = chat.prompt_ids() if chat is not None else self._prompt_ids(env)
         traj = Trajectory(prompt_ids=list(prompts[group]), problem_id=str(problem.get("id", "")), group_id=group)
         timing = {"gen_s": 0.0, "env_s": 0.0}
         try:
             try:
-                await self._episode(env, traj, group, sample, timing, cfg)
+                await self._episode(env, traj, group, sample, timing, cfg, chat)
             except Exception as exc:  # env or backend failure: keep the record, flag it
                 traj.finish_reason = "error"
                 traj.info["error"] = f"{type(exc).__name__}: {exc}"
@@ -371,7 +384,14 @@ class RolloutEngine:
         return traj
 
     async def _episode(
-        self, env: Env, traj: Trajectory, group: int, sample: int, timing: dict, cfg: RolloutConfig
+        self,
+        env: Env,
+        traj: Trajectory,
+        group: int,
+        sample: int,
+        timing: dict,
+        cfg: RolloutConfig,
+        chat: ChatTurns | None = None,
     ) -> None:
         stops = list(dict.fromkeys([*env.stop_strings, *cfg.stop_strings]))
         while True:
@@ -390,7 +410,11 @@ class RolloutEngine:
                 # Cut by its budget: a half-written turn is not executed.
                 traj.finish_reason = "max_tokens"
                 return
-            turn_text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            # A chat format keeps special tokens in the turn text: a template's <tool_call> may be
+            # one, and the conversation must hold exactly what the sampled ids decode to.
+            turn_text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=chat is None)
+            if chat is not None:
+                chat.model_turn(turn_text)
             t = time.perf_counter()
             step = await env.step(turn_text)
             timing["env_s"] += time.perf_counter() - t
@@ -406,7 +430,10 @@ class RolloutEngine:
                 traj.finish_reason = "max_turns"
                 return
             if step.observation:
-                obs = encode_plain(self.tokenizer, step.observation)
+                if chat is not None:  # the template's rendering of the tool message, exactly
+                    obs = chat.tool_turn(step.observation)
+                else:
+                    obs = encode_plain(self.tokenizer, step.observation)
                 left = cfg.max_total_tokens - len(traj.response_ids)
                 traj.append(obs[:left], None, "obs")
                 if len(obs) >= left:
@@ -449,6 +476,8 @@ def rollout_stats(trajs: list[Trajectory], wall_s: float | None = None) -> dict[
         "rollout/sandbox_error_rate": sum(t.sandbox_error for t in trajs) / n,
         "rollout/error_rate": sum(t.finish_reason == "error" for t in trajs) / n,
         "rollout/void_turns": sum(t.void_turns for t in trajs) / n,
+        # Malformed tool calls (bad JSON, unknown tool, missing arguments) answered with an error.
+        "rollout/tool_format_errors": sum(t.info.get("env_stats", {}).get("format_errors", 0) for t in trajs) / n,
         "grade/seconds": sum(float(t.info.get("grade_s", 0.0)) for t in trajs) / n,
         "grade/timeout_rate": sum(bool(t.info.get("grade_timeout")) for t in trajs) / n,
         "grade/error_rate": sum(bool(t.info.get("grade_error")) for t in trajs) / n,

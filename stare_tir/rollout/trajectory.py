@@ -8,7 +8,8 @@ three arrays out of step.
 Invariants (checked by `check()` and by the tests):
 - `response_ids` is exactly what the backend was conditioned on after `prompt_ids`: model tokens are
   the ids the backend sampled (never re-tokenized from text) and observation tokens are the ids
-  the engine fed it (tokenized once, as plain text).
+  the engine fed it (tokenized once: as plain text, or for a chat tool format as the chat
+  template's rendering of the tool turn, its control tokens included).
 - `loss_mask[k]` is 1 for model tokens and 0 for observation tokens; `rollout_logprobs[k]` is the
   sampling logprob for model tokens and 0.0 for observation tokens.
 - `turns` tiles `response_ids` without gaps: (start, end, kind) with kind "model" or "obs".

@@ -62,6 +62,8 @@ def traces_inputs(cfg: TrainConfig) -> dict[str, Any]:
             # the reward function does not write traces (and leaving it out keeps older keys)
             "env": {k: v for k, v in to_dict(cfg.env).items() if k not in ("reward", "reward_timeout_s")},
         }
+        if inputs["env"].get("tool_format") == "retool":  # absent at the default: older keys still match
+            del inputs["env"]["tool_format"]
         if list(cfg.sft.code_styles) != list(DEFAULT_CODE_STYLES):  # absent at the default: older keys still match
             inputs["code_styles"] = list(cfg.sft.code_styles)
         return inputs
@@ -233,6 +235,16 @@ def sft_traces(cfg: TrainConfig, run_dir: Path) -> list[dict] | Path:
     return make_synthetic_traces(cfg, own)
 
 
+def check_template_for_tools(cfg: TrainConfig, tokenizer: Any, base_model: str) -> None:
+    """A chat tool format (env.tool_format=hermes) needs a chat template that shows tools and keeps
+    earlier turns as they were: refused in one line before traces are made (chat_turns.py)."""
+    from envs.tool_formats import make_tool_format
+    from stare_tir.model import chat_template_name
+    from stare_tir.rollout.chat_turns import check_tool_template
+
+    check_tool_template(tokenizer, make_tool_format(cfg.env.tool_format), chat_template_name(cfg.model, base_model))
+
+
 def sft_stage(
     cfg: TrainConfig, base_model: str, run_dir: Path, *, resume: bool = False, overwrite: bool = False
 ) -> tuple[str, dict]:
@@ -276,6 +288,8 @@ def sft_stage(
                 _link_copy(source, out)
             return str(source), {"reused": True, "from": str(source), "key": key}
     check_sft_traces(cfg)
+    tokenizer = load_tokenizer(cfg.model, base_model)
+    check_template_for_tools(cfg, tokenizer, base_model)
     data = sft_traces(cfg, run_dir)
     # The policy's tokenizer (model.tokenizer, model.chat_template) is saved with the checkpoint.
     summary = run_sft(
@@ -283,7 +297,7 @@ def sft_stage(
         base_model,
         data,
         out,
-        tokenizer=load_tokenizer(cfg.model, base_model),
+        tokenizer=tokenizer,
         trust_remote_code=cfg.model.trust_remote_code,
         checkpoints=sft_checkpoints(out),
         key=key,

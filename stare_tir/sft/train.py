@@ -15,6 +15,14 @@ have produced for the same conversation:
 - the final <|im_end|> (the tokenizer's EOS, the token that ends an RL response) is appended as a
   model token: the model must learn to stop.
 
+Rows in the OpenAI messages-with-tool-calls layout (a "tools" list, assistant messages with
+"tool_calls", "tool" messages: native tool calling, `env.tool_format=hermes`) are encoded turn by
+turn exactly as the rollout engine builds them (`stare_tir.rollout.chat_turns.ChatTurns`): each
+assistant message becomes the text the model writes for it (its content, then each call as
+`<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, where generation stops), masked 1;
+each tool message becomes the suffix the chat template renders for it, masked 0; the final
+assistant message ends with the EOS. The loss mask covers exactly the assistant's tokens.
+
 The loss is token-mean NLL over loss_mask == 1 tokens of the global batch (`Learner.sft_step`), so
 interpreter output is never trained on, exactly as in RL. The result is an ordinary HF directory
 (weights + tokenizer) that the RL stage loads like any model path.
@@ -62,6 +70,8 @@ def check_record(record: Any) -> None:
             )
         if not isinstance(msgs[-1].get("content"), str):
             raise ValueError("messages: the last (assistant) message has no text content")
+        if _is_tool_record(record):
+            _check_tool_messages(msgs)
     elif "text" in record:
         if not isinstance(record["text"], str):
             raise ValueError("text: expected a string")
@@ -84,6 +94,8 @@ def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajector
 
     eos = tokenizer.eos_token_id
     check_record(record)
+    if "messages" in record and _is_tool_record(record):
+        return _encode_tool_record(record, tokenizer)
     if "messages" in record:
         msgs = record["messages"]
         prompt_text = tokenizer.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
@@ -131,6 +143,68 @@ def encode_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajector
         if eos is None:
             raise ValueError("the tokenizer has no eos_token: cannot end the response")
         traj.append([eos], [0.0], "model")
+    return traj
+
+
+def _is_tool_record(record: dict) -> bool:
+    """A row in the OpenAI messages-with-tool-calls layout (native tool calling)."""
+    msgs = record.get("messages") or []
+    return "tools" in record or any(
+        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in msgs
+    )
+
+
+def _check_tool_messages(msgs: list[dict]) -> None:
+    """After the first assistant message: assistant turns, each with tool calls followed by one tool
+    message, and a last assistant turn without calls (the layout a rollout produces)."""
+    roles = [m.get("role") for m in msgs]
+    if "assistant" not in roles:
+        raise ValueError("messages: no assistant message")
+    first = roles.index("assistant")
+    for k in range(first, len(msgs)):
+        m, role = msgs[k], roles[k]
+        last = k == len(msgs) - 1
+        if role == "assistant":
+            calls = m.get("tool_calls") or []
+            if not isinstance(m.get("content") or "", str):
+                raise ValueError(f"messages[{k}]: assistant content must be text")
+            if calls and (last or roles[k + 1] != "tool"):
+                raise ValueError(f"messages[{k}]: an assistant tool call must be followed by its tool message")
+            if not calls and not last:
+                raise ValueError(f"messages[{k}]: an assistant message without tool calls must be the last one")
+            if len(calls) > 1:
+                raise ValueError(f"messages[{k}]: one tool call per assistant turn (generation stops at the first)")
+        elif role == "tool":
+            if roles[k - 1] != "assistant":
+                raise ValueError(f"messages[{k}]: a tool message must follow the assistant turn that called it")
+        else:
+            raise ValueError(f"messages[{k}]: role {role!r} after the first assistant turn (only assistant and tool)")
+
+
+def _encode_tool_record(record: dict, tokenizer: PreTrainedTokenizerBase) -> Trajectory:
+    """A native tool-calling row, turn by turn as the rollout engine builds it (module docstring)."""
+    from envs.tool_formats import make_tool_format
+    from stare_tir.rollout.chat_turns import ChatTurns, encode_template_text
+    from stare_tir.rollout.trajectory import Trajectory
+
+    fmt = make_tool_format("hermes")  # the OpenAI tool-call layout is written in the Qwen/Hermes convention
+    msgs = record["messages"]
+    first = [m.get("role") for m in msgs].index("assistant")
+    chat = ChatTurns(tokenizer, msgs[:first], record.get("tools") or fmt.tools)
+    traj = Trajectory(prompt_ids=chat.prompt_ids())
+    for m in msgs[first:]:
+        if m["role"] == "assistant":
+            text = fmt.assistant_text(m)
+            ids = encode_template_text(tokenizer, text)  # as sampled: a <tool_call> special stays one id
+            chat.model_turn(text)
+            traj.append(ids, [0.0] * len(ids), "model")
+        else:  # a tool turn: exactly what the template renders, the output neutralized as the env does
+            content = m.get("content")
+            content = content if isinstance(content, str) else json.dumps(content)
+            traj.append(chat.tool_turn(fmt.observation(content), name=str(m.get("name") or "python")), None, "obs")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos_token: cannot end the response")
+    traj.append([tokenizer.eos_token_id], [0.0], "model")
     return traj
 
 
