@@ -92,6 +92,20 @@ def render() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def missing_keys(text: str) -> list[str]:
+    """Keys of either schema that the page lacks, or whose whole comment it lacks."""
+    from stare_tir.config import field_comments
+    from stare_tir.eval.command import EvalRunConfig
+    from stare_tir.train_config import TrainConfig
+
+    missing = []
+    for schema in (TrainConfig, EvalRunConfig):
+        for key, comment in field_comments(schema).items():
+            if f"`{key}` = " not in text or (comment and comment.strip() not in text):
+                missing.append(key)
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if docs/configuration.md is not up to date")
@@ -100,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if not OUT.exists() or OUT.read_text() != text:
             print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/docs/config_reference.py", file=sys.stderr)
+            return 1
+        missing = missing_keys(text)
+        if missing:
+            print(f"{OUT.relative_to(ROOT)} lacks keys or their comments: {missing[:10]}", file=sys.stderr)
             return 1
         print(f"{OUT.relative_to(ROOT)} is up to date")
         return 0
