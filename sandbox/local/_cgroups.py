@@ -255,20 +255,28 @@ class Cgroups:
 
 def _guard_loop(sock: socket.socket, parents: list[int]) -> None:
     held: dict[int, int] = {}  # uid -> a copy of its lock fd
+    # The worker's words (`take:UID ` with its lock fd, `free:UID `) come as one stream of bytes: a
+    # read may end inside a word, so the unfinished tail waits for the next read, and each lock fd
+    # waits for its `take:` word to be whole (the kernel hands it over with the word's first byte).
+    # Dropping a cut word once kept a freed uid's lock here for good: the pool leaked under load.
+    tail, locks = b"", []
     while True:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 1)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
         except OSError:
             msg, fds = b"", []
+        locks += fds
         if not msg:
             break  # the worker is gone
-        for line in msg.decode(errors="replace").split():
-            if line.startswith("take:") and fds:
-                held[int(line[5:])] = fds.pop(0)
-            elif line.startswith("free:") and int(line[5:]) in held:
-                os.close(held.pop(int(line[5:])))
-        for fd in fds:
-            os.close(fd)
+        *words, tail = (tail + msg).split(b" ")
+        for word in words:
+            kind, _, uid = word.decode(errors="replace").partition(":")
+            if kind == "take" and locks and uid.isdigit():
+                held[int(uid)] = locks.pop(0)
+            elif kind == "free" and uid.isdigit() and int(uid) in held:
+                os.close(held.pop(int(uid)))
+    for fd in locks:
+        os.close(fd)
     kill_groups(parents)  # before the uids go back: no process of a released uid may live
     for fd in held.values():
         os.close(fd)
