@@ -29,6 +29,33 @@ def standin() -> ModuleType:
     return load_standin()
 
 
+# The budgets of a fast end-to-end run of the tiny model, shared by every test that trains one: a
+# short cold start from the shipped tiny base (so rewards differ inside groups and dynamic sampling
+# keeps groups), a small task split, 4 prompts x 4 samples of at most 64 tokens: a step takes a
+# second or two on a 2-core CPU. A test adds what it is about (steps, checkpoints, the algorithm).
+TINY_RUN = (
+    "sft.num_traces=96",
+    "sft.train.epochs=3",
+    "sft.train.batch_size=32",
+    "data.arithmetic_train_size=200",
+    "data.arithmetic_eval_size=8",
+    "trainer.prompts_per_step=4",
+    "rollout.n_per_prompt=4",
+    "rollout.max_total_tokens=64",
+    "rollout.max_new_tokens_per_turn=40",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_run():
+    """`tiny_run(*extra)`: the fast tiny-run overrides (TINY_RUN) followed by a test's own."""
+
+    def overrides(*extra: str) -> list[str]:
+        return [*TINY_RUN, *extra]
+
+    return overrides
+
+
 # What a launcher sets. A test that leaves one in this worker's environment turns every later
 # in-process learner and every later subprocess into a rank of a world that does not exist.
 # (LOCAL_RANK is left out: the in-process 1-rank group sets it for DeepSpeed, on purpose.)

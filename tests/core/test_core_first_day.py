@@ -21,21 +21,8 @@ TRAIN = ROOT / "scripts" / "train_tir.py"
 SFT = ROOT / "scripts" / "sft_coldstart.py"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
-# Small budgets (as tests/trainer/test_trainer_e2e.py's) so a step takes a second or two.
-FAST = [
-    "sft.num_traces=96",
-    "sft.train.epochs=3",
-    "sft.train.batch_size=32",
-    "data.arithmetic_train_size=200",
-    "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4",
-    "rollout.n_per_prompt=4",
-    "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40",
-    "trainer.eval_every=0",
-    "trainer.save_every=1",
-    "algo.dynamic_sampling_rounds=2",
-]
+# Added to the shared tiny-run budgets (tests/conftest.py `tiny_run`): a checkpoint every step.
+MINE = ("trainer.eval_every=0", "trainer.save_every=1", "algo.dynamic_sampling_rounds=2")
 GOOD_TRACE = {
     "messages": [
         {"role": "user", "content": "What is 2 + 3?"},
@@ -86,14 +73,14 @@ def test_three_problems_in_one_command_are_three_lines_rc2_and_nothing_written(t
 
 
 @pytest.mark.slow
-def test_a_fixed_retry_starts_into_a_directory_a_failed_start_left(tmp_path):
+def test_a_fixed_retry_starts_into_a_directory_a_failed_start_left(tmp_path, tiny_run):
     """A start that failed after writing its config (here: killed before step 1) leaves a directory
     that counts as free: the same command again starts, without --overwrite."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("trainer: {steps: 1}\n")  # what a start writes first
     (run_dir / "train.log").write_text("a failed start\n")
-    r = run(TRAIN, f"trainer.run_dir={run_dir}", *FAST, "trainer.steps=1", timeout=420)
+    r = run(TRAIN, f"trainer.run_dir={run_dir}", *tiny_run(*MINE), "trainer.steps=1", timeout=420)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert (run_dir / "summary.json").is_file()
 
@@ -225,9 +212,17 @@ def test_resume_takes_an_override_after_it_and_only_auto_as_its_value():
 
 
 @pytest.mark.slow
-def test_kill_9_then_the_same_command_with_resume_auto_continues(tmp_path):
+def test_kill_9_then_the_same_command_with_resume_auto_continues(tmp_path, tiny_run):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, str(TRAIN), "--resume", "auto", f"trainer.run_dir={run_dir}", *FAST, "trainer.steps=3"]
+    cmd = [
+        sys.executable,
+        str(TRAIN),
+        "--resume",
+        "auto",
+        f"trainer.run_dir={run_dir}",
+        *tiny_run(*MINE),
+        "trainer.steps=3",
+    ]
     child = subprocess.Popen(
         cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )

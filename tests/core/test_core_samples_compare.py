@@ -14,19 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "scripts" / "train_tir.py"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-FAST = [
-    "sft.num_traces=96",
-    "sft.train.epochs=3",
-    "sft.train.batch_size=32",
-    "data.arithmetic_train_size=200",
-    "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4",
-    "rollout.n_per_prompt=4",
-    "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40",
-    "trainer.eval_every=0",
-    "algo.dynamic_sampling_rounds=2",
-]
 
 
 def compare(*args: str) -> subprocess.CompletedProcess:
@@ -35,11 +22,18 @@ def compare(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_default_run_writes_samples_and_compare_prints_two_runs(tmp_path):
+def test_a_default_run_writes_samples_and_compare_prints_two_runs(tmp_path, tiny_run):
     runs = []
     for name, algo in (("stare", "stare"), ("grpo", "grpo_ds")):
         run_dir = tmp_path / name
-        cmd = [sys.executable, str(TRAIN), f"trainer.run_dir={run_dir}", *FAST, "trainer.steps=1", f"algo.name={algo}"]
+        cmd = [
+            sys.executable,
+            str(TRAIN),
+            f"trainer.run_dir={run_dir}",
+            *tiny_run("trainer.eval_every=0", "algo.dynamic_sampling_rounds=2"),
+            "trainer.steps=1",
+            f"algo.name={algo}",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=420, cwd=ROOT, env=ENV)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         assert "\r" not in r.stderr and "\x1b[" not in r.stderr  # a console that is a pipe: plain lines

@@ -21,18 +21,6 @@ from stare_tir.train_config import TrainConfig
 from stare_tir.trainer import build_run, close_run, rl_step
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = [
-    "sft.num_traces=96",
-    "sft.train.epochs=3",
-    "sft.train.batch_size=32",
-    "data.arithmetic_train_size=200",
-    "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4",
-    "rollout.n_per_prompt=4",
-    "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40",
-    "algo.dynamic_sampling_rounds=3",
-]
 # (overrides, the method's own selected-fraction key or None)
 RUNS = {
     "dapo": (["algo.name=dapo"], None),
@@ -73,15 +61,16 @@ def first_weight(run) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_every_baseline_trains_the_tiny_config_and_logs_selected_frac(tmp_path):
+def test_every_baseline_trains_the_tiny_config_and_logs_selected_frac(tmp_path, tiny_run):
     tiny = ROOT / "configs" / "tiny_cpu.yaml"
-    cfg = load_config(TrainConfig, tiny, [*FAST, f"trainer.run_dir={tmp_path}"])
+    fast = tiny_run("algo.dynamic_sampling_rounds=3")
+    cfg = load_config(TrainConfig, tiny, [*fast, f"trainer.run_dir={tmp_path}"])
     model, _ = sft_stage(cfg, resolve_model_path(cfg.model), tmp_path)
     run = build_run(cfg, model, tmp_path / "rl")
     step, trained = 0, {}
     try:
         for name, (overrides, own_key) in RUNS.items():
-            run.cfg = dataclasses.replace(run.cfg, algo=load_config(TrainConfig, tiny, [*FAST, *overrides]).algo)
+            run.cfg = dataclasses.replace(run.cfg, algo=load_config(TrainConfig, tiny, [*fast, *overrides]).algo)
             for _ in range(3):  # a step may find no informative group; the next one will
                 step += 1
                 before = first_weight(run)

@@ -26,27 +26,23 @@ def missing_from_metrics_doc(keys) -> str:
     return module.missing_from_doc(keys)
 
 
-# Small budgets so a step takes a second or two on a 2-core CPU. A short SFT from the shipped tiny
-# base makes rewards differ inside groups, so dynamic sampling keeps groups and STARE has work.
-FAST = [
-    "sft.num_traces=96",
-    "sft.train.epochs=3",
-    "sft.train.batch_size=32",
-    "data.arithmetic_train_size=200",
-    "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4",
-    "rollout.n_per_prompt=4",
-    "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40",
+# What these runs add to the shared tiny-run budgets (tests/conftest.py `tiny_run`): a checkpoint every
+# step, no periodic evaluation, and STARE's gate always on, so STARE has work at every step.
+E2E = (
     "trainer.eval_every=0",
     "trainer.save_every=1",
     "algo.dynamic_sampling_rounds=2",
-    "algo.stare.target_entropy=100",  # gate always on: exercise STARE
-]
+    "algo.stare.target_entropy=100",
+)
 
 
-def run_script(run_dir: Path, *extra: str, timeout: int = 420) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={run_dir}", *FAST, *extra]
+@pytest.fixture
+def fast(tiny_run) -> list[str]:
+    return tiny_run(*E2E)
+
+
+def run_script(run_dir: Path, fast: list[str], *extra: str, timeout: int = 420) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={run_dir}", *fast, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -58,9 +54,9 @@ def rows_by_step(run_dir: Path) -> dict[int, dict]:
 
 
 @pytest.mark.slow
-def test_short_rl_run_completes_with_finite_metrics_and_checkpoints(tmp_path):
+def test_short_rl_run_completes_with_finite_metrics_and_checkpoints(tmp_path, fast):
     run_dir = tmp_path / "run"
-    proc = run_script(run_dir, "trainer.steps=2", "trainer.save_hf_every=1")
+    proc = run_script(run_dir, fast, "trainer.steps=2", "trainer.save_hf_every=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = rows_by_step(run_dir)
     assert sorted(steps) == [1, 2]
@@ -88,19 +84,19 @@ def test_short_rl_run_completes_with_finite_metrics_and_checkpoints(tmp_path):
 
     # A second run into the same directory is refused, and changes nothing there.
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    again = run_script(run_dir, "trainer.steps=2", "algo.name=grpo_ds", timeout=120)
+    again = run_script(run_dir, fast, "trainer.steps=2", "algo.name=grpo_ds", timeout=120)
     assert again.returncode == 2 and "already holds a run" in again.stderr and "Traceback" not in again.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, fast):
     reference = tmp_path / "reference"
-    proc = run_script(reference, "trainer.steps=3")
+    proc = run_script(reference, fast, "trainer.steps=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     killed = tmp_path / "killed"
-    cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={killed}", *FAST, "trainer.steps=3"]
+    cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={killed}", *fast, "trainer.steps=3"]
     child = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -114,7 +110,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     os.killpg(child.pid, signal.SIGKILL)  # mid step 3 (or between steps): no chance to clean up
     child.wait()
 
-    # --resume alone: the run's own config.yaml brings back every setting (FAST, steps=3); the
+    # --resume alone: the run's own config.yaml brings back every setting (fast, steps=3); the
     # defaults (16000 SFT traces, 40 steps) would neither match the reference nor finish in time.
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--resume", f"trainer.run_dir={killed}"],
@@ -135,7 +131,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_data_parallel_run_under_torchrun(tmp_path):
+def test_two_process_data_parallel_run_under_torchrun(tmp_path, fast):
     run_dir = tmp_path / "dp2"
     cmd = [
         sys.executable,
@@ -145,7 +141,7 @@ def test_two_process_data_parallel_run_under_torchrun(tmp_path):
         "2",
         str(SCRIPT),
         f"trainer.run_dir={run_dir}",
-        *FAST,
+        *fast,
         "trainer.steps=2",
         "learner.zero_stage=2",
     ]
@@ -158,11 +154,11 @@ def test_two_process_data_parallel_run_under_torchrun(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_after_the_step_saves_it_and_says_how_to_resume(tmp_path):
+def test_ctrl_c_stops_after_the_step_saves_it_and_says_how_to_resume(tmp_path, fast):
     run_dir = tmp_path / "run"
     # No SFT and GRPO without dynamic sampling: every step updates, a step takes about a second.
-    fast = ["model.path=tiny", "sft.enabled=false", "algo.name=grpo", "trainer.steps=30"]
-    cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={run_dir}", *FAST, *fast]
+    quick = ["model.path=tiny", "sft.enabled=false", "algo.name=grpo", "trainer.steps=30"]
+    cmd = [sys.executable, str(SCRIPT), f"trainer.run_dir={run_dir}", *fast, *quick]
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     latest = run_dir / "checkpoints" / "latest"
     deadline = time.time() + 300

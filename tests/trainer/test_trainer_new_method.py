@@ -19,17 +19,6 @@ from stare_tir.train_config import TrainConfig
 from stare_tir.trainer import build_run, close_run, rl_step
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = [
-    "sft.num_traces=96",
-    "sft.train.epochs=3",
-    "sft.train.batch_size=32",
-    "data.arithmetic_train_size=200",
-    "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4",
-    "rollout.n_per_prompt=4",
-    "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40",
-]
 
 
 @dataclass
@@ -67,13 +56,13 @@ def test_a_method_registered_at_run_time_is_a_preset_a_config_section_and_a_help
 
 
 @pytest.mark.slow
-def test_a_method_registered_at_run_time_trains_a_tiny_step(tmp_path):
+def test_a_method_registered_at_run_time_trains_a_tiny_step(tmp_path, tiny_run):
     tiny = ROOT / "configs" / "tiny_cpu.yaml"
     with TOKEN_METHODS.temporarily("double_low_prob", double_low_prob, config=DoubleLowProbConfig):
         cfg = load_config(
             TrainConfig,
             tiny,
-            [*FAST, "algo.name=grpo_ds", "algo.token_methods=[double_low_prob]", "algo.double_low_prob.scale=3"],
+            tiny_run("algo.name=grpo_ds", "algo.token_methods=[double_low_prob]", "algo.double_low_prob.scale=3"),
         )
         model, _ = sft_stage(cfg, resolve_model_path(cfg.model), tmp_path)
         run = build_run(cfg, model, tmp_path / "rl")

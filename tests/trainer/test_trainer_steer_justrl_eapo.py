@@ -15,22 +15,11 @@ from stare_tir.train_config import TrainConfig
 from stare_tir.trainer import build_run, close_run, rl_step
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = [
-    "sft.num_traces=96",
-    "sft.train.epochs=3",
-    "sft.train.batch_size=32",
-    "data.arithmetic_train_size=200",
-    "data.arithmetic_eval_size=8",
-    "trainer.prompts_per_step=4",
-    "rollout.n_per_prompt=4",
-    "rollout.max_total_tokens=64",
-    "rollout.max_new_tokens_per_turn=40",
-]
 
 
 @pytest.fixture(scope="module")
-def sft_model(tmp_path_factory):
-    cfg = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", FAST)
+def sft_model(tmp_path_factory, tiny_run):
+    cfg = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", tiny_run())
     model, _ = sft_stage(cfg, resolve_model_path(cfg.model), tmp_path_factory.mktemp("sft"))
     return model
 
@@ -44,8 +33,8 @@ CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-def test_trains_two_tiny_steps(sft_model, tmp_path, name):
-    cfg = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", [*FAST, f"algo.name={name}", *CASES[name]])
+def test_trains_two_tiny_steps(sft_model, tmp_path, name, tiny_run):
+    cfg = load_config(TrainConfig, ROOT / "configs" / "tiny_cpu.yaml", tiny_run(f"algo.name={name}", *CASES[name]))
     run = build_run(cfg, sft_model, tmp_path / "rl")
     rows = []
     try:
