@@ -116,6 +116,7 @@ class Waits:
         self.cur: dict[str, float] = {}
         self.rows: list[dict[str, float]] = []
         self.lags: list[float] = []
+        self.their_parks: list[float] = []  # the neighbours' parks: their host time beyond their cells
 
     @contextlib.contextmanager
     def hooks(self, victim: set):
@@ -150,6 +151,8 @@ class Waits:
             finally:
                 if mine():
                     waits.cur["park"] = time.perf_counter() - t
+                else:
+                    waits.their_parks.append(time.perf_counter() - t)
 
         slots_mod.Slots.slot, WorkerClient.resume, WorkerClient.park = slot, resume, park
         try:
@@ -250,10 +253,14 @@ async def bench_neighbours(cfg: SandboxConfig, n: int, modes: list[str], leftove
         out.update(w_alone.summary("alone"))
         line("local victim cell, 4 noisy neighbours", noisy)
         out.update(w_noisy.summary("noisy"))
+        parks = w_noisy.their_parks or [0.0]
         print(
             f"  the neighbours' own cells: p50 {pct(theirs, 0.5) * 1e3:.1f} ms, max {max(theirs) * 1e3:.1f} ms "
-            f"(n={len(theirs)})"
+            f"(n={len(theirs)}), of which stopping their session (killing {leftovers} leftovers): "
+            f"p50 {pct(parks, 0.5) * 1e3:.1f} ms, max {max(parks) * 1e3:.1f} ms"
         )
+        out["neighbour_park_p50_ms"] = pct(parks, 0.5) * 1e3
+        out["neighbour_park_max_ms"] = max(parks) * 1e3
         print(f"victim 0.7 s cells under a 1 s limit timed out: {quiet_to} alone, {noisy_to} with neighbours")
         for mode in modes:
             code = SPIN.format(ms=round(pct(theirs, 0.5) * 1e3, 1)) if mode == "spin" else IDLE
