@@ -9,8 +9,12 @@ the sandbox prepare its next interpreter) for both the sandbox and the baseline;
 back to back (gap 0, bound by throughput) are printed too. Throughput: 2*n concurrent calls.
 A cell of one open session is timed too, with the part spent stopping the session after it.
 Timing isolation: a victim session's `print(1)` cells alone and beside 4 noisy neighbour sessions
-(each leaving 60 processes per cell for the worker to kill): p50/p95, `neighbour_p95_ratio`, and
-how many of the victim's 0.7 s cells under a 1 s limit time out (`victim_timeouts`).
+(each leaving `--neighbour-leftovers` processes per cell for the worker to kill): p50/p95,
+`neighbour_p95_ratio`, and how many of the victim's 0.7 s cells under a 1 s limit time out
+(`victim_timeouts`). Where the victim's cells waited (`<case>_<part>_tail_ms`: the slot, the
+worker's resume and park answers, the cell itself, the host loop's lag, over the slowest 5%), and
+the same victim beside neighbours that spin as long without leftovers (CPU contention alone) or
+sleep (`--neighbour-modes`); `--only-neighbours` runs just this part.
 Last line: RESULT trivial_speedup=.. sympy_speedup=.. trivial_calls_per_s=.. (+ more figures).
 """
 
