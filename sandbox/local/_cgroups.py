@@ -22,6 +22,7 @@ except ImportError:  # in the worker, which imports its siblings by name
     from _procfs import cgroup_mounts, cgroup_paths, freezer_state, int_list, keyed_counter, read_at
 
 CPU_PERIOD_US = 100_000
+TWIN = "t"  # suffix of a session's twin freezer group (cgroup v1): s<sid>t
 
 
 def _mounts_and_own() -> tuple[dict[str, str], dict[str, str]]:
@@ -39,6 +40,12 @@ class Cgroups:
         self.name, self.v2, self.cpu = name, v2, cpu  # v2: the limits are cgroup v2's
         self.freezer, self.freezer_v2 = freezer, freezer_v2  # index into dirs, or None
         self.grandparents, self.parents = [], []
+        # v1 freezer: a session whose cell left processes gets a twin freezer group (sid -> its fd),
+        # empty between parks. A park that finds leftovers moves the session's interpreter into it
+        # (one migration) and thaws the old group, where the killed leftovers then die: no
+        # migration per leftover (each can wait for an RCU grace period, and blocks every fork).
+        self.twins: dict[int, int] = {}
+        self.twin_dirs: set[int] = set()  # sessions that have a twin group (to remove with them)
         for i, d in enumerate(dirs):
             try:
                 self._add(d)
@@ -215,6 +222,32 @@ class Cgroups:
             except ProcessLookupError:
                 pass
 
+    def hand_over(self, fds: list[int], sid: int, pid: int) -> bool:
+        """Let the killed processes of a frozen session die, in one cgroup migration whatever their
+        number (v1): the session's interpreter `pid` moves, still frozen, into the session's twin
+        group (frozen, empty: a task moving into a frozen group stays frozen), the group it left
+        thaws, and the twin becomes the session's freezer group (`fds` is updated in place). Only
+        once every other process of the group has its SIGKILL: they die as they thaw, none runs
+        user code again. False when it cannot be done (cgroup v2, the interpreter gone...): the
+        caller then releases each process (`release`)."""
+        fd = self._freezer_fd(fds)
+        if fd is None or self.freezer_v2 or sid < 0:
+            return False
+        try:
+            if sid not in self.twins:  # made at the first park that needs it: most sessions never do
+                pfd = self.parents[self.freezer]
+                os.mkdir(f"s{sid}{TWIN}", dir_fd=pfd)
+                self.twin_dirs.add(sid)
+                self.twins[sid] = os.open(f"s{sid}{TWIN}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pfd)
+            twin = self.twins[sid]
+            _write_at(twin, "freezer.state", "FROZEN")  # empty (new, or emptied by the last hand-over): frozen at once
+            _write_at(twin, "cgroup.procs", str(pid))
+        except OSError:
+            return False
+        fds[self.freezer], self.twins[sid] = twin, fd
+        _write_at(fd, "freezer.state", "THAWED")
+        return True
+
     def procs(self, fds: list[int]) -> list[int]:
         """Host pids of the session's processes (a zombie leader with live threads included)."""
         for fd in fds:
@@ -234,13 +267,20 @@ class Cgroups:
 
     def remove(self, sid: int) -> bool:
         ok = True
-        for pfd in self.parents:
-            try:
-                os.rmdir(f"s{sid}", dir_fd=pfd)
-            except FileNotFoundError:
-                pass
-            except OSError:  # EBUSY while the kernel finishes tearing the session down
-                ok = False
+        twin = self.twins.pop(sid, None)
+        if twin is not None:
+            os.close(twin)
+            self.twin_dirs.add(sid)
+        for i, pfd in enumerate(self.parents):
+            for name in (f"s{sid}", f"s{sid}{TWIN}") if i == self.freezer and sid in self.twin_dirs else (f"s{sid}",):
+                try:
+                    os.rmdir(name, dir_fd=pfd)
+                except FileNotFoundError:
+                    pass
+                except OSError:  # EBUSY while the kernel finishes tearing the session down
+                    ok = False
+        if ok:
+            self.twin_dirs.discard(sid)
         return ok
 
     def close(self) -> None:
@@ -282,10 +322,16 @@ def _guard_loop(sock: socket.socket, parents: list[int]) -> None:
         os.close(fd)
 
 
+def _is_session_group(name: str) -> bool:
+    """s<sid>, or its twin freezer group s<sid>t."""
+    digits = name[1:-1] if name.endswith(TWIN) else name[1:]
+    return name.startswith("s") and digits.isdigit() and digits.isascii()
+
+
 def _session_groups(parent: int) -> list[int]:
     out = []
     for sub in os.listdir(parent):
-        if sub.startswith("s") and sub[1:].isdigit():
+        if _is_session_group(sub):
             try:
                 out.append(os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent))
             except OSError:
@@ -323,7 +369,7 @@ def kill_groups(parents: list[int], timeout: float = 5.0) -> None:
         time.sleep(0.005)
     for p in parents:
         for sub in os.listdir(p):
-            if sub.startswith("s") and sub[1:].isdigit():
+            if _is_session_group(sub):
                 try:
                     os.rmdir(sub, dir_fd=p)
                 except OSError:

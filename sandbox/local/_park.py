@@ -44,9 +44,11 @@ def signal_quietly(pid: int, sig: int) -> None:
         pass
 
 
-def park_frozen(cgroups, fds: list[int], pid: int, proc_fd: int, deadline: float) -> Park:
+def park_frozen(cgroups, fds: list[int], pid: int, proc_fd: int, deadline: float, sid: int = -1) -> Park:
     """Freeze the session, kill every process but `pid`; returns (processes killed, live threads
-    of `pid`). Raises TimeoutError if the group does not freeze or a killed process does not die."""
+    of `pid`). Raises TimeoutError if the group does not freeze or a killed process does not die.
+    The killed processes die when they thaw: all at once when `pid` can move to the session's
+    twin group (`cgroups.hand_over`, one migration), else each moved out of the frozen group."""
     yield from cgroups.freeze(fds, deadline)
     groups: dict[int, list[int]] = {}
     for tid in cgroups.threads(fds) or []:
@@ -54,7 +56,13 @@ def park_frozen(cgroups, fds: list[int], pid: int, proc_fd: int, deadline: float
         if tgid is not None:  # None: it exited since the listing
             groups.setdefault(tgid, []).append(tid)
     others = [g for g in groups if g != pid]
-    yield from kill_and_wait(others, proc_fd, deadline, release=lambda g: cgroups.release(fds, g))
+    yield from kill_and_wait(
+        others,
+        proc_fd,
+        deadline,
+        release=lambda g: cgroups.release(fds, g),
+        release_all=lambda: cgroups.hand_over(fds, sid, pid),
+    )
     return len(others), groups.get(pid, [])
 
 
@@ -81,10 +89,16 @@ def park_signalled(members: Callable[[], list[int]], pid: int, proc_fd: int, dea
 
 
 def kill_and_wait(
-    pids: list[int], proc_fd: int, deadline: float, release: Callable[[int], None] | None = None
+    pids: list[int],
+    proc_fd: int,
+    deadline: float,
+    release: Callable[[int], None] | None = None,
+    release_all: Callable[[], bool] | None = None,
 ) -> Iterator[float]:
     """SIGKILL each process and wait until all have exited (pidfds; a reused pid cannot fool it).
-    Yields how long to wait before looking again."""
+    Frozen processes hold their SIGKILL until they thaw: `release_all()` thaws all of them once
+    every one has it (True if it did), else `release(pid)` each. Yields how long to wait before
+    looking again."""
     waits = []
     for p in pids:
         try:
@@ -94,12 +108,13 @@ def kill_and_wait(
         except OSError:  # no pidfds (Linux < 5.3): watch its tasks instead
             waits.append((p, -1))
     try:
-        for i, (p, _) in enumerate(waits, 1):
+        for p, _ in waits:
             signal_quietly(p, signal.SIGKILL)
-            if release is not None:
-                release(p)  # a cgroup migration each (v1): tens of microseconds
-            if i % KILLS_PER_STEP == 0:
-                yield 0.0  # many leftovers: let the worker serve other sessions in between
+        if waits and release is not None and not (release_all is not None and release_all()):
+            for i, (p, _) in enumerate(waits, 1):
+                release(p)  # a cgroup migration each (v1): up to an RCU grace period, tens of ms under load
+                if i % KILLS_PER_STEP == 0:
+                    yield 0.0  # many leftovers: let the worker serve other sessions in between
         poller, pending = select.poll(), {fd for _, fd in waits if fd >= 0}
         for fd in pending:
             poller.register(fd, select.POLLIN)  # readable once the process has exited

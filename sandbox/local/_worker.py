@@ -354,7 +354,7 @@ class Worker:
         deadline = time.monotonic() + STOP_TIMEOUT_S
         if self.cgroups is not None and self.cgroups.freezer is not None:
             self.stopped[sid] = "freezer"
-            steps = park_frozen(self.cgroups, self.cg_fds.get(sid, []), pid, self.procfd, deadline)
+            steps = park_frozen(self.cgroups, self.cg_fds.get(sid, []), pid, self.procfd, deadline, sid)
         else:
             self.stopped[sid] = "signal"
             steps = park_signalled(lambda: self.members(sid), pid, self.procfd, deadline)

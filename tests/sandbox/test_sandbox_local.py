@@ -182,3 +182,69 @@ def test_live_sessions_of_two_sandboxes_never_share_a_uid(sb, make_box):
         for s in sessions:
             s.__exit__(None, None, None)
         other.close()
+
+
+def _freezer_groups(worker: int) -> dict[str, tuple[str, int]] | None:
+    """{group: (freezer state, tasks)} of a worker's session groups in the cgroup v1 freezer, or
+    None where there is no such freezer (cgroup v2 delivers SIGKILL to frozen tasks itself)."""
+    from sandbox.local._procfs import cgroup_mounts, cgroup_paths
+
+    with open("/proc/self/mountinfo", "rb") as f:
+        mounts = cgroup_mounts(f.read())
+    with open("/proc/self/cgroup", "rb") as f:
+        own = cgroup_paths(f.read())
+    if "freezer" not in mounts or "freezer" not in own:
+        return None
+    base = os.path.join(mounts["freezer"] + own["freezer"], f"stare-sandbox-{worker}")
+    out = {}
+    for name in os.listdir(base):
+        if name.startswith("s"):
+            with open(os.path.join(base, name, "freezer.state")) as f:
+                state = f.read().strip()
+            with open(os.path.join(base, name, "tasks")) as f:
+                out[name] = (state, len(f.read().split()))
+    return out
+
+
+def test_leftovers_die_by_one_hand_over_and_the_session_goes_on(make_box, marker, procs):
+    """Cgroup v1 holds a frozen task's SIGKILL until it thaws: a park that finds leftovers moves the
+    session's interpreter (frozen) into the session's twin group and thaws the one it left, so the
+    leftovers die in one migration whatever their number. The session keeps its state, nothing of
+    the cell runs after its park, the twin groups swap at each such park, and the guard kills a
+    session living in its twin when the worker dies."""
+    box = make_box("local")
+    leave = (
+        "import os, subprocess, sys\n"
+        "for _ in range(12):\n"
+        f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'])\n"
+    )
+    try:
+        worker = box.sandbox.popen.pid
+        if _freezer_groups(worker) is None:
+            pytest.skip("no cgroup v1 freezer here")
+        with box.session() as s:
+            assert s.run("v = 41").ok
+            parked = []
+            for _ in range(3):
+                r = s.run(leave + "v += 1")
+                assert r.status == "ok" and "12 process(es)" in r.error, r
+                assert not procs.with_marker(marker), "a leftover outlived its cell's park"
+                groups = _freezer_groups(worker)
+                twins = [g for g in groups if g.endswith("t")]
+                assert len(twins) == 1, groups  # only this session ever left processes
+                sid = twins[0][:-1]
+                home = [g for g in (sid, sid + "t") if groups[g][1]]  # the interpreter alone, frozen
+                assert len(home) == 1 and groups[home[0]] == ("FROZEN", 1), groups
+                parked.append(home[0])
+            assert parked[0] == sid + "t" and parked[1] == sid and parked[2] == sid + "t", parked
+            assert s.run("print(v)").stdout == "44\n"  # no leftovers: it stays in its twin
+            assert _freezer_groups(worker)[sid + "t"] == ("FROZEN", 1)
+            family = _descendants(worker)
+            os.kill(worker, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while any(map(_alive, family)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not any(map(_alive, family)), "a session parked in its twin group outlived its worker"
+    finally:
+        box.close()
+    assert not procs.wait_gone(marker, timeout=2.0)
