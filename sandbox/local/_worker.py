@@ -311,6 +311,13 @@ class Worker:
             if self.rootless:
                 iso.unshare(iso.CLONE_NEWNS)
             iso.mount(None, "/proc", None, iso.MS_REMOUNT | iso.MS_BIND | iso.MS_RDONLY | iso.PROC_FLAGS)
+        # The worker's descriptors go before RLIMIT_NOFILE is lowered: a worker serving many sessions
+        # holds more than NOFILE of them (a few per session), and with all of 0..NOFILE-1 taken the
+        # open below failed with EMFILE: every session started then died ("Too many open files").
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(4, 1 << 20)  # the worker's sockets, cgroup and namespace fds stay out
         disk = lim["disk_mb"] << 20
         resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
         # 1, not 0: the kernel skips a piped core_pattern helper (which runs as host root) only at 1
@@ -324,10 +331,6 @@ class Worker:
         if self.local and self.cgroups is None:  # no cgroup: cap each process's address space
             vm = (self.base_vm_mb + lim["memory_mb"]) << 20
             resource.setrlimit(resource.RLIMIT_AS, (vm, vm))
-        null = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(4, 1 << 20)  # the worker's sockets, cgroup and namespace fds stay out
         os.chdir("/tmp")
         if self.local and self.rootless:
             self.iso.drop_capabilities()  # uid 0 of its own user namespace, with nothing left to use

@@ -1,4 +1,6 @@
-"""The cgroup guard gives every uid back that the worker frees, however the messages arrive.
+"""The local worker's descriptors under many sessions: the guard gives every freed uid back however
+the worker's words arrive, and a worker holding more descriptors than a session may open still
+starts sessions.
 
 The worker sends the guard `take:UID ` with a copy of the uid's lock fd (SCM_RIGHTS) for each session
 it starts and `free:UID ` when the session is gone. On a stream socket a burst of frees arrives in
@@ -16,6 +18,8 @@ import os
 import socket
 import threading
 import time
+
+import pytest
 
 from sandbox.local._cgroups import _guard_loop
 from sandbox.local._uids import UidPool
@@ -86,3 +90,31 @@ def test_a_take_split_across_reads_still_pairs_its_lock(tmp_path):
     ours.close()
     guard.join(timeout=10)
     pool.close()
+
+
+@pytest.mark.xdist_group("sandbox-local")
+def test_one_worker_serves_more_live_sessions_than_a_session_may_open_files(make_box):
+    """A worker holds a few descriptors per live session (cgroups, control socket, uid lock); past
+    ~150 sessions that is more than a session process may open (RLIMIT_NOFILE 1024). A session
+    process used to lower that limit before closing the worker's descriptors, so opening /dev/null
+    failed and every session started then died (an evaluation of 512 problems at concurrency 256
+    lost up to 26 samples that way). 300 sessions live at once on one worker (~1500 of its descriptors;
+    on the old code sessions past ~200 failed): each runs its cell."""
+    box = make_box("local", workers=1)
+    try:
+
+        async def many() -> list[str]:
+            sessions = [box.sandbox.session() for _ in range(300)]
+            opened = [await s.__aenter__() for s in sessions]
+            try:
+                results = [await s.run("x = 1\nprint(x)") for s in opened]
+                return [r.status + ":" + (r.error or "") for r in results]
+            finally:
+                for s in sessions:
+                    await s.__aexit__(None, None, None)
+
+        statuses = box._call(many())
+    finally:
+        box.close()
+    failed = [s for s in statuses if not s.startswith("ok")]
+    assert not failed, f"{len(failed)} of 300 sessions failed, e.g. {failed[:2]}"
