@@ -28,15 +28,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import select
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from loguru import logger
+
+from envs.line_worker import LineWorker
 
 RewardFn = Callable[[str, dict], Any]
 
@@ -111,10 +111,12 @@ class RewardFunction:
     def __init__(self, spec: str, timeout_s: float) -> None:
         load_reward_fn(spec)  # fail at start, in this process, with one line
         self.spec, self.timeout_s = spec, timeout_s
-        self.proc: subprocess.Popen | None = None
-        self.owner_pid = os.getpid()
-        self.ready = False
-        self.buf = b""
+
+        def environment() -> dict[str, str]:  # plugins' directories too
+            return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+        # stderr inherited: the function's own prints and tracebacks reach the run's log
+        self.worker = LineWorker(["envs.reward", spec], environment, stderr=None, startup_timeout_s=STARTUP_TIMEOUT_S)
 
     def __call__(self, response_text: str, sample: dict) -> RewardResult:
         start = time.monotonic()
@@ -131,73 +133,21 @@ class RewardFunction:
             logger.warning(f"reward function {self.spec} on problem {sample.get('id')!r}: {result.error}")
         return result
 
-    def _spawn(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # plugins' directories too
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "envs.reward", self.spec],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,  # the function's own prints and tracebacks reach the run's log
-            bufsize=0,
-            env=env,
-            close_fds=True,
-        )
-        self.ready, self.buf = False, b""
-
-    def _readline(self, deadline: float) -> bytes | None:
-        assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:  # the worker died
-                return None
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
-
     def close(self) -> None:
-        if self.proc is not None and self.owner_pid == os.getpid():
-            try:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self.proc, self.ready = None, False
+        self.worker.kill()
 
     def _call(self, request: dict) -> dict | None:
-        if self.owner_pid != os.getpid():  # a forked child: the pipes are the parent's
-            self.proc, self.ready, self.buf, self.owner_pid = None, False, b"", os.getpid()
-        try:
-            if self.proc is None or self.proc.poll() is not None:
-                self._spawn()
-        except OSError as e:
-            return {"error": f"cannot start the reward worker: {e}"}
-        if not self.ready:
-            line = self._readline(time.monotonic() + STARTUP_TIMEOUT_S)
-            if line != b"ready":
-                self.close()
-                return {"error": "the reward worker did not start (its module failed to import? see the log)"}
-            self.ready = True
-        try:
-            assert self.proc is not None and self.proc.stdin is not None
-            payload = json.dumps({**request, "timeout": self.timeout_s}, default=str)
-            self.proc.stdin.write((payload + "\n").encode())
-        except (OSError, ValueError) as e:
-            self.close()
-            return {"error": f"the reward worker is gone ({type(e).__name__})"}
-        line = self._readline(time.monotonic() + self.timeout_s + 1.0)  # the soft bound fires first
-        if line is None:
-            self.close()  # hung in C code, or died: the next call starts a new one
-            return None
-        try:
-            return json.loads(line)
-        except ValueError:
-            self.close()  # out of step with the worker: start over rather than misread answers
-            return {"error": "the reward worker's answer was unreadable"}
+        """The worker's reply; None when it overran the bound (the soft bound inside fires first)."""
+        reply, why = self.worker.call({**request, "timeout": self.timeout_s}, self.timeout_s + 1.0)
+        if reply is not None or why == "timeout":
+            return reply
+        if why.startswith("start: "):
+            return {"error": f"cannot start the reward worker: {why.removeprefix('start: ')}"}
+        if why == "not ready":
+            return {"error": "the reward worker did not start (its module failed to import? see the log)"}
+        if why.startswith("gone: "):
+            return {"error": f"the reward worker is gone ({why.removeprefix('gone: ')})"}
+        return {"error": "the reward worker's answer was unreadable"}
 
 
 class _Timeout(BaseException):

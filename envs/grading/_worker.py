@@ -51,7 +51,7 @@ def _on_alarm(signum, frame):
 
 
 def main() -> None:
-    """Serve JSON lines (a request of `envs.grading._SymbolicWorker.call`) -> {"equal", "stage"}."""
+    """Serve JSON lines (a request of the grader's `envs.line_worker.LineWorker`) -> {"equal", "stage"}."""
     try:
         import resource  # a pathological answer must not take the machine's memory with it
 

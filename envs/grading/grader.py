@@ -82,12 +82,9 @@ This module, `envs.grading.extract` and `envs.grading.equivalence` never import 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import re
-import select
 import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -107,6 +104,7 @@ from envs.grading.extract import boxed_set, boxed_values, extract_answer, has_an
 from envs.grading.forms import percent_rate_equal
 from envs.grading.protocol import GradingContext, GradingMethod, Verdict
 from envs.grading.units import compare_quantities
+from envs.line_worker import LineWorker
 from registry import Registry
 
 __all__ = [
@@ -204,92 +202,33 @@ class BoxedGrading(BuiltinGrading):
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding the envs package
 
 
-class _SymbolicWorker:
-    """A child Python process that runs the sympy and math-verify stages; killed when a call overruns."""
+def _symbolic_worker(startup_timeout_s: float) -> LineWorker:
+    """The child that runs the sympy and math-verify stages (`python -m envs.grading._worker`),
+    killed when a call overruns and started again at once, so the next call finds it warm."""
 
-    def __init__(self, startup_timeout_s: float) -> None:
-        self.startup_timeout_s = startup_timeout_s
-        self.proc: subprocess.Popen | None = None
-        self.owner_pid = os.getpid()
-        self.ready = False
-        self.buf = b""
+    def environment() -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": _PKG_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
-    def _spawn(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _PKG_PARENT + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "envs.grading._worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-            env=env,
-            close_fds=True,
-        )
-        self.ready, self.buf = False, b""
+    return LineWorker(
+        ["envs.grading._worker"],
+        environment,
+        stderr=subprocess.DEVNULL,
+        startup_timeout_s=startup_timeout_s,
+        warm_restart=True,
+    )
 
-    def _readline(self, deadline: float) -> bytes | None:
-        assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            r, _, _ = select.select([fd], [], [], left)
-            if not r:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:  # the worker died
-                return None
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
 
-    def kill(self) -> None:
-        if self.proc is not None and self.owner_pid == os.getpid():
-            try:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-            except Exception:
-                pass
-        self.proc, self.ready = None, False
-
-    def call(self, request: dict, timeout_s: float) -> dict | None:
-        """The worker's reply {"equal", "stage"[, "pred"]}, or None when it timed out or failed
-        (then it is restarted)."""
-        if self.owner_pid != os.getpid():  # we are a forked child: the pipes belong to the parent
-            self.proc, self.ready, self.buf, self.owner_pid = None, False, b"", os.getpid()
-        try:
-            if self.proc is None or self.proc.poll() is not None:
-                self._spawn()
-        except OSError:  # (no process slots, E2BIG environment, ...): a failed call, never a crash
-            self.proc = None
-            return None
-        if not self.ready:
-            if self._readline(time.monotonic() + self.startup_timeout_s) != b"ready":
-                self.kill()
-                return None
-            self.ready = True
-        try:
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps({**request, "timeout": timeout_s}) + "\n").encode())
-        except (OSError, ValueError):
-            self.kill()
-            return None
-        line = self._readline(time.monotonic() + timeout_s)
-        if line is None:
-            self.kill()
-            try:
-                self._spawn()  # start the replacement now so the next call finds it warm
-            except OSError:
-                self.proc = None
-            return None
-        try:
-            reply = json.loads(line)
-            return {**reply, "equal": bool(reply["equal"]), "stage": str(reply.get("stage", "symbolic"))}
-        except (ValueError, KeyError, TypeError):
-            self.kill()  # out of step with the worker: start over rather than misread answers
-            return None
+def _symbolic_reply(worker: LineWorker, request: dict, timeout_s: float) -> dict | None:
+    """The worker's reply {"equal", "stage"[, "pred"]}, or None when it timed out or failed (then it
+    is restarted)."""
+    reply, _why = worker.call({**request, "timeout": timeout_s}, timeout_s)
+    if reply is None:
+        return None
+    try:
+        return {**reply, "equal": bool(reply["equal"]), "stage": str(reply.get("stage", "symbolic"))}
+    except (KeyError, TypeError):
+        worker.kill()  # out of step with the worker: start over rather than misread answers
+        return None
 
 
 # ----------------------------------------------------------------------------- grader
@@ -372,7 +311,7 @@ class Grader:
         self._scalar_eq = partial(fast_scalar_eq, finer_decimals=self._finer_decimals)
         self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self._lock = threading.Lock()
-        self._worker = _SymbolicWorker(startup_timeout_s)
+        self._worker = _symbolic_worker(startup_timeout_s)
         self.stats = {"calls": 0, "symbolic_calls": 0, "timeouts": 0, "seconds": 0.0}
 
     # -- public API
@@ -407,7 +346,7 @@ class Grader:
         bound = timeout_s or self.timeout_s
         with self._lock:
             self.stats["symbolic_calls"] += 1
-            res = self._worker.call({**request, "finer_decimals": self.finer_decimals}, bound)
+            res = _symbolic_reply(self._worker, {**request, "finer_decimals": self.finer_decimals}, bound)
             if res is None or res["stage"] == "timeout":
                 self.stats["timeouts"] += 1
         if res is None or res["stage"] == "timeout":
