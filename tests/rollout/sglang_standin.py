@@ -37,7 +37,9 @@ a version is given):
 real server) or "0.5.2" (the 0.5.0-0.5.4 line); `--quirks a,b` adds single quirks. `/server_info` reports the
 compat version. `--token-delay-s D` makes each request emit one token per D seconds (a generation that
 takes as long as a learner step, for asynchronous training). `--start-delay-s D` opens the port only
-after D seconds, as a real server does once its model is loaded (connections are refused meanwhile).
+after D seconds, as a real server does once its model is loaded (connections are refused meanwhile):
+0.5.23's srt/entrypoints/http_server.py `launch_server` runs `Engine._launch_subprocesses` (the
+schedulers load the weights) before uvicorn binds the port.
 
 Faults it reproduces (each kills the process, as a fatal error in SGLang's scheduler loop kills
 the real server: the HTTP server's child watcher then ends it, and the pending call's connection
