@@ -13,12 +13,13 @@ class LearnerConfig:
     # ZeRO stage: 0 = plain data parallel, 1 = shard optimizer state, 2 = + gradients,
     # 3 = + parameters (needed for 7B-class models; full weights are gathered for export/save).
     zero_stage: int = 2
-    # Training dtype. auto = bf16 on CUDA and on CPUs with bf16 instructions (avx512_bf16 or amx_bf16
-    # in /proc/cpuinfo's flags), fp32 on other CPUs. Measured on SmolLM2-135M, avx512_bf16, 1 thread
-    # (scripts/bench/bench_learner_dtype.py): a bf16 train_step takes 0.46x the fp32 one (ZeRO 0;
-    # 0.45x at ZeRO 1) for a mean |log-prob| difference of 0.034 against fp32 (0.0xx once the rollout
-    # holds the synced bf16 weights). Without those instructions bf16 is emulated and slower than
-    # fp32. Master weights and optimizer state stay fp32 under bf16.
+    # Training dtype. auto = bf16 on CUDA, fp32 on CPU. On a CPU with bf16 instructions (avx512_bf16
+    # or amx_bf16 in /proc/cpuinfo's flags) bf16 pays: on SmolLM2-135M with avx512_bf16, one thread
+    # (scripts/bench/bench_learner_dtype.py), a bf16 train_step takes 0.46x the fp32 one (ZeRO 0;
+    # 0.45x at ZeRO 1), for a mean |log-prob| difference of 0.033 against fp32 (max 0.32): set bf16
+    # there (configs/smollm2_cpu.yaml does). Without those instructions bf16 arithmetic is emulated
+    # (noted earlier as ~7x slower than fp32) and the learner warns. Master weights and optimizer
+    # state stay fp32 under bf16.
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
     # dtype of the buffer that sums micro-batch gradients under bf16 (DeepSpeed's
     # data_types.grad_accum_dtype; unset, DeepSpeed sums in the model dtype). fp32: dozens of
@@ -90,7 +91,7 @@ class LearnerConfig:
 
     def bf16(self, on_cuda: bool) -> bool:
         """Whether the learner trains in bf16: dtype with auto resolved (see its comment)."""
-        return self.dtype == "bf16" or (self.dtype == "auto" and (on_cuda or cpu_has_bf16()))
+        return self.dtype == "bf16" or (self.dtype == "auto" and on_cuda)
 
     def accum_dtype(self) -> Literal["fp32", "bf16"]:
         """grad_accum_dtype with auto resolved: fp32 with ZeRO 1-3, bf16 at stage 0 (all DeepSpeed

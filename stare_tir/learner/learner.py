@@ -51,7 +51,7 @@ from stare_tir.learner.checkpoint_layout import (
     universal_checkpoint,
 )
 from stare_tir.learner.collectives import RankCollectives
-from stare_tir.learner.config import LearnerConfig
+from stare_tir.learner.config import LearnerConfig, cpu_has_bf16
 from stare_tir.learner.deepspeed_config import merge_deepspeed_config, offload_devices, warn_if_untested
 from stare_tir.learner.distributed import (
     cuda_device_index,
@@ -124,6 +124,11 @@ class Learner(RankCollectives):
         seed_all(cfg.seed + self.rank)
 
         self.bf16 = cfg.bf16(on_cuda)
+        if self.bf16 and not on_cuda and not cpu_has_bf16():
+            logging.getLogger(__name__).warning(
+                "learner.dtype=bf16 on a CPU without avx512_bf16/amx_bf16: bf16 is emulated here and slower "
+                "than fp32; set learner.dtype=fp32"
+            )
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))

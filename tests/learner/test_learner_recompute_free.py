@@ -42,7 +42,9 @@ def _run(tiny_path: str, overrides: list[str], micro_batch_tokens: int) -> Simpl
     from stare_tir.learner import Learner, LearnerConfig
 
     cfg = load_config(TrainConfig, None, ["trainer.prompts_per_step=2", *overrides])
-    learner = Learner(tiny_path, LearnerConfig(zero_stage=2, lr=1e-3, micro_batch_tokens=micro_batch_tokens))
+    # fp32 pinned: the tolerances below are float32 rounding's
+    learner_cfg = LearnerConfig(zero_stage=2, dtype="fp32", lr=1e-3, micro_batch_tokens=micro_batch_tokens)
+    learner = Learner(tiny_path, learner_cfg)
     return SimpleNamespace(cfg=cfg, learner=learner, methods=RunMethods())
 
 
