@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "recompute_free_worker.py"
 
 
-def _launch_helper():
+def _distributed_test_module():
     spec = importlib.util.spec_from_file_location("learner_distributed_test", HERE / "test_learner_distributed.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -24,7 +24,7 @@ def _launch_helper():
 
 
 def test_two_ranks_without_the_recompute_pass_take_the_step_of_one_with_it(tiny_path, tmp_path, monkeypatch):
-    dist = _launch_helper()
+    dist = _distributed_test_module()
     monkeypatch.setattr(dist, "WORKER", WORKER)
     results = {}
     for world, mode in ((1, "always"), (2, "auto")):
