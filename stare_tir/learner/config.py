@@ -14,12 +14,12 @@ class LearnerConfig:
     # 3 = + parameters (needed for 7B-class models; full weights are gathered for export/save).
     zero_stage: int = 2
     # Training dtype. auto = bf16 on CUDA, fp32 on CPU. On a CPU with bf16 instructions (avx512_bf16
-    # or amx_bf16 in /proc/cpuinfo's flags) bf16 pays: on SmolLM2-135M with avx512_bf16, one thread
-    # (scripts/bench/bench_learner_dtype.py), a bf16 train_step takes 0.46x the fp32 one (ZeRO 0;
-    # 0.45x at ZeRO 1), for a mean |log-prob| difference of 0.033 against fp32 (max 0.32): set bf16
-    # there (configs/smollm2_cpu.yaml does). Without those instructions bf16 arithmetic is emulated
-    # (noted earlier as ~7x slower than fp32) and the learner warns. Master weights and optimizer
-    # state stay fp32 under bf16.
+    # or amx_bf16 in /proc/cpuinfo's flags) an isolated bf16 train_step of SmolLM2-135M takes
+    # 0.46-0.52x the fp32 one (scripts/bench/bench_learner_dtype.py; not ~7x slower, as once noted
+    # here), for a mean |log-prob| difference of 0.033 against fp32; inside RL steps of
+    # configs/smollm2_cpu.yaml the update phase was not faster (docs/learner.md), so auto stays fp32.
+    # Without those instructions bf16 arithmetic is emulated and the learner warns. Master weights
+    # and optimizer state stay fp32 under bf16.
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
     # dtype of the buffer that sums micro-batch gradients under bf16 (DeepSpeed's
     # data_types.grad_accum_dtype; unset, DeepSpeed sums in the model dtype). fp32: dozens of
