@@ -284,6 +284,7 @@ class Learner(RankCollectives):
         loss_fn: Callable[[LossInputs], tuple[Tensor, dict]] | None = None,
         terms: dict[str, Sequence[Tensor]] | None = None,
         record: tuple[list, list] | None = None,
+        forwarded: tuple[list[MicroBatch], list[Tensor]] | None = None,
     ) -> dict[str, float]:
         """One optimizer step of a policy loss over this rank's `trajs`.
 
@@ -296,13 +297,15 @@ class Learner(RankCollectives):
         loss_fn: a registered policy loss (POLICY_LOSSES, algo.policy_loss; None: `clip_loss`).
         record: two lists of len(trajs) that receive, per trajectory, the update forward's own
         log-probs and entropies (detached, before the step; compute_logprobs_entropy's layout), so
-        an on-policy step needs no recompute pass for its metrics.
+        an on-policy step needs no recompute pass for its metrics. forwarded: the micro-batches of
+        `trajs` and their log-probs, already run (train_step_on_policy; no forward here then).
         The loss is aggregated over the global batch (all micro-batches, all ranks).
         """
         mb_loss = policy_loss_fn(
             self.device, trajs, advantages, token_weights, old_logprobs, clip, loss_agg, tis_cap, loss_fn, terms
         )
-        return self._optimizer_step(trajs, mb_loss, record=record)
+        mbs, logps = forwarded if forwarded is not None else (None, None)
+        return self._optimizer_step(trajs, mb_loss, record=record, mbs=mbs, forwarded=logps)
 
     def train_step_on_policy(
         self,
@@ -343,21 +346,21 @@ class Learner(RankCollectives):
             rows = torch.zeros(mb.mask.shape, dtype=logp.dtype, device=logp.device)  # [B, R]
             rows = rows.index_put((mb.sel_rows.to(logp.device), mb.sel_resp.to(logp.device)), logp)
             mb, logp = new, rows[new.sel_rows.to(logp.device), new.sel_resp.to(logp.device)]  # [N']
-        mb_loss = policy_loss_fn(
-            self.device,
+        known = ("advantages", "token_weights", "tis_cap", "terms")
+        if set(args) - set(known):
+            raise TypeError(f"train_step_on_policy: shape returned unknown arguments {sorted(set(args) - set(known))}")
+        # old = its own log-probs, detached; through train_step, the one door to the loss
+        kwargs = {k: args[k] for k in ("tis_cap", "terms") if k in args}
+        result = self.train_step(
             new_trajs,
-            args.pop("advantages"),
-            args.pop("token_weights", None),
+            args["advantages"],
+            args.get("token_weights"),
             None,
-            loss_options.pop("clip", None),
-            loss_options.pop("loss_agg", "token-mean"),
-            args.pop("tis_cap", None),
-            loss_options.pop("loss_fn", None),
-            args.pop("terms", None),
+            forwarded=([mb], [logp]),
+            **kwargs,
+            **loss_options,
         )
-        if args or loss_options:
-            raise TypeError(f"train_step_on_policy: unknown arguments {sorted(args) + sorted(loss_options)}")
-        return self._optimizer_step(new_trajs, mb_loss, mbs=[mb], forwarded=[logp]), logps, ents
+        return result, logps, ents
 
     def sft_step(self, trajs: Sequence[Any]) -> dict[str, float]:
         """One optimizer step of token-mean NLL over loss_mask == 1 tokens (global batch)."""
