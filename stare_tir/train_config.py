@@ -107,7 +107,7 @@ class AlgoConfig:
     ratio_one_on_policy: bool = False
     # The recompute pass (a no-grad forward for old log-probs and entropies before the update).
     # auto: skipped where the update's own forward gives the same inputs: one update per batch
-    # (ppo_epochs 1, one mini-batch), no off-policy correction or asynchronous rollouts, no dropout,
+    # (ppo_epochs 1, one mini-batch), no off-policy correction (algo.off_policy), no dropout,
     # and, where a token method or loss_agg=verl reads the batch's values before the loss, the batch
     # in one update micro-batch per rank; old = the update's own log-probs, detached (ratio exactly 1,
     # as ratio_one_on_policy). always: the pass runs every step (docs/learner.md).

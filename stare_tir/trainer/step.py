@@ -253,7 +253,7 @@ def recompute_free(run: Run, batch: StepBatch, rollouts: AsyncRollouts | None, k
     reason = None
     if k != 1 or algo.ppo_epochs != 1:
         reason = "several updates per batch (the later ones compare with the stored old log-probs)"
-    elif rollouts is not None or algo.off_policy.enabled:
+    elif algo.off_policy.enabled:
         reason = "the off-policy correction needs the batch's old log-probs before the loss"
     elif not hasattr(learner, "train_step_on_policy"):  # a stand-in with the plain interface only
         reason = "the learner has no update that shapes from its own forward"
@@ -296,13 +296,18 @@ def update_on_policy(
 
         result, _, _ = learner.train_step_on_policy(batch.trajs, shape_from_forward, **loss_options(algo))
     else:  # nothing in shaping reads the values: no selection, TIS on the learner's own log-probs
-        with timer("shape"):
-            inputs = shape(run, seed, batch, rollouts, on_policy=True)
+        with timer("shape"):  # without the off-policy correction (recompute_free) only its metrics need them
+            inputs = shape(run, seed, batch, None, on_policy=True)
         values: tuple[list, list] = ([None] * len(batch.trajs), [None] * len(batch.trajs))
         result = train_step(run, inputs, record=values)
         with timer("shape"):
             batch.old_logprobs, batch.entropies = values
             value_metrics(run, batch)  # no method to observe them (reads_values_first is False)
+            if rollouts is not None:  # the mismatch per staleness of an asynchronous run
+                _, off_metrics = off_policy_update(
+                    learner, batch.trajs, batch.old_logprobs, inputs, algo.off_policy, rollouts.served, True
+                )
+                batch.metrics.update(off_metrics)
     batch.metrics.update({f"update/{k}": v for k, v in result.items()})
     skipped = bool(result["step_skipped"])
     return (0 if skipped else 1), skipped
