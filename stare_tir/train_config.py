@@ -105,6 +105,13 @@ class AlgoConfig:
     # surprisal and TIS. With several mini-batches the first always takes its own and the later
     # ones the stored ones, whatever this says.
     ratio_one_on_policy: bool = False
+    # The recompute pass (a no-grad forward for old log-probs and entropies before the update).
+    # auto: skipped where the update's own forward gives the same inputs: one update per batch
+    # (ppo_epochs 1, one mini-batch), no off-policy correction (algo.off_policy), no dropout,
+    # and, where a token method or loss_agg=verl reads the batch's values before the loss, the batch
+    # in one update micro-batch per rank; old = the update's own log-probs, detached (ratio exactly 1,
+    # as ratio_one_on_policy). always: the pass runs every step (docs/learner.md).
+    recompute: Literal["auto", "always"] = "auto"
     # Where selections happen (STARE's L+/L-, the token methods' top-k and quantiles): "batch" (every
     # loss token of the step, all ranks), "micro_batch" (inside each micro-batch of this learner's
     # update plan) or "verl" (inside each micro-batch of verl's partition, `verl_partition`: the
@@ -268,6 +275,10 @@ class TrainerConfig:
     samples_every: int = 10
     # Trajectories per samples file (one per group first, so different prompts show).
     samples_per_step: int = 4
+    # The after-update entropy diagnostic (entropy/after_update, entropy/update_change: one more
+    # no-grad forward over the batch with the updated weights, ~10% of a CPU step) every N steps
+    # (0: never).
+    diagnostics_every: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -281,7 +292,14 @@ class TrainerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-        for name in ("eval_every", "save_hf_every", "max_staleness", "samples_every", "samples_per_step"):
+        for name in (
+            "eval_every",
+            "save_hf_every",
+            "max_staleness",
+            "samples_every",
+            "samples_per_step",
+            "diagnostics_every",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
         ROLLOUT_BACKENDS.check(self.backend, "backend")

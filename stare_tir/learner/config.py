@@ -13,8 +13,13 @@ class LearnerConfig:
     # ZeRO stage: 0 = plain data parallel, 1 = shard optimizer state, 2 = + gradients,
     # 3 = + parameters (needed for 7B-class models; full weights are gathered for export/save).
     zero_stage: int = 2
-    # Training dtype. auto = bf16 on CUDA, fp32 on CPU (bf16 is ~7x slower than fp32 on CPUs
-    # without AVX-512/AMX). Master weights and optimizer state stay fp32 under bf16.
+    # Training dtype. auto = bf16 on CUDA, fp32 on CPU. On a CPU with bf16 instructions (avx512_bf16
+    # or amx_bf16 in /proc/cpuinfo's flags) an isolated bf16 train_step of SmolLM2-135M takes
+    # 0.46-0.52x the fp32 one (scripts/bench/bench_learner_dtype.py; not ~7x slower, as once noted
+    # here), for a mean |log-prob| difference of 0.033 against fp32; inside RL steps of
+    # configs/smollm2_cpu.yaml the update phase was not faster (docs/learner.md), so auto stays fp32.
+    # Without those instructions bf16 arithmetic is emulated and the learner warns. Master weights
+    # and optimizer state stay fp32 under bf16.
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
     # dtype of the buffer that sums micro-batch gradients under bf16 (DeepSpeed's
     # data_types.grad_accum_dtype; unset, DeepSpeed sums in the model dtype). fp32: dozens of
@@ -84,6 +89,10 @@ class LearnerConfig:
     # torch's fused CPU AdamW); see stare_tir/learner/deepspeed_config.py for what is refused.
     deepspeed: dict[str, Any] = field(default_factory=dict)
 
+    def bf16(self, on_cuda: bool) -> bool:
+        """Whether the learner trains in bf16: dtype with auto resolved (see its comment)."""
+        return self.dtype == "bf16" or (self.dtype == "auto" and on_cuda)
+
     def accum_dtype(self) -> Literal["fp32", "bf16"]:
         """grad_accum_dtype with auto resolved: fp32 with ZeRO 1-3, bf16 at stage 0 (all DeepSpeed
         0.19 takes there). Resolved at use, not at load: an override of zero_stage must move it."""
@@ -139,3 +148,16 @@ class LearnerConfig:
             raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size!r}: must be >= 1")
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature!r}: must be > 0")
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU has native bf16 arithmetic (the avx512_bf16 or amx_bf16 flag of
+    /proc/cpuinfo; False where the file is missing). cpuinfo: its text, for tests."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    flags = {word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})

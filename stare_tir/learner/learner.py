@@ -51,7 +51,7 @@ from stare_tir.learner.checkpoint_layout import (
     universal_checkpoint,
 )
 from stare_tir.learner.collectives import RankCollectives
-from stare_tir.learner.config import LearnerConfig
+from stare_tir.learner.config import LearnerConfig, cpu_has_bf16
 from stare_tir.learner.deepspeed_config import merge_deepspeed_config, offload_devices, warn_if_untested
 from stare_tir.learner.distributed import (
     cuda_device_index,
@@ -70,7 +70,8 @@ from stare_tir.learner.micro_batch import (
     empty_micro_batch,
     plan_micro_batches,
 )
-from stare_tir.learner.parts import RlStepClock, lr_lambda, token_logprob_model
+from stare_tir.learner.parts import RlStepClock, has_dropout, lr_lambda, token_logprob_model
+from stare_tir.learner.policy_step import policy_loss_fn, scatter_rows
 from stare_tir.learner.step_guard import GradNormBound, discard_partition_gradients, frozen_update, step_is_finite
 
 if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: LearnerConfig
@@ -122,7 +123,12 @@ class Learner(RankCollectives):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         seed_all(cfg.seed + self.rank)
 
-        self.bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and on_cuda)
+        self.bf16 = cfg.bf16(on_cuda)
+        if self.bf16 and not on_cuda and not cpu_has_bf16():
+            logging.getLogger(__name__).warning(
+                "learner.dtype=bf16 on a CPU without avx512_bf16/amx_bf16: bf16 is emulated here and slower "
+                "than fp32; set learner.dtype=fp32"
+            )
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
@@ -248,15 +254,20 @@ class Learner(RankCollectives):
             with torch.no_grad():
                 for mb in self._micro_batches(trajs, forward_only=True):
                     lp, ent = self._forward(mb, with_entropy=True)
-                    idx = (mb.sel_rows, mb.sel_resp)
-                    lp_rows = torch.zeros(mb.mask.shape).index_put(idx, lp.float().cpu())  # [B, R]
-                    ent_rows = torch.zeros(mb.mask.shape).index_put(idx, ent.float().cpu())  # [B, R]
-                    for row, i in enumerate(mb.indices):
-                        n = len(as_long_list(trajs[i].response_ids))
-                        logps[i], ents[i] = lp_rows[row, :n].clone(), ent_rows[row, :n].clone()
+                    scatter_rows(mb, trajs, lp, ent, logps, ents)
         finally:
             self.engine.train(was_training)
         return logps, ents
+
+    def update_micro_batches(self, trajs: Sequence[Any]) -> int:
+        """The most update micro-batches any rank forms for its `trajs` (collective)."""
+        import torch
+
+        return int(self.all_reduce_max(torch.tensor([len(self.micro_batch_plan(trajs))])).item())
+
+    def forward_is_deterministic(self) -> bool:
+        """Whether the training forward equals the recompute pass's eval forward (no dropout)."""
+        return not has_dropout(self._module, getattr(self.model, "config", None))
 
     # ------------------------------------------------------------------ update passes
 
@@ -272,6 +283,8 @@ class Learner(RankCollectives):
         tis_cap: float | None = None,
         loss_fn: Callable[[LossInputs], tuple[Tensor, dict]] | None = None,
         terms: dict[str, Sequence[Tensor]] | None = None,
+        record: tuple[list, list] | None = None,
+        forwarded: tuple[list[MicroBatch], list[Tensor]] | None = None,
     ) -> dict[str, float]:
         """One optimizer step of a policy loss over this rank's `trajs`.
 
@@ -279,57 +292,75 @@ class Learner(RankCollectives):
         token_weights (STARE's omega, None: all ones) likewise per trajectory; terms: the token methods'
         named per-token terms (KL-Cov's `kl_cov`), each per trajectory, handed to the loss by name.
         old_logprobs: from compute_logprobs_entropy (None: the current policy's, i.e. ratio 1).
-        clip: the trust region (None: `Clip()`); tis_cap: truncated IS against the rollout log-probs.
+        clip: the trust region (None: `Clip()`); tis_cap: truncated IS of old (the update's own
+        log-probs when old_logprobs is None) against the rollout log-probs.
         loss_fn: a registered policy loss (POLICY_LOSSES, algo.policy_loss; None: `clip_loss`).
+        record: two lists of len(trajs) that receive, per trajectory, the update forward's own
+        log-probs and entropies (detached, before the step; compute_logprobs_entropy's layout), so
+        an on-policy step needs no recompute pass for its metrics. forwarded: the micro-batches of
+        `trajs` and their log-probs, already run (train_step_on_policy; no forward here then).
         The loss is aggregated over the global batch (all micro-batches, all ranks).
+        """
+        mb_loss = policy_loss_fn(
+            self.device, trajs, advantages, token_weights, old_logprobs, clip, loss_agg, tis_cap, loss_fn, terms
+        )
+        mbs, logps = forwarded if forwarded is not None else (None, None)
+        return self._optimizer_step(trajs, mb_loss, record=record, mbs=mbs, forwarded=logps)
+
+    def train_step_on_policy(
+        self,
+        trajs: Sequence[Any],
+        shape: Callable[[list[Tensor], list[Tensor]], dict[str, Any]],
+        **loss_options: Any,
+    ) -> tuple[dict[str, float], list[Tensor], list[Tensor]]:
+        """One on-policy optimizer step whose inputs are made from its own forward: one forward
+        (with entropies), then `shape(logprobs, entropies)` (per trajectory, detached, the layout of
+        compute_logprobs_entropy) returns train_step's per-trajectory arguments (trajs, a loss mask
+        may narrow; advantages; token_weights; terms; tis_cap), then the loss on the same forward
+        with old = its own log-probs, detached (ratio 1 in value, the gradient intact), the backward
+        and the step. Saves the recompute pass when a selection needs the batch's entropies first.
+
+        Every rank's `trajs` must fit one update micro-batch (`update_micro_batches` == 1: the
+        selection may span the whole batch, and one forward's graph is all that is kept); `shape`
+        runs on every rank (it may hold collectives). loss_options: train_step's clip, loss_agg,
+        loss_fn. Returns train_step's metrics and the forward's log-probs and entropies.
         """
         import torch
 
-        from stare_tir.algos.policy_loss import Clip, LossInputs, clip_loss, truncated_is_weights
-
-        pg_loss = loss_fn if loss_fn is not None else clip_loss
-        clip = clip if clip is not None else Clip()
-        n = len(trajs)
-        named = (
-            ("advantages", advantages),
-            ("token_weights", token_weights),
-            ("old_logprobs", old_logprobs),
-            *((f"terms[{name!r}]", v) for name, v in (terms or {}).items()),
-        )
-        for name, v in named:
-            if v is not None and len(v) != n:
-                raise ValueError(f"{name}: {len(v)} entries for {n} trajectories")
-        if tis_cap is not None and old_logprobs is None:
-            raise ValueError("tis_cap needs old_logprobs (the trainer's recomputed log-probs)")
-        rollout_lp = [t.rollout_logprobs for t in trajs] if tis_cap is not None else None
-
-        def mb_loss(mb: MicroBatch, logp: Tensor, denom_tok: float, denom_seq: float) -> tuple[Tensor, dict]:
-            lp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=self.device)  # [B, R]
-            lp = lp.index_put((mb.sel_rows, mb.sel_resp), logp.float())
-            mask = mb.mask
-            old = mb.per_token(old_logprobs).to(self.device) if old_logprobs is not None else lp.detach()
-            tis = None
-            if rollout_lp is not None:
-                tis = truncated_is_weights(old, mb.per_token(rollout_lp).to(self.device), mask, tis_cap)
-            return pg_loss(
-                LossInputs(
-                    logprobs=lp,
-                    old_logprobs=old,
-                    advantages=mb.per_token(advantages).to(self.device) * mask,
-                    mask=mask,
-                    clip=clip,
-                    token_weights=mb.per_token(token_weights, 1.0).to(self.device)
-                    if token_weights is not None
-                    else None,
-                    tis_weights=tis,
-                    terms={name: mb.per_token(v).to(self.device) for name, v in (terms or {}).items()},
-                    agg=loss_agg,
-                    global_tokens=denom_tok,
-                    global_seqs=denom_seq,
-                )
+        mbs = self._micro_batches(trajs, forward_only=False)
+        if len(mbs) != 1:
+            raise ValueError(
+                f"train_step_on_policy: the batch takes {len(mbs)} update micro-batches on some rank; it needs "
+                "one (raise learner.micro_batch_tokens, or take the recompute pass: algo.recompute=always)"
             )
-
-        return self._optimizer_step(trajs, mb_loss)
+        mb = mbs[0]
+        logps: list = [None] * len(trajs)
+        ents: list = [None] * len(trajs)
+        self.engine.set_gradient_accumulation_boundary(True)
+        logp, ent = self._forward(mb, with_entropy=True)
+        scatter_rows(mb, trajs, logp.detach(), ent, logps, ents)
+        args = shape(logps, ents)
+        new_trajs = args.pop("trajs")
+        if mb.indices:  # a narrowed loss mask selects fewer of the forward's tokens
+            new = build_micro_batch(new_trajs, mb.indices, self.pad_id)
+            rows = torch.zeros(mb.mask.shape, dtype=logp.dtype, device=logp.device)  # [B, R]
+            rows = rows.index_put((mb.sel_rows.to(logp.device), mb.sel_resp.to(logp.device)), logp)
+            mb, logp = new, rows[new.sel_rows.to(logp.device), new.sel_resp.to(logp.device)]  # [N']
+        known = ("advantages", "token_weights", "tis_cap", "terms")
+        if set(args) - set(known):
+            raise TypeError(f"train_step_on_policy: shape returned unknown arguments {sorted(set(args) - set(known))}")
+        # old = its own log-probs, detached; through train_step, the one door to the loss
+        kwargs = {k: args[k] for k in ("tis_cap", "terms") if k in args}
+        result = self.train_step(
+            new_trajs,
+            args["advantages"],
+            args.get("token_weights"),
+            None,
+            forwarded=([mb], [logp]),
+            **kwargs,
+            **loss_options,
+        )
+        return result, logps, ents
 
     def sft_step(self, trajs: Sequence[Any]) -> dict[str, float]:
         """One optimizer step of token-mean NLL over loss_mask == 1 tokens (global batch)."""
@@ -339,11 +370,21 @@ class Learner(RankCollectives):
 
         return self._optimizer_step(trajs, loss_fn)
 
-    def _optimizer_step(self, trajs: Sequence[Any], loss_fn: Callable[..., tuple[Tensor, dict]]) -> dict[str, float]:
-        """Accumulate gradients over all micro-batches, then one optimizer step (or a skip)."""
+    def _optimizer_step(
+        self,
+        trajs: Sequence[Any],
+        loss_fn: Callable[..., tuple[Tensor, dict]],
+        *,
+        record: tuple[list, list] | None = None,
+        mbs: list[MicroBatch] | None = None,
+        forwarded: list[Tensor] | None = None,
+    ) -> dict[str, float]:
+        """Accumulate gradients over all micro-batches, then one optimizer step (or a skip).
+        record: see train_step. mbs, forwarded: the micro-batches and their forwards' log-probs,
+        already run (train_step_on_policy)."""
         import torch
 
-        mbs = self._micro_batches(trajs, forward_only=False)
+        mbs = mbs if mbs is not None else self._micro_batches(trajs, forward_only=False)
         if not mbs:
             raise ValueError("no trajectories on any rank: nothing to train on")
         local_tok = sum(mb.num_tokens for mb in mbs)
@@ -359,7 +400,12 @@ class Learner(RankCollectives):
         ratio_max = 0.0
         for k, mb in enumerate(mbs):
             self.engine.set_gradient_accumulation_boundary(k == len(mbs) - 1)
-            logp, _ = self._forward(mb, with_entropy=False)
+            if forwarded is not None:
+                logp = forwarded[k]
+            else:
+                logp, ent = self._forward(mb, with_entropy=record is not None)
+                if record is not None:
+                    scatter_rows(mb, trajs, logp.detach(), ent, *record)
             if mb.num_tokens == 0:
                 loss, metrics = logp.float().sum() * 0.0, {}  # collective filler: zero gradient
             else:

@@ -53,6 +53,18 @@ def token_logprob_model(lm: nn.Module, temperature: float, chunk_size: int) -> n
     return TokenLogprobModel()
 
 
+def has_dropout(module: nn.Module, config: Any = None) -> bool:
+    """Whether a forward in train mode can differ from one in eval mode: an nn.Dropout with p > 0
+    in `module`, or a positive *dropout probability in the HF `config` (attention dropout is a
+    functional call there, not a module)."""
+    from torch import nn
+
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in module.modules()):
+        return True
+    probs = [v for k, v in vars(config).items() if k.endswith("dropout")] if config is not None else []
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in probs)
+
+
 class RlStepClock:
     """The RL step (0-based) the learning rate is computed from under learner.schedule_unit = rl_step:
     the trainer sets it at the start of every step (`begin_rl_step`). A separate object, not state

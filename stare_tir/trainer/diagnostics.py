@@ -7,7 +7,9 @@ Two questions a batch-mean entropy curve cannot answer on its own:
   `entropy_by_tool_use` splits the token-mean by that.
 - What did this step's update change? `entropy_after_update` recomputes the batch's entropy with
   the updated weights (one no-grad pass over the same tokens), so the update's own entropy change
-  is measured on the same tokens rather than inferred from the next step's fresh rollouts.
+  is measured on the same tokens rather than inferred from the next step's fresh rollouts. That
+  pass costs about a tenth of a CPU step: it runs every trainer.diagnostics_every steps (off by
+  default), timed as time/diagnostics.
 
 Both reduce over all ranks (every rank must call them, with its own share of the batch).
 """

@@ -306,7 +306,8 @@ def prepare_update(
         sel_lp, sel_ent = current if current is not None else (old_logprobs, batch.entropies)
         stored = old_logprobs if current is not None else None
         view = token_view(learner, trajs, advantages, sel_lp, sel_ent, masks, algo, stored, verl_layout)
-    effects, global_terms, metrics = apply_methods(view, methods, seed, batch.metrics["entropy/batch"])
+    # No entropy/batch yet where the update's own forward will give it (no method reads it then).
+    effects, global_terms, metrics = apply_methods(view, methods, seed, batch.metrics.get("entropy/batch"))
     if view is not None:
         selected = effects.get("selected", torch.zeros(view.mask.shape, dtype=torch.bool))
         global_final = view.mask & effects["keep"] if "keep" in effects else view.mask
@@ -346,7 +347,9 @@ def prepare_update(
     tis_cap = algo.tis_cap
     if algo.ratio_one_on_policy if on_policy is None else on_policy:
         old = None
-        if tis_cap is not None:  # TIS compares pi_old (recompute) with the sampler: fold it into the weights
+        # TIS compares pi_old (recompute) with the sampler: folded into the weights. Without a
+        # recompute pass (old_logprobs not filled yet) the learner applies it to its own log-probs.
+        if tis_cap is not None and len(old_logprobs) == len(trajs):
             tis = [
                 truncated_is_weights(lp, torch.tensor(t.rollout_logprobs), torch.tensor(t.loss_mask), tis_cap)
                 for t, lp in zip(trajs, old_logprobs)

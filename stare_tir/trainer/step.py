@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
+from functools import cache
 from typing import TYPE_CHECKING, Iterator
 
 import torch
@@ -97,19 +98,27 @@ def logprob_mismatch(trajs: list[Trajectory], old_logprobs: list[torch.Tensor]) 
 
 
 class PhaseTimer:
-    """Wall seconds per phase of a step, as `time/<phase>` metrics (and `time/step` for the whole)."""
+    """Wall seconds per phase of a step, as `time/<phase>` metrics (and `time/step` for the whole).
+    A phase entered again adds to its total; a phase entered inside another counts only for itself
+    (the outer one's time excludes it), so the phases add up to the step."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.seconds: dict[str, float] = {}
+        self._inner: list[float] = []  # per open phase: seconds spent in phases nested inside it
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         t0 = time.perf_counter()
+        self._inner.append(0.0)
         try:
             yield
         finally:
-            self.seconds[phase] = time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            own = elapsed - self._inner.pop()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + own
+            if self._inner:
+                self._inner[-1] += elapsed
 
     def metrics(self) -> dict[str, float]:
         return {f"time/{k}": v for k, v in self.seconds.items()} | {"time/step": time.perf_counter() - self.start}
@@ -117,35 +126,47 @@ class PhaseTimer:
 
 def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
     """One RL step; returns its metrics row. rollouts (trainer.max_staleness >= 1): this step's
-    first round was rolled out while earlier steps trained (`trainer/async_rollouts.py`)."""
+    first round was rolled out while earlier steps trained (`trainer/async_rollouts.py`). Every
+    second of it is inside a named phase (`time/other`: the bookkeeping between the others)."""
     timer = PhaseTimer()
     with timer("rollout"):
         batch = collect(run, step, rollouts)
     metrics = batch.metrics
-    # Decided over all ranks: a rank with an empty share still joins every collective below.
-    if run.learner.all_reduce_sum(torch.tensor([float(len(batch.trajs))])).item() == 0:
-        return skip_empty_step(run, step, batch, timer.seconds["rollout"])
+    with timer("other"):
+        # Decided over all ranks: a rank with an empty share still joins every collective below.
+        empty = run.learner.all_reduce_sum(torch.tensor([float(len(batch.trajs))])).item() == 0
+    if empty:
+        return skip_empty_step(run, step, batch, timer)
     run.empty_in_row = 0
-    release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
+    with timer("other"):
+        release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
     with timer("score"):
         score(run, batch)
-    with timer("recompute"):
-        recompute(run, batch)
-    observe(run, batch)
     k = run.cfg.algo.mini_batches(run.cfg.trainer.prompts_per_step)
-    if k == 1:
+    with timer("other"):
+        own_forward = recompute_free(run, batch, rollouts, k)
+    metrics["update/recompute_free"] = float(own_forward)
+    if own_forward:  # old log-probs and entropies from the update's forward; shaping timed inside
+        with timer("update"):
+            applied, skipped = update_on_policy(run, step, batch, rollouts, timer)
+    else:
+        with timer("recompute"):
+            recompute(run, batch)
         with timer("shape"):
-            inputs = shape(run, step_seed(run, step), batch, rollouts)
+            observe(run, batch)
+            inputs = shape(run, step_seed(run, step), batch, rollouts) if k == 1 else None
         with timer("update"):
-            applied, skipped = update(run, inputs, metrics)
-    else:  # shaped per mini-batch, inside the update
-        with timer("update"):
-            applied, skipped = update_mini_batches(run, step, batch, rollouts, k)
+            if inputs is not None:
+                applied, skipped = update(run, inputs, metrics)
+            else:  # shaped per mini-batch, inside the update
+                applied, skipped = update_mini_batches(run, step, batch, rollouts, k)
     metrics["update/optimizer_steps"] = float(applied)
-    if applied:  # the update's own entropy change, on the same tokens (one no-grad pass)
+    every = run.cfg.trainer.diagnostics_every
+    if applied and every and step % every == 0:  # the update's own entropy change (one no-grad pass)
         with timer("diagnostics"):
             metrics.update(entropy_after_update(run.learner, batch.trajs, metrics["entropy/batch"]))
-    count_nonfinite(run, step, skipped, metrics)
+    with timer("other"):
+        count_nonfinite(run, step, skipped, metrics)
     with timer("sync"):
         if applied:  # unchanged weights are not pushed again (a collective skip: every rank agrees)
             sync_weights(run)
@@ -171,13 +192,14 @@ def collect(run: Run, step: int, rollouts: AsyncRollouts | None) -> StepBatch:
     return StepBatch(trajs, rolled, metrics)
 
 
-def skip_empty_step(run: Run, step: int, batch: StepBatch, rollout_s: float) -> dict:
+def skip_empty_step(run: Run, step: int, batch: StepBatch, timer: PhaseTimer) -> dict:
     """No rank has a usable group: no update, and the run stops after too many such steps."""
-    metrics = batch.metrics | {"time/rollout": rollout_s}
     logger.warning(f"step {step}: no usable group in {len(batch.rolled)} trajectories; no update")
+    metrics = batch.metrics
     metrics["update/skipped_empty"] = 1.0
-    check_empty_steps(run, step, batch.rolled, metrics)
-    return metrics
+    with timer("other"):
+        check_empty_steps(run, step, batch.rolled, metrics)
+    return metrics | timer.metrics()
 
 
 def score(run: Run, batch: StepBatch) -> None:
@@ -192,14 +214,103 @@ def score(run: Run, batch: StepBatch) -> None:
 
 
 def recompute(run: Run, batch: StepBatch) -> None:
-    """The learner's log-probs and entropies of the batch's tokens; the batch entropy and the
-    rollout/learner log-prob mismatch go to the metrics."""
+    """The learner's log-probs and entropies of the batch's tokens (a no-grad pass), and their
+    metrics (`value_metrics`)."""
+    batch.old_logprobs, batch.entropies = run.learner.compute_logprobs_entropy(batch.trajs)
+    value_metrics(run, batch)
+
+
+def value_metrics(run: Run, batch: StepBatch) -> None:
+    """From the batch's learner log-probs and entropies (the recompute pass's, or the update
+    forward's own where it is skipped): the batch entropy, its split by tool use and the
+    rollout/learner log-prob mismatch, into the metrics."""
     trajs, metrics = batch.trajs, batch.metrics
-    batch.old_logprobs, batch.entropies = run.learner.compute_logprobs_entropy(trajs)
     entropy = batch_entropy(run.learner, trajs, batch.entropies)
     metrics.update({"entropy/batch": entropy, "entropy/target": run.cfg.algo.stare.target_entropy})
     metrics.update(entropy_by_tool_use(run.learner, trajs, batch.entropies))
     metrics.update(logprob_mismatch(trajs, batch.old_logprobs))
+
+
+def reads_values_first(algo: AlgoConfig) -> bool:
+    """Whether shaping reads the learner's log-probs or entropies before the loss: a token method
+    (selections; STARE's gate and EAPO read the batch entropy) or verl's aggregation (token_view)."""
+    return bool(algo.token_methods) or algo.loss_agg == "verl"
+
+
+@cache  # a fallback's reason is told once per process, not every step
+def _say_once(message: str) -> None:
+    logger.info(message)
+
+
+def recompute_free(run: Run, batch: StepBatch, rollouts: AsyncRollouts | None, k: int) -> bool:
+    """Whether this step takes its old log-probs and entropies from the update's own forward (one
+    forward less) instead of the recompute pass: algo.recompute=auto and the two give the same
+    inputs. Where they would not, the pass is kept and the reason logged once. Collective: every
+    rank decides alike (its only data-dependent part is a max over ranks)."""
+    algo, learner = run.cfg.algo, run.learner
+    if algo.recompute == "always":
+        return False
+    reason = None
+    if k != 1 or algo.ppo_epochs != 1:
+        reason = "several updates per batch (the later ones compare with the stored old log-probs)"
+    elif algo.off_policy.enabled:
+        reason = "the off-policy correction needs the batch's old log-probs before the loss"
+    elif not hasattr(learner, "train_step_on_policy"):  # a stand-in with the plain interface only
+        reason = "the learner has no update that shapes from its own forward"
+    elif not learner.forward_is_deterministic():
+        reason = "the model has dropout (its training forward is not the old policy's)"
+    elif reads_values_first(algo) and learner.update_micro_batches(batch.trajs) > 1:
+        # STARE's batch-global top-p, its gate and the other selections need every entropy of the
+        # batch before the first micro-batch's loss: one forward's graph is all that is kept.
+        reason = "a selection over the batch needs all its entropies first, and it spans several update micro-batches"
+    if reason is not None:
+        _say_once(f"the recompute pass is kept where {reason} (algo.recompute=auto)")
+        return False
+    return True
+
+
+def update_on_policy(
+    run: Run, step: int, batch: StepBatch, rollouts: AsyncRollouts | None, timer: PhaseTimer
+) -> tuple[int, bool]:
+    """The one optimizer step of an on-policy batch without the recompute pass (`recompute_free`):
+    old = the update's own log-probs, detached (ratio 1 in value, the gradient intact: verl's and
+    TRL's on-policy form), and the metrics the recompute pass gave, from that forward's values.
+    Where shaping reads those values, the learner shapes between its forward and its loss (the
+    batch is one micro-batch per rank); else shaping comes first and the values after."""
+    algo, learner, seed = run.cfg.algo, run.learner, step_seed(run, step)
+    if reads_values_first(algo):
+
+        def shape_from_forward(logps: list[torch.Tensor], ents: list[torch.Tensor]) -> dict:
+            with timer("shape"):
+                batch.old_logprobs, batch.entropies = logps, ents
+                value_metrics(run, batch)
+                observe(run, batch)
+                inputs = shape(run, seed, batch, rollouts, on_policy=True)
+            return {
+                "trajs": inputs.trajs,
+                "advantages": inputs.advantages,
+                "token_weights": inputs.token_weights,
+                "tis_cap": inputs.tis_cap,
+                "terms": inputs.terms or None,
+            }
+
+        result, _, _ = learner.train_step_on_policy(batch.trajs, shape_from_forward, **loss_options(algo))
+    else:  # nothing in shaping reads the values: no selection, TIS on the learner's own log-probs
+        with timer("shape"):  # without the off-policy correction (recompute_free) only its metrics need them
+            inputs = shape(run, seed, batch, None, on_policy=True)
+        values: tuple[list, list] = ([None] * len(batch.trajs), [None] * len(batch.trajs))
+        result = train_step(run, inputs, record=values)
+        with timer("shape"):
+            batch.old_logprobs, batch.entropies = values
+            value_metrics(run, batch)  # no method to observe them (reads_values_first is False)
+            if rollouts is not None:  # the mismatch per staleness of an asynchronous run
+                _, off_metrics = off_policy_update(
+                    learner, batch.trajs, batch.old_logprobs, inputs, algo.off_policy, rollouts.served, True
+                )
+                batch.metrics.update(off_metrics)
+    batch.metrics.update({f"update/{k}": v for k, v in result.items()})
+    skipped = bool(result["step_skipped"])
+    return (0 if skipped else 1), skipped
 
 
 def observe(run: Run, batch: StepBatch) -> None:
@@ -243,19 +354,27 @@ def shape(
     return inputs
 
 
-def train_step(run: Run, inputs: UpdateInputs) -> dict[str, float]:
-    """One optimizer step of the configured loss on `inputs`; the learner's metrics."""
-    algo = run.cfg.algo
+def loss_options(algo: AlgoConfig) -> dict:
+    """The learner's loss settings of the configured algorithm (train_step's clip, loss_agg, loss_fn)."""
+    return {
+        "clip": Clip(algo.clip_low, algo.clip_high, algo.dual_clip_c),
+        "loss_agg": "token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
+        "loss_fn": POLICY_LOSSES.get(algo.policy_loss),
+    }
+
+
+def train_step(run: Run, inputs: UpdateInputs, record: tuple[list, list] | None = None) -> dict[str, float]:
+    """One optimizer step of the configured loss on `inputs`; the learner's metrics. record: see
+    `Learner.train_step`."""
     return run.learner.train_step(
         inputs.trajs,
         inputs.advantages,
         inputs.token_weights,
         inputs.old_logprobs,
-        clip=Clip(algo.clip_low, algo.clip_high, algo.dual_clip_c),
-        loss_agg="token-mean" if algo.loss_agg == "verl" else algo.loss_agg,  # verl: in the weights
         tis_cap=inputs.tis_cap,
-        loss_fn=POLICY_LOSSES.get(algo.policy_loss),
         terms=inputs.terms or None,
+        record=record,
+        **loss_options(run.cfg.algo),
     )
 
 
