@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "rank_balance_worker.py"
 
 
-def _launch_helper():
+def _launcher():
     """tests/learner/test_learner_distributed.py's `_launch` (ranks started as torchrun would)."""
     path = HERE.parent / "learner" / "test_learner_distributed.py"
     spec = importlib.util.spec_from_file_location("learner_distributed_test", path)
@@ -33,7 +33,7 @@ def tiny_path() -> str:
 
 
 def test_balanced_ranks_take_the_unbalanced_update(tiny_path, tmp_path, monkeypatch):
-    dist = _launch_helper()
+    dist = _launcher()
     monkeypatch.setattr(dist, "WORKER", WORKER)
     results = {}
     for mode in ("off", "on"):
