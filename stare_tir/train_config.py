@@ -234,6 +234,14 @@ class TrainerConfig:
     steps: int = 40
     # Prompts (GRPO groups) per step; each is rolled out rollout.n_per_prompt times.
     prompts_per_step: int = 16
+    # With several learner ranks, move the scored trajectories between ranks so that each holds
+    # about as many prompt + response tokens (Karmarkar-Karp, as verl's balance_batch;
+    # stare_tir/trainer/rank_balance.py): the learner's collectives stop waiting for the rank that
+    # rolled out the longest responses. The loss is normalised over all ranks, so a step of one
+    # mini-batch updates the same either way (float summation order aside); what depends on the
+    # placement (several mini-batches, micro_batch scope, a random method's draws) is listed there.
+    # No effect with one process.
+    balance_ranks: bool = True
     # Held-out evaluation every N steps (0: only before and after training).
     eval_every: int = 10
     # Samples per held-out problem in periodic evaluation.

@@ -43,6 +43,17 @@ class RankCollectives:
         dist.gather_object(obj, out, dst=0)
         return out
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj` on every rank, in rank order ([obj] with one process). Under
+        NCCL the pickles travel through this rank's GPU (torch.distributed `all_gather_object`)."""
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
     def all_gather_flat(self, x: Tensor) -> tuple[Tensor, slice]:
         """Concatenate every rank's 1-D tensor (lengths may differ), in rank order.
 

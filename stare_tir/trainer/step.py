@@ -21,6 +21,7 @@ from stare_tir.train_config import AlgoConfig
 from stare_tir.trainer.batch import collect_batch
 from stare_tir.trainer.diagnostics import entropy_after_update, entropy_by_tool_use
 from stare_tir.trainer.mini_batches import mini_batch_plan
+from stare_tir.trainer.rank_balance import rebalance
 from stare_tir.trainer.run import Run
 from stare_tir.trainer.shaping import StepBatch, UpdateInputs, prepare_update
 from stare_tir.trainer.staleness import off_policy_update
@@ -142,6 +143,7 @@ def rl_step(run: Run, step: int, rollouts: AsyncRollouts | None = None) -> dict:
         release_rollout_memory(run)  # colocated servers free their GPU memory for the learner
     with timer("score"):
         score(run, batch)
+    rebalance(run.learner, batch, run.cfg.trainer.balance_ranks)  # ranks' tokens evened out (time/balance)
     k = run.cfg.algo.mini_batches(run.cfg.trainer.prompts_per_step)
     with timer("other"):
         own_forward = recompute_free(run, batch, rollouts, k)
