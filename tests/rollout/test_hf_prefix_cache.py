@@ -137,8 +137,20 @@ def test_weight_updates_empty_the_cache(tiny_path):
         assert reused > 0  # the second turn above did reuse its first turn
         assert be.prefill_stats()["cache_entries"] == 1
         # from disk too (it goes through update_weights)
-        path = tiny_path
-        be.update_weights_from_disk(str(path))
+        be.update_weights_from_disk(str(tiny_path))
+        assert be.prefill_stats()["cache_entries"] == 0
+
+        # an update on the batcher's own thread does not wait for the running request: that
+        # request's KV mixes both weights, so it is not kept
+        async def update_mid_request():
+            fut = asyncio.ensure_future(be.generate(prompt, SamplingParams(max_new_tokens=30, seed=3), []))
+            start = be.stats["decode_steps"]
+            while be.stats["decode_steps"] < start + 3:
+                await asyncio.sleep(0.001)
+            be.update_weights(state.items())
+            return await fut
+
+        assert len(asyncio.run(update_mid_request()).token_ids) == 30
         assert be.prefill_stats()["cache_entries"] == 0
     finally:
         be.close()
@@ -240,6 +252,7 @@ def test_thread_and_dtype_resolution(monkeypatch):
     assert hf_cpu.resolve_threads(3, "cpu")[0] == 3
     assert hf_cpu.resolve_threads("auto", "cuda")[0] is None
     assert hf_cpu.resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert hf_cpu.resolve_dtype("auto", "cpu") == torch.float32  # bf16's log-probs are off-policy
     assert hf_cpu.resolve_dtype("float16", "cpu") == torch.float16
     monkeypatch.undo()
     monkeypatch.setattr(hf_cpu.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)

@@ -94,7 +94,12 @@ class HFBackendConfig:
     prefill_tokens: int = 16384
     # "auto": CUDA when available, else CPU.
     device: str = "auto"
-    # "auto": float32 on CPU (bf16 is ~7x slower on CPUs without AVX-512/AMX), bfloat16 on CUDA.
+    # "auto": float32 on CPU, bfloat16 on CUDA. bf16 on a CPU with native bf16 (avx512_bf16 or
+    # amx_bf16 flags; measured on SmolLM2-135M, 16 rows, one thread, scripts/bench/bench_hf_engine.py)
+    # prefills ~1.8-2.3x and decodes ~1.5-1.7x faster, but its log-probs differ from an fp32
+    # recompute of the same tokens by 0.03-0.04 on average (max 0.28-0.35, 1-1.4% of tokens past a
+    # 0.2 clip) where fp32 agrees to 4e-5: the fp32 learner would train off-policy. Without native bf16
+    # (emulated: ONEDNN_MAX_CPU_ISA=AVX2) bf16 prefills 4.5x and decodes 2.2x slower than fp32.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Torch intra-op threads of the backend's model work (set in its worker thread only; the
     # learner's thread keeps its own). "auto": on CPU, one thread when the process has fewer than
@@ -439,6 +444,8 @@ class HFBackend(BackendBase):
         return logits
 
     def _admit(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            req.pushes = self._pushes
         hits: dict[int, Hit] = {}
         if self._prefix is not None:
             for req in reqs:
@@ -545,8 +552,8 @@ class HFBackend(BackendBase):
         prompt + tokens[:-1]: the token sampled last was never fed to the model."""
         layers = cache_layers(b.cache)
         for i, req in enumerate(b.reqs):
-            if req.finish in (None, "cancelled") or not req.tokens:
-                continue
+            if req.finish in (None, "cancelled") or not req.tokens or req.pushes != self._pushes:
+                continue  # running, gone, or part of its KV is from weights replaced since
             ids = req.prompt + req.tokens[:-1]
             if len(ids) > self._prefix.budget_tokens:
                 continue

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 
 class Request:
-    __slots__ = ("prompt", "sampling", "stop", "future", "tokens", "logprobs", "max_new", "finish", "stop_text")
+    __slots__ = (
+        "prompt", "sampling", "stop", "future", "tokens", "logprobs", "max_new", "finish", "stop_text", "pushes",
+    )  # fmt: skip
 
     def __init__(self, prompt, sampling, stop, future, max_new):
         self.prompt: list[int] = prompt
@@ -28,6 +30,7 @@ class Request:
         self.max_new: int = max_new
         self.finish: str | None = None
         self.stop_text: str | None = None
+        self.pushes = -1  # the backend's weight-update count when the request was prefilled
 
 
 class Batch:

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
     import torch
 
 # CPU flags of native bfloat16 arithmetic (AVX512-BF16 dot products, AMX tiles): without them
-# torch emulates bf16 matmuls through fp32 conversions and bf16 is several times slower.
+# torch converts bf16 through fp32 and bf16 runs slower than fp32 (see HFBackendConfig.dtype).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-# Below this many cores per process, "auto" runs the model work on one thread: on a machine whose
-# cores are shared (several ranks or other jobs), OpenMP workers spin-wait for cores that other
-# processes hold (measured in docs/real-model.md: decode 3.5x slower with 2 threads than 1 on a
-# loaded 2-core machine).
+# Below this many cores per process, "auto" runs the model work on one thread: such a machine is
+# shared (the 2-core test and CI machines run several jobs), and OpenMP workers then spin-wait for
+# cores that other processes hold. Measured on SmolLM2-135M, 16 rows, 2 cores at load average 1-2
+# (scripts/bench/bench_hf_engine.py): one thread decodes 1.05-1.35x faster than two; under heavier
+# load a seeded rollout batch took 160 s on two threads, 45 s on one. With 4+ cores per process
+# the rollout phase has the cores to itself (the learner waits for it): all of them are used.
 MIN_CORES_FOR_THREADS = 4
 
 
@@ -49,8 +51,9 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
-def resolve_dtype(dtype: str, device: str, flags: set[str] | None = None) -> torch.dtype:
-    """ "auto": bfloat16 on CUDA and on CPUs with native bf16 arithmetic, float32 otherwise."""
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """The dtype for "auto": float32 on CPU, even with native bf16 (faster, but its log-probs are
+    off-policy for an fp32 learner: HFBackendConfig.dtype), bfloat16 on an accelerator."""
     import torch
 
     if dtype != "auto":
