@@ -67,11 +67,18 @@ from stare_tir.rollout.backends.hf_batch import (
     Request,
     cache_layers,
     cached_inputs,
+    chunks,
     fresh_inputs,
     make_cache,
     merge_batches,
 )
-from stare_tir.rollout.backends.hf_cpu import apply_worker_threads, resolve_device, resolve_dtype, resolve_threads
+from stare_tir.rollout.backends.hf_cpu import (
+    apply_worker_threads,
+    load_remote_code_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_threads,
+)
 from stare_tir.rollout.backends.hf_prefix import Hit, PrefixCache, row_kv
 from stare_tir.rollout.backends.sampling import sample_tokens
 
@@ -141,7 +148,7 @@ class HFBackend(BackendBase):
     def from_config(cls, model_path: str, tokenizer: Any, rollout: Any, trust_remote_code: bool = False) -> HFBackend:
         model: Any = model_path
         if trust_remote_code:  # a path is loaded without it: hand the built module instead
-            model = _load_remote_code_model(model_path, rollout.hf)
+            model = load_remote_code_model(model_path, rollout.hf.device, rollout.hf.dtype)
         return cls(model, tokenizer, rollout.hf)
 
     def __init__(
@@ -454,25 +461,13 @@ class HFBackend(BackendBase):
                     hits[id(req)] = hit
         # similar lengths pad less: whole prompts for the others, new suffixes for the cached ones
         fresh = sorted((r for r in reqs if id(r) not in hits), key=lambda r: len(r.prompt))
-        for chunk in self._chunks(fresh, lambda c: max(len(r.prompt) for r in c) * len(c)):
+        for chunk in chunks(fresh, lambda c: max(len(r.prompt) for r in c) * len(c), self.cfg.prefill_tokens):
             self._prefill(chunk)
         cached = sorted(((r, hits[id(r)]) for r in reqs if id(r) in hits), key=lambda x: len(x[0].prompt) - x[1].n)
         width = lambda c: (max(h.n for _, h in c) + max(len(r.prompt) - h.n for r, h in c)) * len(c)  # noqa: E731
-        for chunk in self._chunks(cached, width):
+        for chunk in chunks(cached, width, self.cfg.prefill_tokens):
             self._prefill_cached(chunk)
         self.stats["admitted"] += len(reqs)
-
-    def _chunks(self, items: list, padded_tokens) -> Iterable[list]:
-        """Consecutive runs of `items` whose forward's padded tokens stay within `prefill_tokens`
-        (a single item over it still goes alone)."""
-        chunk: list = []
-        for item in items:
-            if chunk and padded_tokens(chunk + [item]) > self.cfg.prefill_tokens:
-                yield chunk
-                chunk = []
-            chunk.append(item)
-        if chunk:
-            yield chunk
 
     def _prefill(self, reqs: list[Request]) -> None:
         ids, mask, pos = (x.to(self.device) for x in fresh_inputs([r.prompt for r in reqs], self.pad_token_id))
@@ -580,16 +575,6 @@ def _runs_in(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _load_remote_code_model(model_path: str, hf: HFBackendConfig) -> Any:
-    """The policy with its repository's own code, on the device and dtype `HFBackend.__init__`
-    picks (`hf_cpu.resolve_device`, `resolve_dtype`)."""
-    from transformers import AutoModelForCausalLM
-
-    device = resolve_device(hf.device)
-    dtype = resolve_dtype(hf.dtype, device)
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=True).to(device)
 
 
 def iter_checkpoint_tensors(path: str) -> Iterable[tuple[str, torch.Tensor]]:

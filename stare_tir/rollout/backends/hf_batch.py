@@ -5,7 +5,7 @@ and the merge of a prefilled batch into the running one. No model calls here (`h
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 
 from stare_tir.rollout.backends.base import SamplingParams, StopChecker
 
@@ -58,6 +58,22 @@ def make_cache(kv: KV):
     for i, (k, v) in enumerate(kv):
         cache.update(k, v, i)
     return cache
+
+
+T = TypeVar("T")
+
+
+def chunks(items: list[T], padded_tokens: Callable[[list[T]], int], limit: int) -> Iterable[list[T]]:
+    """Consecutive runs of `items` whose prefill forward pads to at most `limit` tokens
+    (`padded_tokens` of a run); an item over the limit on its own still goes alone."""
+    chunk: list[T] = []
+    for item in items:
+        if chunk and padded_tokens(chunk + [item]) > limit:
+            yield chunk
+            chunk = []
+        chunk.append(item)
+    if chunk:
+        yield chunk
 
 
 def fresh_inputs(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

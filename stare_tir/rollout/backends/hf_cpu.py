@@ -1,5 +1,5 @@
-"""What the HF backend resolves from "auto": its device and dtype, and the torch threads of its
-model work on CPU.
+"""What the HF backend resolves from "auto": its device and dtype (and a remote-code model loaded
+on them), and the torch threads of its model work on CPU.
 
 Threads: `torch.set_num_threads` called in the backend's worker thread sets that thread's OpenMP
 and MKL thread counts only (both are per-thread settings); the trainer's main thread keeps its own
@@ -59,6 +59,17 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype != "auto":
         return getattr(torch, dtype)
     return torch.float32 if device.startswith("cpu") else torch.bfloat16
+
+
+def load_remote_code_model(model_path: str, device: str, dtype: str) -> Any:
+    """The policy with its repository's own code, on the device and dtype `HFBackend.__init__`
+    resolves from the same settings."""
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(device)
+    return AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=resolve_dtype(dtype, device), trust_remote_code=True
+    ).to(device)
 
 
 def cores_per_process() -> int:
