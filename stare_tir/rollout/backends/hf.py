@@ -8,7 +8,9 @@ while the model computes.
 One step:
   1. admit waiting requests (when the batch is empty, or every `join_every` steps while it runs):
      prefill their prompts (left padding, in chunks bounded by `prefill_tokens`) and merge their
-     KV caches into the running batch (re-padding on the left to a common length);
+     KV caches into the running batch (re-padding on the left to a common length); a prompt that
+     starts with a finished request's prompt + answer (the next turn of a trajectory) prefills only
+     its new suffix on top of that request's kept KV (`hf_prefix.py`, `rollout.hf.prefix_cache_tokens`);
   2. sample one token per row from the current next-token logits (temperature, top-k, top-p; the
      logprob is taken under that same sampling distribution), append it to its request;
   3. rows that sampled EOS, completed a stop string (matched on decoded text, `StopChecker`) or
@@ -22,6 +24,10 @@ padding masked out and positions counted over real tokens only, so the model is 
 One event loop at a time: when generate() is first awaited on a new loop (each asyncio.run, or
 another engine's loop), the batcher moves there and requests left on the old loop are dropped.
 
+Model work runs on `rollout.hf.threads` torch threads, set in the worker thread only (`hf_cpu.py`).
+Prefill and reuse counts: `stats`, `prefill_stats()`, and per step `take_route_stats()` (the same
+`route/prompt_tokens` and `route/cached_frac` as SGLang's prefix cache reports).
+
 Weights: `update_weights(named_tensors)` copies learner tensors into the model in place (HF names;
 a DeepSpeed "module." prefix is stripped); `update_weights_from_disk(dir)` reads safetensors or
 .bin shards from an HF checkpoint directory. Both take the step lock, so they never interleave
@@ -29,6 +35,7 @@ with a forward. An update that arrives while requests run (asynchronous training
 the next batch generates) first lets the running requests finish on the old weights and holds new
 ones back, as SGLang's un-paused update does (its model_update_lock waits for the requests in
 flight: managers/tokenizer_manager.py); so every Generation comes from one version, which it names.
+Every update empties the prefix cache (its keys and values came from the old weights).
 """
 
 from __future__ import annotations
@@ -38,10 +45,13 @@ import collections
 import contextlib
 import inspect
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal
+
+from loguru import logger
 
 from stare_tir.rollout.backends.base import (
     ROLLOUT_BACKENDS,
@@ -52,6 +62,24 @@ from stare_tir.rollout.backends.base import (
     fast_decoder,
     finish_after_token,
 )
+from stare_tir.rollout.backends.hf_batch import (
+    Batch,
+    Request,
+    cache_layers,
+    cached_inputs,
+    chunks,
+    fresh_inputs,
+    make_cache,
+    merge_batches,
+)
+from stare_tir.rollout.backends.hf_cpu import (
+    apply_worker_threads,
+    load_remote_code_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_threads,
+)
+from stare_tir.rollout.backends.hf_prefix import Hit, PrefixCache, row_kv
 from stare_tir.rollout.backends.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -73,8 +101,24 @@ class HFBackendConfig:
     prefill_tokens: int = 16384
     # "auto": CUDA when available, else CPU.
     device: str = "auto"
-    # "auto": float32 on CPU (bf16 is ~7x slower on CPUs without AVX-512/AMX), bfloat16 on CUDA.
+    # "auto": float32 on CPU, bfloat16 on CUDA. bf16 on a CPU with native bf16 (avx512_bf16 or
+    # amx_bf16 flags; measured on SmolLM2-135M, 16 rows, one thread, scripts/bench/bench_hf_engine.py)
+    # prefills ~1.8-2.3x and decodes ~1.5-1.7x faster, but its log-probs differ from an fp32
+    # recompute of the same tokens by 0.03-0.04 on average (max 0.28-0.35, 1-1.4% of tokens past a
+    # 0.2 clip) where fp32 agrees to 4e-5: the fp32 learner would train off-policy. Without native bf16
+    # (emulated: ONEDNN_MAX_CPU_ISA=AVX2) bf16 prefills 4.5x and decodes 2.2x slower than fp32.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Torch intra-op threads of the backend's model work (set in its worker thread only; the
+    # learner's thread keeps its own). "auto": on CPU, one thread when the process has fewer than
+    # 4 cores (its cores are shared: OpenMP workers spin-wait for cores other processes hold), else
+    # all its cores; on an accelerator torch's setting is left alone.
+    threads: int | Literal["auto"] = "auto"
+    # Prefix cache budget, in tokens: finished requests keep their KV (least recently stored
+    # evicted first) so that the next turn of a trajectory, whose prompt starts with the previous
+    # prompt + answer, prefills only the tool output and what follows (`hf_prefix.py`); 0 disables
+    # it. Memory per token = 2 * layers * kv_heads * head_dim * dtype bytes: 45 KiB for
+    # SmolLM2-135M in float32 (32768 tokens: 1.4 GiB), 56 KiB for Qwen2.5-7B in bfloat16.
+    prefix_cache_tokens: int = 32768
     # Seed of the backend's sampling RNG (requests with their own seed use a counter-based stream
     # keyed by (seed, token index), independent of the batch they run in).
     seed: int = 0
@@ -85,48 +129,10 @@ class HFBackendConfig:
         for name in ("max_batch_size", "join_every", "prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-
-
-class _Request:
-    __slots__ = ("prompt", "sampling", "stop", "future", "tokens", "logprobs", "max_new", "finish", "stop_text")
-
-    def __init__(self, prompt, sampling, stop, future, max_new):
-        self.prompt: list[int] = prompt
-        self.sampling: SamplingParams = sampling
-        self.stop: StopChecker = stop
-        self.future: asyncio.Future = future
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.max_new: int = max_new
-        self.finish: str | None = None
-        self.stop_text: str | None = None
-
-
-class _Batch:
-    """The running batch. Touched only by the worker thread while a step runs."""
-
-    def __init__(self, reqs, cache, mask, next_pos, logits):
-        self.reqs: list[_Request] = reqs
-        self.cache = cache  # DynamicCache, per layer keys/values [B, H, T, D]
-        self.mask: torch.Tensor = mask  # [B, T] long, 0 = left padding
-        self.next_pos: torch.Tensor = next_pos  # [B, 1] long, position of the next token
-        self.logits: torch.Tensor = logits  # [B, V] float32, next-token logits
-
-
-def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(keys, values) per layer of a DynamicCache, across transformers versions."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache))
-
-
-def _make_cache(kv):
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(kv):
-        cache.update(k, v, i)
-    return cache
+        if self.threads != "auto" and (isinstance(self.threads, bool) or self.threads < 1):
+            raise ValueError(f"threads={self.threads!r}: must be >= 1 or 'auto'")
+        if self.prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens={self.prefix_cache_tokens!r}: must be >= 0 (0 disables the cache)")
 
 
 @ROLLOUT_BACKENDS.register("hf", config=HFBackendConfig)  # its settings: rollout.hf
@@ -142,7 +148,7 @@ class HFBackend(BackendBase):
     def from_config(cls, model_path: str, tokenizer: Any, rollout: Any, trust_remote_code: bool = False) -> HFBackend:
         model: Any = model_path
         if trust_remote_code:  # a path is loaded without it: hand the built module instead
-            model = _load_remote_code_model(model_path, rollout.hf)
+            model = load_remote_code_model(model_path, rollout.hf.device, rollout.hf.dtype)
         return cls(model, tokenizer, rollout.hf)
 
     def __init__(
@@ -154,14 +160,8 @@ class HFBackend(BackendBase):
         import torch
 
         self.cfg = cfg or HFBackendConfig()
-        if self.cfg.device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        else:
-            device = self.cfg.device
-        if self.cfg.dtype == "auto":
-            dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        else:
-            dtype = getattr(torch, self.cfg.dtype)
+        device = resolve_device(self.cfg.device)
+        dtype = resolve_dtype(self.cfg.dtype, device)
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -194,9 +194,18 @@ class HFBackend(BackendBase):
         self._rng = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
         # One worker thread runs all model work; the lock keeps weight updates out of a step.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-backend")
+        threads, why = resolve_threads(self.cfg.threads, str(self.device))
+        if threads is not None:
+            apply_worker_threads(self._executor, threads)
+        logger.info(
+            f"HF backend: {self.device}, {next(model.parameters()).dtype}, "
+            f"{threads if threads is not None else torch.get_num_threads()} torch thread(s) for its model work ({why}), "
+            f"prefix cache {self.cfg.prefix_cache_tokens} tokens"
+        )
+        self._prefix = PrefixCache(self.cfg.prefix_cache_tokens) if self.cfg.prefix_cache_tokens else None
         self._lock = threading.Lock()
-        self._batch: _Batch | None = None
-        self._pending: collections.deque[_Request] = collections.deque()
+        self._batch: Batch | None = None
+        self._pending: collections.deque[Request] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._runner: asyncio.Task | None = None
@@ -206,8 +215,10 @@ class HFBackend(BackendBase):
         self._closed = False
         self.weight_version = "0"  # what stamps every Generation (see `update_weights`)
         self._pushes = 0
-        # Counters for benchmarks and stats.
+        # Counters for benchmarks and stats: prefill_tokens (computed) and reused_tokens (taken
+        # from the prefix cache), prefill_s / decode_s (seconds in those forwards), ...
         self.stats = collections.Counter()
+        self._route_seen: dict[str, float] = {}  # stats at the last take_route_stats()
 
     # ------------------------------------------------------------------ public API
 
@@ -221,7 +232,7 @@ class HFBackend(BackendBase):
         if max_new <= 0:
             return Generation([], [], "length")
         fut = self._loop.create_future()
-        req = _Request(list(prompt_ids), sampling, StopChecker(self._decode, stop), fut, max_new)
+        req = Request(list(prompt_ids), sampling, StopChecker(self._decode, stop), fut, max_new)
         self._pending.append(req)
         self._wakeup.set()
         return await fut
@@ -258,8 +269,32 @@ class HFBackend(BackendBase):
                 raise KeyError(f"{len(unknown)} weight names not in the model, e.g. {unknown[:5]}")
             if loaded == 0:
                 raise ValueError("update_weights received no tensors")
+            if self._prefix is not None:
+                self._prefix.clear()  # keys and values of the old weights
             self._pushes += 1
             self.weight_version = version if version is not None else str(self._pushes)
+
+    def take_route_stats(self) -> dict[str, float]:
+        """How the prefix cache served the prompts since the last call, as SGLang's `route/*`
+        (docs/metrics.md): prompt tokens admitted and the share reused instead of computed."""
+        now = {k: float(self.stats[k]) for k in ("prefill_tokens", "reused_tokens")}
+        delta = {k: v - self._route_seen.get(k, 0.0) for k, v in now.items()}
+        self._route_seen = now
+        prompt = delta["prefill_tokens"] + delta["reused_tokens"]
+        return {"route/prompt_tokens": prompt, "route/cached_frac": delta["reused_tokens"] / prompt if prompt else 0.0}
+
+    def prefill_stats(self) -> dict[str, float]:
+        """Totals since the backend was built: prompt tokens computed and reused, the cache's
+        entries and tokens held and evicted."""
+        cache = self._prefix
+        return {
+            "prefill_tokens": float(self.stats["prefill_tokens"]),
+            "reused_tokens": float(self.stats["reused_tokens"]),
+            "prefix_hits": float(self.stats["prefix_hits"]),
+            "cache_entries": float(len(cache)) if cache else 0.0,
+            "cache_tokens": float(cache.tokens) if cache else 0.0,
+            "evicted_tokens": float(cache.evicted_tokens) if cache else 0.0,
+        }
 
     def update_weights_from_disk(self, path: str) -> None:
         """Load weights from an HF checkpoint directory (safetensors or .bin shards)."""
@@ -301,6 +336,8 @@ class HFBackend(BackendBase):
                 except RuntimeError:  # another loop runs in this thread: leave it cancelled
                     pass
         self._executor.shutdown(wait=True)
+        if self._prefix is not None:
+            self._prefix.clear()
 
     # ------------------------------------------------------------------ batcher (event loop)
 
@@ -354,7 +391,7 @@ class HFBackend(BackendBase):
                 for _ in range(3):
                     await asyncio.sleep(0)
                 continue  # re-check: the wake-up may mean this batcher was superseded
-            admit: list[_Request] = []
+            admit: list[Request] = []
             if (
                 self._pending
                 and not self._hold.is_set()
@@ -392,7 +429,7 @@ class HFBackend(BackendBase):
 
     # ------------------------------------------------------------------ model work (worker thread)
 
-    def _step(self, admit: list[_Request]) -> list[_Request]:
+    def _step(self, admit: list[Request]) -> list[Request]:
         import torch
 
         with self._lock, torch.inference_mode():
@@ -407,66 +444,62 @@ class HFBackend(BackendBase):
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if keep_last and self._keep_logits:
             kwargs["logits_to_keep"] = 1  # never materialise [B, L, V] logits for a prompt
+        t0 = time.perf_counter()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
-        return out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :].float()
+        self.stats["prefill_s" if keep_last else "decode_s"] += time.perf_counter() - t0
+        return logits
 
-    def _admit(self, reqs: list[_Request]) -> None:
-        reqs = sorted(reqs, key=lambda r: len(r.prompt))  # similar lengths pad less
-        chunk: list[_Request] = []
-        for req in reqs + [None]:
-            longest = max([len(r.prompt) for r in chunk] + [len(req.prompt) if req else 0])
-            if chunk and (req is None or longest * (len(chunk) + 1) > self.cfg.prefill_tokens):
-                self._prefill(chunk)
-                chunk = []
-            if req is not None:
-                chunk.append(req)
+    def _admit(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            req.pushes = self._pushes
+        hits: dict[int, Hit] = {}
+        if self._prefix is not None:
+            for req in reqs:
+                hit = self._prefix.take(req.prompt)
+                if hit is not None:
+                    hits[id(req)] = hit
+        # similar lengths pad less: whole prompts for the others, new suffixes for the cached ones
+        fresh = sorted((r for r in reqs if id(r) not in hits), key=lambda r: len(r.prompt))
+        for chunk in chunks(fresh, lambda c: max(len(r.prompt) for r in c) * len(c), self.cfg.prefill_tokens):
+            self._prefill(chunk)
+        cached = sorted(((r, hits[id(r)]) for r in reqs if id(r) in hits), key=lambda x: len(x[0].prompt) - x[1].n)
+        width = lambda c: (max(h.n for _, h in c) + max(len(r.prompt) - h.n for r, h in c)) * len(c)  # noqa: E731
+        for chunk in chunks(cached, width, self.cfg.prefill_tokens):
+            self._prefill_cached(chunk)
         self.stats["admitted"] += len(reqs)
 
-    def _prefill(self, reqs: list[_Request]) -> None:
-        import torch
-
-        length = max(len(r.prompt) for r in reqs)
-        ids = torch.full((len(reqs), length), self.pad_token_id, dtype=torch.long)  # [b, L]
-        mask = torch.zeros((len(reqs), length), dtype=torch.long)  # [b, L]
-        for i, r in enumerate(reqs):
-            ids[i, length - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
-            mask[i, length - len(r.prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L] positions over real tokens only
-        cache = _make_cache([])
+    def _prefill(self, reqs: list[Request]) -> None:
+        ids, mask, pos = (x.to(self.device) for x in fresh_inputs([r.prompt for r in reqs], self.pad_token_id))
+        cache = make_cache([])
         logits = self._forward(ids, mask, pos, cache, keep_last=True)
         self.stats["prefill_tokens"] += int(mask.sum())
         self.stats["prefill_calls"] += 1
-        new = _Batch(list(reqs), cache, mask, pos[:, -1:] + 1, logits)
+        self._join(Batch(list(reqs), cache, mask, pos[:, -1:] + 1, logits))
+
+    def _prefill_cached(self, items: list[tuple[Request, Hit]]) -> None:
+        """Prefill only the new suffixes, on top of the reused prefixes' KV (`hf_prefix.py`;
+        the row layout: `hf_batch.cached_inputs`)."""
+        import torch
+
+        reqs = [r for r, _ in items]
+        ids, mask, pos, kv = cached_inputs([(r.prompt, h) for r, h in items], self.pad_token_id)
+        ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
+        cache = make_cache(kv)
+        logits = self._forward(ids, mask, pos, cache, keep_last=True)
+        self.stats["prefill_tokens"] += sum(len(r.prompt) - h.n for r, h in items)
+        self.stats["reused_tokens"] += sum(h.n for _, h in items)
+        self.stats["prefix_hits"] += len(items)
+        self.stats["prefill_calls"] += 1
+        next_pos = torch.tensor([[len(r.prompt)] for r in reqs], dtype=torch.long, device=self.device)
+        self._join(Batch(reqs, cache, mask, next_pos, logits))
+
+    def _join(self, new: Batch) -> None:
         if self._batch is not None:
             self.stats["joins"] += 1  # merged into a batch that was already decoding
-        self._batch = new if self._batch is None else self._merge(self._batch, new)
+        self._batch = new if self._batch is None else merge_batches(self._batch, new)
 
-    @staticmethod
-    def _merge(a: _Batch, b: _Batch) -> _Batch:
-        """Stack two batches, left-padding the shorter KV cache so time steps line up."""
-        import torch
-        import torch.nn.functional as F
-
-        ta, tb = a.mask.shape[1], b.mask.shape[1]
-        t = max(ta, tb)
-
-        def pad(x, have, dim_from_end):  # left-pad the time dimension with zeros
-            if have == t:
-                return x
-            widths = [0, 0] * (dim_from_end - 1) + [t - have, 0]
-            return F.pad(x, widths)
-
-        kv = [
-            (torch.cat([pad(ka, ta, 2), pad(kb, tb, 2)]), torch.cat([pad(va, ta, 2), pad(vb, tb, 2)]))
-            for (ka, va), (kb, vb) in zip(_cache_layers(a.cache), _cache_layers(b.cache))
-        ]
-        mask = torch.cat([pad(a.mask, ta, 1), pad(b.mask, tb, 1)])
-        return _Batch(
-            a.reqs + b.reqs, _make_cache(kv), mask, torch.cat([a.next_pos, b.next_pos]), torch.cat([a.logits, b.logits])
-        )
-
-    def _decode_step(self) -> list[_Request]:
+    def _decode_step(self) -> list[Request]:
         import torch
 
         b = self._batch
@@ -487,6 +520,8 @@ class HFBackend(BackendBase):
                 keep.append(i)
         self.stats["decode_steps"] += 1
         self.stats["sampled_tokens"] += len(b.reqs)
+        if finished and self._prefix is not None:
+            self._keep_finished(b)
         if not keep:
             self._batch = None
             return finished
@@ -498,16 +533,31 @@ class HFBackend(BackendBase):
             mask = mask[:, start:]
             kv = [
                 (k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:])
-                for k, v in _cache_layers(b.cache)
+                for k, v in cache_layers(b.cache)
             ]
-            b = _Batch([b.reqs[i] for i in keep], _make_cache(kv), mask, b.next_pos.index_select(0, idx), None)
+            b = Batch([b.reqs[i] for i in keep], make_cache(kv), mask, b.next_pos.index_select(0, idx), None)
         mask = torch.cat([b.mask, b.mask.new_ones((len(keep), 1))], dim=1)  # [B, T+1]
         b.logits = self._forward(next_ids, mask, b.next_pos, b.cache, keep_last=False)
         b.mask, b.next_pos = mask, b.next_pos + 1
         self._batch = b
         return finished
 
-    def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> tuple[list[int], list[float]]:
+    def _keep_finished(self, b: Batch) -> None:
+        """Put the KV of the rows that just finished into the prefix cache. It covers exactly
+        prompt + tokens[:-1]: the token sampled last was never fed to the model."""
+        layers = cache_layers(b.cache)
+        for i, req in enumerate(b.reqs):
+            if req.finish in (None, "cancelled") or not req.tokens or req.pushes != self._pushes:
+                continue  # running, gone, or part of its KV is from weights replaced since
+            ids = req.prompt + req.tokens[:-1]
+            if len(ids) > self._prefix.budget_tokens:
+                continue
+            held = int(b.mask[i].sum())
+            if held != len(ids):  # a bookkeeping bug would make reused prefixes inexact: be loud
+                raise RuntimeError(f"prefix cache: a finished row holds KV for {held} tokens, expected {len(ids)}")
+            self._prefix.put(ids, row_kv(layers, b.mask, i))
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[float]]:
         seeds = [r.sampling.seed for r in reqs]
         return sample_tokens(
             logits,
@@ -525,17 +575,6 @@ def _runs_in(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _load_remote_code_model(model_path: str, hf: HFBackendConfig) -> Any:
-    """The policy with its repository's own code, on the device and dtype `HFBackend.__init__`
-    picks ("auto" is CUDA when available, fp32 on CPU and bf16 on GPU)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if hf.device == "auto" else hf.device
-    dtype = (torch.float32 if device == "cpu" else torch.bfloat16) if hf.dtype == "auto" else getattr(torch, hf.dtype)
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=True).to(device)
 
 
 def iter_checkpoint_tensors(path: str) -> Iterable[tuple[str, torch.Tensor]]:
