@@ -12,7 +12,7 @@
 Data path (`/generate`, SGLang's native API, not the OpenAI one, so no chat template or
 re-tokenization happens server-side):
 
-    request  {"input_ids": [...], "return_logprob": true,
+    request  {"rid": "<ours, fresh per attempt>", "input_ids": [...], "return_logprob": true,
               "sampling_params": {"temperature", "top_p", "top_k", "max_new_tokens",
                                   "stop": [...], "no_stop_trim": true,
                                   "skip_special_tokens": false, ["sampling_seed"]}}
@@ -20,6 +20,9 @@ re-tokenization happens server-side):
               "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort", "matched": ...},
                             "output_token_logprobs": [[logprob, token_id, text|null], ...],
                             "weight_version": "...", "weight_versions": [{version, start, end}]}}
+
+A cancelled call (the caller stopped waiting: algo.round_end=enough) POSTs `/abort_request
+{"rid"}` to its server, which ends the request and frees its cache (`SGLangBackend._abort`).
 
 Sampled ids and logprobs come from `meta_info.output_token_logprobs` (one entry per sampled
 token, the EOS / stop-completing token included). `output_ids` is only cross-checked: SGLang

@@ -7,6 +7,7 @@ import collections
 import contextlib
 import resource
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Iterable
 
 from loguru import logger
@@ -137,6 +138,7 @@ class SGLangBackend(BackendBase):
         # requests after it until the next push, which either reaches them or names them.
         self._lost: set[int] = set()
         self.stale_answers = 0  # answers discarded (and re-run elsewhere) for their weights
+        self.aborted_requests = 0  # /abort_request calls the servers took (cancelled generate calls)
         # Asynchronous training (`allow_in_flight_updates`): pushes pause generation, and answers
         # from the few versions before the last push are the trainer's, not a restarted server's.
         self._in_flight_updates = False
@@ -153,7 +155,9 @@ class SGLangBackend(BackendBase):
         previous turn under a load bound, or the least-loaded one). A connect failure (nothing
         sent) is retried on another server; a failure after the request went out is raised, never
         re-run, and that server is avoided until the next push. An answer from other weights than the last push (a restarted server) is
-        discarded, its server set aside until the next push, and the request re-run elsewhere."""
+        discarded, its server set aside until the next push, and the request re-run elsewhere.
+        A cancelled call (the caller has enough groups: algo.round_end=enough) aborts its request
+        on the server (`_abort`), which would otherwise generate it to the end."""
         payload = {
             "input_ids": list(prompt_ids),
             "return_logprob": True,
@@ -168,8 +172,14 @@ class SGLangBackend(BackendBase):
         while True:
             i = self._picker.pick(route, tried | self._lost, self._stale)
             inflight[i] += 1
+            # Our own request id, fresh per attempt, so that a cancelled call can name it to
+            # /abort_request (the server makes one up otherwise: io_struct.py GenerateReqInput.rid).
+            payload["rid"] = uuid.uuid4().hex
             try:
                 out = await self._client.request("POST", self.urls[i] + "/generate", payload, headers)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._abort(self.urls[i], payload["rid"]))
+                raise
             except NotSentError:
                 tried.add(i)
                 failures += 1
@@ -208,6 +218,25 @@ class SGLangBackend(BackendBase):
                     f"{self.weight_version!r} (a restarted server?); no other server could take the "
                     "request. The trainer pushes the current weights before the next step"
                 )
+
+    async def _abort(self, url: str, rid: str) -> None:
+        """POST /abort_request {"rid"} for a request whose caller went away: the server stops it
+        and frees its KV cache at once (0.5.23 python/sglang/srt/entrypoints/http_server.py
+        `abort_request` -> managers/tokenizer_manager.py `abort_request`; a rid it no longer holds
+        is ignored). Closing the connection alone is noticed only by the server's periodic
+        disconnect check (tokenizer_manager.py `_wait_one_response`, every few seconds). Behind a
+        router the workers are told directly: the rid names the request on whichever holds it.
+        Best effort: a server that cannot be told (gone, or without the call: 404) is logged."""
+        targets = self.control_urls if self.behind_router else [url]
+        for target in targets:
+            try:
+                await asyncio.wait_for(
+                    self._client.request("POST", target + "/abort_request", {"rid": rid}),
+                    timeout=min(self.cfg.connect_timeout_s, 10.0),
+                )
+                self.aborted_requests += 1
+            except Exception as exc:  # noqa: BLE001 - the caller is gone; nothing else to do
+                logger.debug(f"{target}/abort_request {rid}: {exc!r}")
 
     def _stale_answer(self, gen: Generation) -> bool:
         return self.weight_version is not None and gen.weight_version not in (
