@@ -253,8 +253,9 @@ class RolloutEngine:
 
         Returns (every completed trajectory, problem-major, including those of groups that never
         completed; this call's stats). The stats add `engine/aborted_trajectories` (cancelled,
-        started or not) and `engine/aborted_tokens` (model tokens of the turns they had finished:
-        the turn in flight at the cancel is not reported back by the backend).
+        started or not) and `engine/aborted_tokens`: model tokens of the turns they had finished,
+        plus those of the turns in flight as the backend reports them (`take_aborted_tokens`:
+        SGLang does, the HF backend does not).
         """
         cfg = self.cfg if seed is None else dataclasses.replace(self.cfg, seed=seed)  # fixed for this call
         n = cfg.n_per_prompt if n is None else n
@@ -293,7 +294,8 @@ class RolloutEngine:
         trajs = [completed[key] for key in sorted(completed)]
         stats = rollout_stats(trajs, time.perf_counter() - t0)
         stats["engine/aborted_trajectories"] = float(len(aborted))
-        stats["engine/aborted_tokens"] = float(sum(live[k].num_model_tokens for k in aborted if k in live))
+        finished_turns = sum(live[k].num_model_tokens for k in aborted if k in live)
+        stats["engine/aborted_tokens"] = float(finished_turns + self.backend.take_aborted_tokens())
         return trajs, stats
 
     @contextlib.contextmanager

@@ -13,7 +13,7 @@ import contextlib
 from aiohttp import web
 
 from stare_tir.rollout.backends.base import SamplingParams
-from stare_tir.rollout.backends.sglang import SGLangBackend
+from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig
 
 
 class HoldingServer:
@@ -66,7 +66,7 @@ class HoldingServer:
 
 async def _cancel_one(server: HoldingServer) -> SGLangBackend:
     await server.start()
-    backend = SGLangBackend([server.url])
+    backend = SGLangBackend([server.url], SGLangConfig(connect_timeout_s=1.0))  # bounds the wait for an answer
     sampling = SamplingParams(temperature=1.0, max_new_tokens=100)
     try:
         task = asyncio.ensure_future(backend.generate([1, 2, 3], sampling, []))
@@ -96,9 +96,11 @@ def test_a_cancelled_generate_aborts_its_request_by_rid():
     assert server.aborted == server.generated  # each request aborted by the rid it was sent with
     assert len(set(server.generated)) == 2  # a fresh rid per request
     assert backend.aborted_requests == 2
+    assert backend.take_aborted_tokens() == 2 and backend.take_aborted_tokens() == 0  # one token each, taken once
 
 
 def test_a_server_without_abort_request_is_only_logged():
     server = HoldingServer(abort_status=404)
     backend = asyncio.run(_cancel_one(server))  # the caller still sees its cancellation, nothing else
     assert server.aborted == server.generated and backend.aborted_requests == 0
+    assert backend.take_aborted_tokens() == 0  # its answers were not waited for past the bound

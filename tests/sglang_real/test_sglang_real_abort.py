@@ -106,3 +106,4 @@ def test_a_cancelled_backend_call_stops_its_request_on_the_server(sglang_server,
     # connection alone is noticed by the server's periodic disconnect check (measured 3.1 s).
     assert idle_after < 1.5, idle_after
     assert backend.aborted_requests == 1
+    assert 0 < backend.take_aborted_tokens() < LONG // 2  # what it had sampled when aborted

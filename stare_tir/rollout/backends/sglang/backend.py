@@ -139,6 +139,7 @@ class SGLangBackend(BackendBase):
         self._lost: set[int] = set()
         self.stale_answers = 0  # answers discarded (and re-run elsewhere) for their weights
         self.aborted_requests = 0  # /abort_request calls the servers took (cancelled generate calls)
+        self._aborted_tokens = 0  # tokens of answers whose calls were cancelled (`take_aborted_tokens`)
         # Asynchronous training (`allow_in_flight_updates`): pushes pause generation, and answers
         # from the few versions before the last push are the trainer's, not a restarted server's.
         self._in_flight_updates = False
@@ -175,10 +176,15 @@ class SGLangBackend(BackendBase):
             # Our own request id, fresh per attempt, so that a cancelled call can name it to
             # /abort_request (the server makes one up otherwise: io_struct.py GenerateReqInput.rid).
             payload["rid"] = uuid.uuid4().hex
+            # Its own task, so that a cancelled call can still read the aborted answer's length.
+            sent = asyncio.ensure_future(self._client.request("POST", self.urls[i] + "/generate", payload, headers))
             try:
-                out = await self._client.request("POST", self.urls[i] + "/generate", payload, headers)
+                out = await asyncio.shield(sent)
             except asyncio.CancelledError:
-                await asyncio.shield(self._abort(self.urls[i], payload["rid"]))
+                if sent.done():  # the answer came in just before the cancel: its tokens are waste
+                    self._count_aborted(sent)
+                else:
+                    await asyncio.shield(self._abort(self.urls[i], payload["rid"], sent))
                 raise
             except NotSentError:
                 tried.add(i)
@@ -219,24 +225,43 @@ class SGLangBackend(BackendBase):
                     "request. The trainer pushes the current weights before the next step"
                 )
 
-    async def _abort(self, url: str, rid: str) -> None:
+    async def _abort(self, url: str, rid: str, sent: asyncio.Future) -> None:
         """POST /abort_request {"rid"} for a request whose caller went away: the server stops it
         and frees its KV cache at once (0.5.23 python/sglang/srt/entrypoints/http_server.py
         `abort_request` -> managers/tokenizer_manager.py `abort_request`; a rid it no longer holds
-        is ignored). Closing the connection alone is noticed only by the server's periodic
-        disconnect check (tokenizer_manager.py `_wait_one_response`, every few seconds). Behind a
-        router the workers are told directly: the rid names the request on whichever holds it.
-        Best effort: a server that cannot be told (gone, or without the call: 404) is logged."""
+        is ignored), and its /generate answers with what it had (finish_reason "abort"), counted
+        in `take_aborted_tokens`. Closing the connection alone is noticed only by the server's
+        periodic disconnect check (tokenizer_manager.py `_wait_one_response`, every few seconds).
+        Behind a router the workers are told directly: the rid names the request on whichever
+        holds it. Best effort: a server that cannot be told (gone, or without the call: 404) is
+        logged, and its answer is not waited for beyond a few seconds."""
+        wait_s = min(self.cfg.connect_timeout_s, 10.0)
         targets = self.control_urls if self.behind_router else [url]
         for target in targets:
             try:
-                await asyncio.wait_for(
-                    self._client.request("POST", target + "/abort_request", {"rid": rid}),
-                    timeout=min(self.cfg.connect_timeout_s, 10.0),
-                )
+                await asyncio.wait_for(self._client.request("POST", target + "/abort_request", {"rid": rid}), wait_s)
                 self.aborted_requests += 1
             except Exception as exc:  # noqa: BLE001 - the caller is gone; nothing else to do
                 logger.debug(f"{target}/abort_request {rid}: {exc!r}")
+        done, _ = await asyncio.wait([sent], timeout=wait_s)
+        if done:
+            self._count_aborted(sent)
+        else:  # not stopped: closing the connection leaves it to the server's disconnect check
+            sent.cancel()
+            await asyncio.gather(sent, return_exceptions=True)
+
+    def _count_aborted(self, sent: asyncio.Future) -> None:
+        """Add the tokens of a cancelled call's answer (an aborted one is cut short) to the waste."""
+        if sent.cancelled() or sent.exception() is not None:
+            return
+        out = sent.result()
+        if isinstance(out, dict):  # one entry per sampled token (output_ids may carry a prompt prefix)
+            self._aborted_tokens += len((out.get("meta_info") or {}).get("output_token_logprobs") or [])
+
+    def take_aborted_tokens(self) -> int:
+        """Tokens sampled by requests whose calls were cancelled, since the last call."""
+        n, self._aborted_tokens = self._aborted_tokens, 0
+        return n
 
     def _stale_answer(self, gen: Generation) -> bool:
         return self.weight_version is not None and gen.weight_version not in (
