@@ -66,7 +66,7 @@ class HoldingServer:
 
 async def _cancel_one(server: HoldingServer) -> SGLangBackend:
     await server.start()
-    backend = SGLangBackend([server.url], SGLangConfig(connect_timeout_s=1.0))  # bounds the wait for an answer
+    backend = SGLangBackend([server.url], SGLangConfig(connect_timeout_s=5.0))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=100)
     try:
         task = asyncio.ensure_future(backend.generate([1, 2, 3], sampling, []))
@@ -77,7 +77,7 @@ async def _cancel_one(server: HoldingServer) -> SGLangBackend:
         t0 = loop.time()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        assert task.cancelled() and loop.time() - t0 < 5.0  # the abort is sent, not waited out
+        assert task.cancelled() and loop.time() - t0 < 2.0  # the abort is sent, not waited out
         second = asyncio.ensure_future(backend.generate([1, 2, 3], sampling, []))
         while len(server.generated) < 2:
             await asyncio.sleep(0.01)
@@ -103,4 +103,4 @@ def test_a_server_without_abort_request_is_only_logged():
     server = HoldingServer(abort_status=404)
     backend = asyncio.run(_cancel_one(server))  # the caller still sees its cancellation, nothing else
     assert server.aborted == server.generated and backend.aborted_requests == 0
-    assert backend.take_aborted_tokens() == 0  # its answers were not waited for past the bound
+    assert backend.take_aborted_tokens() == 0  # its answers were not waited for

@@ -9,6 +9,7 @@ after every trajectory, through `engine.run`.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
@@ -203,6 +204,70 @@ def test_all_waits_for_every_trajectory_and_keeps_prompt_order(tok):
     assert sandbox.opened == sandbox.closed == 8
 
 
+class ThreadRanks:
+    """`world` ranks as threads: all_reduce_sum sums every rank's tensor (each rank must call it
+    as often as the others, or the barrier breaks: a mismatched collective count shows up here)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=30)
+        self.parts: list = [None] * world
+
+    def learner(self, rank: int) -> SimpleNamespace:
+        def all_reduce_sum(x):
+            self.parts[rank] = x.clone()
+            self.barrier.wait()
+            total = sum(self.parts)
+            self.barrier.wait()  # everyone has read before anyone writes again
+            return total
+
+        return SimpleNamespace(
+            rank=rank,
+            world_size=self.world,
+            all_reduce_sum=all_reduce_sum,
+            shard=lambda xs: list(xs[rank :: self.world]),
+        )
+
+
+def test_two_ranks_refill_the_rank_that_fell_short(tok):
+    # prompts_per_step=2 over 2 ranks: one group each. Round 1 (4 prompts): rank 0 gets problems 0
+    # and 2 (equal rewards), rank 1 gets 1 (fast) and 3 (slow, cancelled). Round 2 asks for the one
+    # missing group (2 prompts): rank 0 rolls problem 4, rank 1 already holds its share and rolls none.
+    ranks = ThreadRanks(2)
+    runs = []
+    for rank in range(2):
+        run, backend, sandbox = make_run(tok, "efes" + "ff", "enough")
+        run.learner = ranks.learner(rank)
+        runs.append((run, backend, sandbox))
+    results: dict[int, tuple] = {}
+
+    def rank_main(rank: int) -> None:
+        run = runs[rank][0]
+        try:
+            results[rank] = collect_batch(run, step=1)
+        finally:
+            run.engine.close()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert time.perf_counter() - t0 < SLOW_S / 4 and set(results) == {0, 1}
+    (b0, r0, m0), (b1, r1, m1) = results[0], results[1]
+    assert sorted({t.problem_id for t in b0}) == ["4"] and sorted({t.problem_id for t in b1}) == ["1"]
+    assert sorted(t.problem_id for t in r0) == ["0", "0", "2", "2", "4", "4"]
+    assert sorted(t.problem_id for t in r1) == ["1", "1"]  # problem 3 cancelled, nothing in round 2
+    assert m0["batch/sampling_rounds"] == m1["batch/sampling_rounds"] == 2
+    assert m0["batch/prompts"] == m1["batch/prompts"] == 6
+    assert m0["batch/aborted_trajectories"] == m1["batch/aborted_trajectories"] == 2  # summed over ranks
+    assert runs[1][1].cancelled == 2 and runs[0][1].cancelled == 0
+    assert {t.group_id for t in b0}.isdisjoint({t.group_id for t in b1})  # ids unique across ranks
+    for _, _, sandbox in runs:
+        assert sandbox.opened == sandbox.closed
+
+
 def test_engine_generate_groups_hands_groups_in_completion_order(tok):
     backend = SlowBackend(tok, slow_s=0.2)
     sandbox = CountingSandbox()
@@ -295,3 +360,40 @@ def test_hf_backend_frees_a_cancelled_row_at_its_next_step():
         backend.close()
     assert cancelled and empty
     assert freed_after <= 2 and total == freed_after
+
+
+@pytest.mark.slow
+def test_a_training_step_with_round_end_enough(tmp_path):
+    """The whole step on the tiny config (HF backend, local sandbox, DeepSpeed on gloo): enough
+    fills the batch, trains on it, and logs the round's metrics."""
+    from stare_tir.config import resolve_config
+    from stare_tir.model import resolve_model_path
+    from stare_tir.trainer import build_run, close_run, rl_step
+
+    overrides = [
+        "model.path=tiny",
+        "sft.enabled=false",
+        "algo.name=grpo",
+        "algo.dynamic_sampling=true",
+        "algo.oversample=2",
+        "algo.round_end=enough",
+        "data.arithmetic_train_size=200",
+        "data.arithmetic_eval_size=2",
+        "trainer.prompts_per_step=2",
+        "rollout.n_per_prompt=4",
+        "rollout.max_total_tokens=64",
+        "rollout.max_new_tokens_per_turn=32",
+        "trainer.eval_every=0",
+        "learner.zero_stage=0",
+        f"trainer.run_dir={tmp_path}",
+    ]
+    cfg = resolve_config(TrainConfig, {}, overrides)
+    run = build_run(cfg, resolve_model_path(cfg.model), tmp_path)
+    try:
+        row = rl_step(run, 1)
+    finally:
+        close_run(run)
+    for key in ("batch/aborted_trajectories", "batch/aborted_tokens", "rollout/kept_mean_length"):
+        assert key in row
+    assert row["batch/prompts"] >= 4 and row["batch/groups"] <= 2  # refill rounds when groups are equal
+    assert row["rollout/all_mean_length"] > 0

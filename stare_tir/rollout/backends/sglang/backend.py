@@ -234,16 +234,18 @@ class SGLangBackend(BackendBase):
         periodic disconnect check (tokenizer_manager.py `_wait_one_response`, every few seconds).
         Behind a router the workers are told directly: the rid names the request on whichever
         holds it. Best effort: a server that cannot be told (gone, or without the call: 404) is
-        logged, and its answer is not waited for beyond a few seconds."""
+        logged and its answer not waited for (nor, past a few seconds, one that was told)."""
         wait_s = min(self.cfg.connect_timeout_s, 10.0)
         targets = self.control_urls if self.behind_router else [url]
+        told = False
         for target in targets:
             try:
                 await asyncio.wait_for(self._client.request("POST", target + "/abort_request", {"rid": rid}), wait_s)
                 self.aborted_requests += 1
+                told = True
             except Exception as exc:  # noqa: BLE001 - the caller is gone; nothing else to do
                 logger.debug(f"{target}/abort_request {rid}: {exc!r}")
-        done, _ = await asyncio.wait([sent], timeout=wait_s)
+        done, _ = await asyncio.wait([sent], timeout=wait_s if told else 0)
         if done:
             self._count_aborted(sent)
         else:  # not stopped: closing the connection leaves it to the server's disconnect check
