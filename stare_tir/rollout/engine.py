@@ -271,26 +271,33 @@ class RolloutEngine:
                 return await self._rollout(problems[group], group, sample, prompts, cfg, live)
 
         keys = {asyncio.ensure_future(one(g, s)): (g, s) for g in range(len(problems)) for s in range(n)}
-        pending: set[asyncio.Future] = set(keys)
+        finished: asyncio.Queue[asyncio.Future] = asyncio.Queue()  # in completion order (no O(N^2) waits)
+        for task in keys:
+            task.add_done_callback(finished.put_nowait)
         members: dict[int, dict[int, Trajectory]] = {}
         completed: dict[tuple[int, int], Trajectory] = {}
         enough = False
         try:
-            while pending and not enough:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(done, key=keys.__getitem__):  # same order whatever the wake-up held
-                    group, sample = keys[task]
-                    completed[(group, sample)] = traj = task.result()  # raises what the rollout could not keep
-                    members.setdefault(group, {})[sample] = traj
-                    if len(members[group]) == n and not enough:
-                        enough = bool(on_group([members[group][s] for s in range(n)]))
+            for _ in range(len(keys)):
+                task = await finished.get()
+                group, sample = keys[task]
+                completed[(group, sample)] = traj = task.result()  # raises what the rollout could not keep
+                members.setdefault(group, {})[sample] = traj
+                if len(members[group]) == n and on_group([members[group][s] for s in range(n)]):
+                    enough = True
+                    break
         finally:
             # Enough groups, or an error outside a trajectory's own handling: stop the rest and let
             # each close its env here, so no sandbox session outlives the call.
+            pending = [task for task in keys if not task.done()]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        aborted = [keys[task] for task in pending]
+        if enough:  # finished before the stop but not yet handed over: completed all the same
+            for task, key in keys.items():
+                if key not in completed and not task.cancelled() and task.exception() is None:
+                    completed[key] = task.result()
+        aborted = [key for key in keys.values() if key not in completed]
         trajs = [completed[key] for key in sorted(completed)]
         stats = rollout_stats(trajs, time.perf_counter() - t0)
         stats["engine/aborted_trajectories"] = float(len(aborted))

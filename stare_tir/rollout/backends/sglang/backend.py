@@ -14,6 +14,7 @@ from loguru import logger
 
 from stare_tir.rollout.backends._http import AsyncJSONClient, HTTPError, NotSentError, request_sync
 from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, BackendBase, Generation, SamplingParams, fast_decoder
+from stare_tir.rollout.backends.sglang.abort import Aborts, abort_request
 from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig, prepare_trainer_env
 from stare_tir.rollout.backends.sglang.devices import check_servers_see_device, device_uuid, server_gpus
 from stare_tir.rollout.backends.sglang.layout import (
@@ -138,8 +139,7 @@ class SGLangBackend(BackendBase):
         # requests after it until the next push, which either reaches them or names them.
         self._lost: set[int] = set()
         self.stale_answers = 0  # answers discarded (and re-run elsewhere) for their weights
-        self.aborted_requests = 0  # /abort_request calls the servers took (cancelled generate calls)
-        self._aborted_tokens = 0  # tokens of answers whose calls were cancelled (`take_aborted_tokens`)
+        self._aborts = Aborts()  # what cancelled calls' aborts achieved (`abort.py`)
         # Asynchronous training (`allow_in_flight_updates`): pushes pause generation, and answers
         # from the few versions before the last push are the trainer's, not a restarted server's.
         self._in_flight_updates = False
@@ -158,7 +158,7 @@ class SGLangBackend(BackendBase):
         re-run, and that server is avoided until the next push. An answer from other weights than the last push (a restarted server) is
         discarded, its server set aside until the next push, and the request re-run elsewhere.
         A cancelled call (the caller has enough groups: algo.round_end=enough) aborts its request
-        on the server (`_abort`), which would otherwise generate it to the end."""
+        on the server (`abort.py`), which would otherwise generate it to the end."""
         payload = {
             "input_ids": list(prompt_ids),
             "return_logprob": True,
@@ -180,11 +180,15 @@ class SGLangBackend(BackendBase):
             sent = asyncio.ensure_future(self._client.request("POST", self.urls[i] + "/generate", payload, headers))
             try:
                 out = await asyncio.shield(sent)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # the caller went away: stop the request on the server
                 if sent.done():  # the answer came in just before the cancel: its tokens are waste
-                    self._count_aborted(sent)
+                    self._aborts.count_answer(sent)
                 else:
-                    await asyncio.shield(self._abort(self.urls[i], payload["rid"], sent))
+                    targets = self.control_urls if self.behind_router else [self.urls[i]]
+                    wait_s = min(self.cfg.connect_timeout_s, 10.0)
+                    await asyncio.shield(
+                        abort_request(self._client, targets, payload["rid"], sent, wait_s, self._aborts)
+                    )
                 raise
             except NotSentError:
                 tried.add(i)
@@ -225,45 +229,14 @@ class SGLangBackend(BackendBase):
                     "request. The trainer pushes the current weights before the next step"
                 )
 
-    async def _abort(self, url: str, rid: str, sent: asyncio.Future) -> None:
-        """POST /abort_request {"rid"} for a request whose caller went away: the server stops it
-        and frees its KV cache at once (0.5.23 python/sglang/srt/entrypoints/http_server.py
-        `abort_request` -> managers/tokenizer_manager.py `abort_request`; a rid it no longer holds
-        is ignored), and its /generate answers with what it had (finish_reason "abort"), counted
-        in `take_aborted_tokens`. Closing the connection alone is noticed only by the server's
-        periodic disconnect check (tokenizer_manager.py `_wait_one_response`, every few seconds).
-        Behind a router the workers are told directly: the rid names the request on whichever
-        holds it. Best effort: a server that cannot be told (gone, or without the call: 404) is
-        logged and its answer not waited for (nor, past a few seconds, one that was told)."""
-        wait_s = min(self.cfg.connect_timeout_s, 10.0)
-        targets = self.control_urls if self.behind_router else [url]
-        told = False
-        for target in targets:
-            try:
-                await asyncio.wait_for(self._client.request("POST", target + "/abort_request", {"rid": rid}), wait_s)
-                self.aborted_requests += 1
-                told = True
-            except Exception as exc:  # noqa: BLE001 - the caller is gone; nothing else to do
-                logger.debug(f"{target}/abort_request {rid}: {exc!r}")
-        done, _ = await asyncio.wait([sent], timeout=wait_s if told else 0)
-        if done:
-            self._count_aborted(sent)
-        else:  # not stopped: closing the connection leaves it to the server's disconnect check
-            sent.cancel()
-            await asyncio.gather(sent, return_exceptions=True)
-
-    def _count_aborted(self, sent: asyncio.Future) -> None:
-        """Add the tokens of a cancelled call's answer (an aborted one is cut short) to the waste."""
-        if sent.cancelled() or sent.exception() is not None:
-            return
-        out = sent.result()
-        if isinstance(out, dict):  # one entry per sampled token (output_ids may carry a prompt prefix)
-            self._aborted_tokens += len((out.get("meta_info") or {}).get("output_token_logprobs") or [])
-
     def take_aborted_tokens(self) -> int:
-        """Tokens sampled by requests whose calls were cancelled, since the last call."""
-        n, self._aborted_tokens = self._aborted_tokens, 0
-        return n
+        """Tokens sampled by requests whose calls were cancelled, since the last call (`abort.py`)."""
+        return self._aborts.take_tokens()
+
+    @property
+    def aborted_requests(self) -> int:
+        """/abort_request calls the servers took (cancelled generate calls)."""
+        return self._aborts.requests
 
     def _stale_answer(self, gen: Generation) -> bool:
         return self.weight_version is not None and gen.weight_version not in (
