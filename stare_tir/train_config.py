@@ -129,6 +129,14 @@ class AlgoConfig:
     # groups, so one barrier fills the batch in most steps (DAPO and the official STARE scripts:
     # 192 prompts for 64 groups, k = 3). Unset: the preset's (3 for dapo, 1 otherwise).
     oversample: int | None = None
+    # When a sampling round ends. "all": after its last trajectory, keeping the first usable groups
+    # in prompt order (the official STARE scripts and DAPO). "enough": groups are judged as they
+    # complete (all n samples done) and the round ends once this rank holds its share of usable
+    # groups; the trajectories still generating are cancelled (slime's over-sampling with abort), so
+    # a round no longer waits for its slowest trajectory. Kept responses are then biased short:
+    # compare rollout/kept_mean_length with rollout/all_mean_length. Synchronous runs only
+    # (trainer.max_staleness=0).
+    round_end: Literal["all", "enough"] = "all"
     # Trajectories with a void turn (a model turn with neither code nor answer, SimpleTIR): "keep";
     # "drop" them before the group statistics; or "mask" them: loss mask zeroed, the trajectory kept
     # in its group's advantage statistics (SimpleTIR's handling).
@@ -189,6 +197,8 @@ class AlgoConfig:
             )
         if self.oversample < 1:
             raise ValueError(f"oversample={self.oversample!r}: must be >= 1")
+        if self.round_end not in ("all", "enough"):
+            raise ValueError(f"round_end={self.round_end!r}: one of all, enough")
         if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
             raise ValueError(f"ppo_mini_batch_size={self.ppo_mini_batch_size!r}: must be >= 1 or null")
 
@@ -343,6 +353,12 @@ class TrainConfig:
                 f"trainer.max_staleness={self.trainer.max_staleness} with rollout.sglang.colocate=true: colocated "
                 "servers release their memory while the learner trains, so nothing can generate meanwhile; "
                 "set trainer.max_staleness=0, or run the servers on their own GPUs (colocate=false)"
+            )
+        if self.algo.round_end == "enough" and self.trainer.max_staleness > 0:
+            raise ValueError(
+                f"algo.round_end=enough with trainer.max_staleness={self.trainer.max_staleness}: asynchronous "
+                "rounds are rolled out ahead in full and cannot stop early; set algo.round_end=all, or "
+                "trainer.max_staleness=0"
             )
         if self.algo.off_policy.enabled and (self.rollout.top_p < 1.0 or self.rollout.top_k > 0):
             raise ValueError(

@@ -44,7 +44,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from loguru import logger
 
@@ -234,6 +234,77 @@ class RolloutEngine:
                 bar.close()
         return list(trajs), rollout_stats(trajs, time.perf_counter() - t0)
 
+    async def generate_groups(
+        self,
+        problems: list[dict],
+        on_group: Callable[[list[Trajectory]], bool],
+        n: int | None = None,
+        seed: int | None = None,
+    ) -> tuple[list[Trajectory], dict]:
+        """Roll out `n` samples per problem, handing each group to `on_group` as soon as its last
+        sample completes (completion order; a group's members in sample order); once `on_group`
+        returns True the trajectories still running are cancelled.
+
+        Why: a caller that needs only some of the groups (over-sampled dynamic sampling,
+        `algo.round_end=enough`) need not wait for the slowest trajectory of the batch. A cancelled
+        trajectory's env is closed (its sandbox session with it) before this returns; its backend
+        call is cancelled, which the backend turns into freeing the request (the HF batcher drops
+        the row at its next step; SGLang gets /abort_request).
+
+        Returns (every completed trajectory, problem-major, including those of groups that never
+        completed; this call's stats). The stats add `engine/aborted_trajectories` (cancelled,
+        started or not) and `engine/aborted_tokens`: model tokens of the turns they had finished,
+        plus those of the turns in flight as the backend reports them (`take_aborted_tokens`:
+        SGLang does, the HF backend does not).
+        """
+        cfg = self.cfg if seed is None else dataclasses.replace(self.cfg, seed=seed)  # fixed for this call
+        n = cfg.n_per_prompt if n is None else n
+        if n < 1:
+            raise ValueError(f"n={n!r}: must be >= 1")
+        sem = asyncio.Semaphore(cfg.max_concurrency)
+        prompts: dict[int, list[int]] = {}
+        live: dict[tuple[int, int], Trajectory] = {}  # started trajectories, partial until done
+        t0 = time.perf_counter()
+
+        async def one(group: int, sample: int) -> Trajectory:
+            async with sem:
+                return await self._rollout(problems[group], group, sample, prompts, cfg, live)
+
+        keys = {asyncio.ensure_future(one(g, s)): (g, s) for g in range(len(problems)) for s in range(n)}
+        finished: asyncio.Queue[asyncio.Future] = asyncio.Queue()  # in completion order (no O(N^2) waits)
+        for task in keys:
+            task.add_done_callback(finished.put_nowait)
+        members: dict[int, dict[int, Trajectory]] = {}
+        completed: dict[tuple[int, int], Trajectory] = {}
+        enough = False
+        try:
+            for _ in range(len(keys)):
+                task = await finished.get()
+                group, sample = keys[task]
+                completed[(group, sample)] = traj = task.result()  # raises what the rollout could not keep
+                members.setdefault(group, {})[sample] = traj
+                if len(members[group]) == n and on_group([members[group][s] for s in range(n)]):
+                    enough = True
+                    break
+        finally:
+            # Enough groups, or an error outside a trajectory's own handling: stop the rest and let
+            # each close its env here, so no sandbox session outlives the call.
+            pending = [task for task in keys if not task.done()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if enough:  # finished before the stop but not yet handed over: completed all the same
+            for task, key in keys.items():
+                if key not in completed and not task.cancelled() and task.exception() is None:
+                    completed[key] = task.result()
+        aborted = [key for key in keys.values() if key not in completed]
+        trajs = [completed[key] for key in sorted(completed)]
+        stats = rollout_stats(trajs, time.perf_counter() - t0)
+        stats["engine/aborted_trajectories"] = float(len(aborted))
+        finished_turns = sum(live[k].num_model_tokens for k in aborted if k in live)
+        stats["engine/aborted_tokens"] = float(finished_turns + self.backend.take_aborted_tokens())
+        return trajs, stats
+
     @contextlib.contextmanager
     def configured(self, cfg: RolloutConfig | None = None, **changes: Any) -> Iterator[RolloutConfig]:
         """Run with another RolloutConfig (`cfg`, and/or field `changes` over the current one) for
@@ -346,13 +417,21 @@ class RolloutEngine:
         return ChatTurns(self.tokenizer, env.initial_messages(), tools) if tools else None
 
     async def _rollout(
-        self, problem: dict, group: int, sample: int, prompts: dict[int, list[int]], cfg: RolloutConfig
+        self,
+        problem: dict,
+        group: int,
+        sample: int,
+        prompts: dict[int, list[int]],
+        cfg: RolloutConfig,
+        live: dict[tuple[int, int], Trajectory] | None = None,
     ) -> Trajectory:
         env = self.env_factory(problem)
         chat = self._chat_turns(env)
         if group not in prompts:  # chat template once per problem, shared by its samples
             prompts[group] = chat.prompt_ids() if chat is not None else self._prompt_ids(env)
         traj = Trajectory(prompt_ids=list(prompts[group]), problem_id=str(problem.get("id", "")), group_id=group)
+        if live is not None:  # the caller may cancel it: what it generated so far stays countable
+            live[(group, sample)] = traj
         timing = {"gen_s": 0.0, "env_s": 0.0}
         try:
             try:

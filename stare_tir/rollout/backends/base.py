@@ -150,6 +150,12 @@ class Backend(Protocol):
         """Answers discarded for their weights since the last call (they were re-run elsewhere)."""
         ...
 
+    def take_aborted_tokens(self) -> int:
+        """Tokens that cancelled generate() calls had sampled before they were stopped, since the
+        last call (waste the caller cannot see: a cancelled call returns nothing); 0 for a backend
+        that does not report them."""
+        ...
+
     def allow_in_flight_updates(self, versions_kept: int) -> None:
         """Asynchronous training: pushes may come while requests run; answers finished by one of
         the `versions_kept` versions before the last push are still accepted."""
@@ -222,6 +228,10 @@ class BackendBase:
         return []
 
     def take_stale_answers(self) -> int:
+        return 0
+
+    def take_aborted_tokens(self) -> int:
+        """Not reported: the HF batcher drops a cancelled row at its next step, unmeasured."""
         return 0
 
     def allow_in_flight_updates(self, versions_kept: int) -> None:

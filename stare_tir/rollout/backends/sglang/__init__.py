@@ -2,6 +2,7 @@
 
     config.py          SGLangConfig (`rollout.sglang.*`), what each setting is for
     wire.py            /generate: sampling params out, a `Generation` in (ids, logprobs, finish, versions)
+    abort.py           /abort_request for a cancelled call, and the length of what it had sampled
     backend.py         SGLangBackend: routing, retries, stale-weight detection, memory, the push entry
     layout.py          what each server is (/server_info): TP/DP/PP sizes, router, locality
     push.py            disk / tensor / distributed pushes, the begin/end session, the update group
@@ -12,7 +13,7 @@
 Data path (`/generate`, SGLang's native API, not the OpenAI one, so no chat template or
 re-tokenization happens server-side):
 
-    request  {"input_ids": [...], "return_logprob": true,
+    request  {"rid": "<ours, fresh per attempt>", "input_ids": [...], "return_logprob": true,
               "sampling_params": {"temperature", "top_p", "top_k", "max_new_tokens",
                                   "stop": [...], "no_stop_trim": true,
                                   "skip_special_tokens": false, ["sampling_seed"]}}
@@ -20,6 +21,9 @@ re-tokenization happens server-side):
               "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort", "matched": ...},
                             "output_token_logprobs": [[logprob, token_id, text|null], ...],
                             "weight_version": "...", "weight_versions": [{version, start, end}]}}
+
+A cancelled call (the caller stopped waiting: algo.round_end=enough) POSTs `/abort_request
+{"rid"}` to its server, which ends the request and frees its cache (`abort.py`).
 
 Sampled ids and logprobs come from `meta_info.output_token_logprobs` (one entry per sampled
 token, the EOS / stop-completing token included). `output_ids` is only cross-checked: SGLang

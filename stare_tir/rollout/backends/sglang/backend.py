@@ -7,12 +7,14 @@ import collections
 import contextlib
 import resource
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Iterable
 
 from loguru import logger
 
 from stare_tir.rollout.backends._http import AsyncJSONClient, HTTPError, NotSentError, request_sync
 from stare_tir.rollout.backends.base import ROLLOUT_BACKENDS, BackendBase, Generation, SamplingParams, fast_decoder
+from stare_tir.rollout.backends.sglang.abort import Aborts, abort_request
 from stare_tir.rollout.backends.sglang.config import MEMORY_TAGS, SGLangConfig, prepare_trainer_env
 from stare_tir.rollout.backends.sglang.devices import check_servers_see_device, device_uuid, server_gpus
 from stare_tir.rollout.backends.sglang.layout import (
@@ -137,6 +139,7 @@ class SGLangBackend(BackendBase):
         # requests after it until the next push, which either reaches them or names them.
         self._lost: set[int] = set()
         self.stale_answers = 0  # answers discarded (and re-run elsewhere) for their weights
+        self._aborts = Aborts()  # what cancelled calls' aborts achieved (`abort.py`)
         # Asynchronous training (`allow_in_flight_updates`): pushes pause generation, and answers
         # from the few versions before the last push are the trainer's, not a restarted server's.
         self._in_flight_updates = False
@@ -153,7 +156,9 @@ class SGLangBackend(BackendBase):
         previous turn under a load bound, or the least-loaded one). A connect failure (nothing
         sent) is retried on another server; a failure after the request went out is raised, never
         re-run, and that server is avoided until the next push. An answer from other weights than the last push (a restarted server) is
-        discarded, its server set aside until the next push, and the request re-run elsewhere."""
+        discarded, its server set aside until the next push, and the request re-run elsewhere.
+        A cancelled call (the caller has enough groups: algo.round_end=enough) aborts its request
+        on the server (`abort.py`), which would otherwise generate it to the end."""
         payload = {
             "input_ids": list(prompt_ids),
             "return_logprob": True,
@@ -168,8 +173,23 @@ class SGLangBackend(BackendBase):
         while True:
             i = self._picker.pick(route, tried | self._lost, self._stale)
             inflight[i] += 1
+            # Our own request id, fresh per attempt, so that a cancelled call can name it to
+            # /abort_request (the server makes one up otherwise: io_struct.py GenerateReqInput.rid).
+            payload["rid"] = uuid.uuid4().hex
+            # Its own task, so that a cancelled call can still read the aborted answer's length.
+            sent = asyncio.ensure_future(self._client.request("POST", self.urls[i] + "/generate", payload, headers))
             try:
-                out = await self._client.request("POST", self.urls[i] + "/generate", payload, headers)
+                out = await asyncio.shield(sent)
+            except asyncio.CancelledError:  # the caller went away: stop the request on the server
+                if sent.done():  # the answer came in just before the cancel: its tokens are waste
+                    self._aborts.count_answer(sent)
+                else:
+                    targets = self.control_urls if self.behind_router else [self.urls[i]]
+                    wait_s = min(self.cfg.connect_timeout_s, 10.0)
+                    await asyncio.shield(
+                        abort_request(self._client, targets, payload["rid"], sent, wait_s, self._aborts)
+                    )
+                raise
             except NotSentError:
                 tried.add(i)
                 failures += 1
@@ -208,6 +228,15 @@ class SGLangBackend(BackendBase):
                     f"{self.weight_version!r} (a restarted server?); no other server could take the "
                     "request. The trainer pushes the current weights before the next step"
                 )
+
+    def take_aborted_tokens(self) -> int:
+        """Tokens sampled by requests whose calls were cancelled, since the last call (`abort.py`)."""
+        return self._aborts.take_tokens()
+
+    @property
+    def aborted_requests(self) -> int:
+        """/abort_request calls the servers took (cancelled generate calls)."""
+        return self._aborts.requests
 
     def _stale_answer(self, gen: Generation) -> bool:
         return self.weight_version is not None and gen.weight_version not in (
