@@ -41,18 +41,23 @@ command `scripts/train_tir.py` runs), TRL as its docs show (`GRPOTrainer(...).tr
     never a sum); rss_steps_gb: the child's peak up to its last measured step (before the final
     checkpoint and HF export this trainer writes and TRL, with save_strategy="no", does not).
 
-Where the memory difference comes from (read off the code, not measured piece by piece): TRL
-generates with the policy module it trains (`unwrap_model_for_generation`), so it holds one model
-(~0.54 GB of fp32 weights), its gradients and AdamW's two moments: ~4 copies. This trainer's HF
-rollout backend loads its own model from the path (`HFBackend.from_config` gets the path, not the
-learner's module) and receives the learner's weights after each step by copying them in place
-(`update_weights`), so it holds a fifth fp32 copy (~0.54 GB) besides the DeepSpeed learner's
-model, gradients and AdamW state. On top of that: DeepSpeed's engine and its imports, the
-recompute pass's logits (this trainer recomputes the old log-probs and the entropy in a no-grad
-pass over the batch before the update: one forward TRL skips when ratios are exactly 1), the
-evaluation before and after RL (one held-out problem here, data.arithmetic_eval_size=1) and, at
-the end, the checkpoint and HF export (rss_steps_gb leaves those out). The sandbox workers are
-separate processes; with no tools they only idle.
+Where the memory difference comes from (the structure read off the code; the peaks are what the
+bench measures, the split between causes is not measured piece by piece). This trainer holds one
+more copy of the weights: its HF rollout backend loads its own model from the path
+(`HFBackend.from_config` gets the path, not the learner's module) and gets the learner's weights
+after each step by copying them in place (`update_weights`): ~0.54 GB of fp32 weights besides the
+DeepSpeed learner's model, gradients and AdamW moments. TRL generates with the module it trains
+(`unwrap_model_for_generation`): one model, its gradients and AdamW's moments. Yet on a first
+measurement TRL peaked higher (docs/benchmarks.md), most likely because of the loss: TRL computes the
+logits of every completion position of the batch at once ([16, 65, 49,152] fp32, ~0.2 GB a
+tensor; its log-softmax, entropy and their gradients are several such tensors), while this
+trainer's log-probs are chunked (stare_tir/algos/logprobs.py: logits of at most
+learner.logprob_chunk_size tokens exist at a time, recomputed in the backward). Also in this
+trainer's peak: DeepSpeed's engine and imports, the no-grad recompute pass over the batch before
+the update (old log-probs and entropy; TRL skips it when ratios are exactly 1), the evaluation
+before and after RL (one held-out problem, data.arithmetic_eval_size=1) and the final checkpoint
+and HF export (rss_steps_gb leaves those out). The sandbox workers are separate processes that
+only idle here; wait4's ru_maxrss takes the largest process, not their sum.
 
 --tools: TRL 1.16 accepts Python functions (`GRPOTrainer(tools=[...])`, transformers >= 5), but
 only for a chat template that renders a tool-calling conversation (`supports_tool_calling`) and a
@@ -60,6 +65,9 @@ response parser it knows for that template (`add_response_schema`). SmolLM2-135M
 template has neither (it prints only role and content), so TRL refuses this model with tools; this
 trainer's Retool format (`<code>` tags answered by `<interpreter>`) needs no template support. The
 flag checks that live on the installed TRL and prints `RESULT tools=unsupported reason=...`.
+Swapping in a tool-capable ChatML template TRL knows (its qwen2_5.jinja uses the same <|im_start|>
+tokens) would get past the check, but the untrained model writes neither that template's
+<tool_call> JSON nor <code> blocks, so such a run would time no tool calls on either side.
 
 Last line: RESULT step_ratio=<ours/TRL median step> token_ratio=<ours/TRL s per generated token>
 cpu_ratio=<ours/TRL CPU s per step> rss_ratio=<ours/TRL peak RSS> load=<1-minute load average>
@@ -328,7 +336,18 @@ def run_child(side: str, steps: int) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     with tempfile.TemporaryDirectory(prefix="bench_peer_") as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--steps", str(steps), "--out", str(out)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            side,
+            "--steps",
+            str(steps),
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ]
         wall = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         err = proc.stderr.read() if proc.stderr else ""
