@@ -476,6 +476,10 @@ def test_eta1_run_trains_one_version_behind_and_resumes_on_what_it_had_generated
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed 1 round(s) generated before the checkpoint" in (resumed / "train.log").read_text()
     a, b = rows_by_step(ref)[3], rows_by_step(resumed)[3]
+    # route/*: the backend's prefix-cache counters of what this process generated (the resumed run
+    # took the saved round instead of generating it), not properties of the trained batch.
     for key, value in a.items():
+        if key.startswith("route/"):
+            continue
         if not key.startswith(SKIP[:4]) and key != "async/learner_idle_s" and not key.startswith("async/r"):
             assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
