@@ -71,7 +71,7 @@ from stare_tir.learner.micro_batch import (
     plan_micro_batches,
 )
 from stare_tir.learner.parts import RlStepClock, has_dropout, lr_lambda, token_logprob_model
-from stare_tir.learner.policy_step import policy_loss_fn, scatter_rows
+from stare_tir.learner.policy_step import narrow_forward, policy_loss_fn, scatter_rows
 from stare_tir.learner.step_guard import GradNormBound, discard_partition_gradients, frozen_update, step_is_finite
 
 if TYPE_CHECKING:  # torch, transformers and deepspeed are imported where used: LearnerConfig
@@ -325,7 +325,6 @@ class Learner(RankCollectives):
         runs on every rank (it may hold collectives). loss_options: train_step's clip, loss_agg,
         loss_fn. Returns train_step's metrics and the forward's log-probs and entropies.
         """
-        import torch
 
         mbs = self._micro_batches(trajs, forward_only=False)
         if len(mbs) != 1:
@@ -341,11 +340,7 @@ class Learner(RankCollectives):
         scatter_rows(mb, trajs, logp.detach(), ent, logps, ents)
         args = shape(logps, ents)
         new_trajs = args.pop("trajs")
-        if mb.indices:  # a narrowed loss mask selects fewer of the forward's tokens
-            new = build_micro_batch(new_trajs, mb.indices, self.pad_id)
-            rows = torch.zeros(mb.mask.shape, dtype=logp.dtype, device=logp.device)  # [B, R]
-            rows = rows.index_put((mb.sel_rows.to(logp.device), mb.sel_resp.to(logp.device)), logp)
-            mb, logp = new, rows[new.sel_rows.to(logp.device), new.sel_resp.to(logp.device)]  # [N']
+        mb, logp = narrow_forward(mb, logp, new_trajs, self.pad_id)
         known = ("advantages", "token_weights", "tis_cap", "terms")
         if set(args) - set(known):
             raise TypeError(f"train_step_on_policy: shape returned unknown arguments {sorted(set(args) - set(known))}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from stare_tir.learner.micro_batch import MicroBatch, as_long_list
+from stare_tir.learner.micro_batch import MicroBatch, as_long_list, build_micro_batch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -88,3 +88,16 @@ def scatter_rows(mb: MicroBatch, trajs: Sequence[Any], lp: Tensor, ent: Tensor, 
     for row, i in enumerate(mb.indices):
         n = len(as_long_list(trajs[i].response_ids))
         logps[i], ents[i] = lp_rows[row, :n].clone(), ent_rows[row, :n].clone()
+
+
+def narrow_forward(mb: MicroBatch, logp: Tensor, trajs: Sequence[Any], pad_id: int) -> tuple[MicroBatch, Tensor]:
+    """The micro-batch of `trajs` (the same rows, loss masks possibly narrowed by shaping) and the
+    forward's log-probs [N] at its selected tokens [N'] (N' <= N); unchanged when nothing is selected."""
+    import torch
+
+    if not mb.indices:
+        return mb, logp
+    new = build_micro_batch(trajs, mb.indices, pad_id)
+    rows = torch.zeros(mb.mask.shape, dtype=logp.dtype, device=logp.device)  # [B, R]
+    rows = rows.index_put((mb.sel_rows.to(logp.device), mb.sel_resp.to(logp.device)), logp)
+    return new, rows[new.sel_rows.to(logp.device), new.sel_resp.to(logp.device)]  # [N']
