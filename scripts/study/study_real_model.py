@@ -17,11 +17,13 @@ after every step (rollout.sglang.weight_sync, default distributed over gloo).
 curves: the metrics of those runs as a table and a figure of batch entropy and accuracy per step,
 each arm's mean over its seeds, with the per-seed paired differences (STARE-O1 - GRPO-ds).
 
-    stare-sft --config configs/smollm2_cpu.yaml --output OUT/sft
-    python scripts/study/study_real_model.py premise --model OUT/sft --out docs/study/real_model_premise.json
-    python scripts/study/study_real_model.py arms --sft OUT/sft --out OUT --seeds 0 1 2 --steps 6
+The pre-registered experiment's exact commands and reading are in docs/study/real_model.md; in short:
+
+    stare-sft --config configs/smollm2_cpu.yaml --output OUT/sft sft.tool_fraction=1.0
+    python scripts/study/study_real_model.py premise --model OUT/sft --out docs/study/real_model_premise.json ...
+    python scripts/study/study_real_model.py arms --sft OUT/sft --out OUT --seeds 0 1 --steps 14 --jobs 2 ...
     python scripts/study/study_real_model.py sglang --sft OUT/sft --out OUT/sglang --steps 3
-    python scripts/study/study_real_model.py curves --study OUT --seeds 0 1 2 --out docs/study/real_model_arms
+    python scripts/study/study_real_model.py curves --study OUT --seeds 0 1 --target H* --out docs/study/real_model_arms
 """
 
 from __future__ import annotations
@@ -93,11 +95,15 @@ def premise(args: argparse.Namespace) -> None:
         "A<0,s<=H": (a < 0) & (s <= h),
     }
     moved = pred.abs() > pred.abs().median()  # sign agreement where the prediction is not ~0
+    tool = torch.cat([torch.full((len(t.response_ids),), t.tool_calls > 0) for t in batch])[mask]
     result = {
         "trajectories": len(batch),
         "rolled": len(rolled),
         "model_tokens": int(mask.sum()),
         "batch_entropy": float(h.mean()),
+        # the pre-registered H* is half of this (docs/study/real_model.md)
+        "tool_response_entropy": float(h[tool].mean()) if tool.any() else None,
+        "tplus_tokens": int((a > 0).sum()),
         "tool_use_frac": sum(t.tool_calls > 0 for t in batch) / max(len(batch), 1),
         "acc": sum(t.reward > 0 for t in batch) / max(len(batch), 1),
         "quadrant_share": {k: float(q.float().mean()) for k, q in quads.items()},
@@ -160,6 +166,60 @@ def sglang(args: argparse.Namespace) -> None:
         raise SystemExit(rc)
 
 
+KEYS = ("entropy/tool_responses", "entropy/batch", "entropy/update_change", "entropy/tool_token_frac",
+        "stare/gate_on", "stare/lplus_s_gt_h_frac", "acc/train")  # fmt: skip
+PRIMARY = "entropy/tool_responses"
+
+
+def late_mean(rows: list[dict], key: str, window: int) -> float | None:
+    """Mean of `key` over the run's last `window` steps (its plateau, the pre-registered window)."""
+    from harness import mean
+
+    return mean(r.get(key) for r in rows[-window:])
+
+
+def verdict(per_seed: dict, target: float, window: int) -> dict:
+    """The pre-registered reading (docs/study/real_model.md, written before the runs), applied to the
+    runs' rows: per seed the late-window tool-response entropy of each arm, their paired difference
+    D = STARE-O1 - GRPO-ds, whether STARE's gate opened, and the held-out accuracy difference."""
+    from harness import mean
+
+    seeds = sorted(per_seed)
+    rows = {s: {arm: per_seed[s][arm][0] for arm in ("stare", "grpo_ds")} for s in seeds}
+    late = {s: {arm: late_mean(rows[s][arm], PRIMARY, window) for arm in rows[s]} for s in seeds}
+    diff = {s: late[s]["stare"] - late[s]["grpo_ds"] for s in seeds}
+    gate = {s: sum(r.get("stare/gate_on") or 0 for r in rows[s]["stare"]) for s in seeds}
+    acc = {s: per_seed[s]["stare"][1][-1][1] - per_seed[s]["grpo_ds"][1][-1][1] for s in seeds}
+    mean_diff, mean_acc = mean(diff.values()), mean(acc.values())
+    collapsed = all(late[s]["grpo_ds"] < 0.75 * target for s in seeds)
+    held = all(late[s]["stare"] >= 0.75 * target and diff[s] > 0 for s in seeds)
+    if collapsed and held and abs(mean_acc) <= 0.1:
+        reading = (
+            "supports: STARE-O1 held tool-response entropy near H* while GRPO-ds fell below it, accuracy within noise"
+        )
+    elif collapsed and held:
+        reading = "entropy held, at an accuracy difference beyond noise"
+    elif all(d <= 0 for d in diff.values()) or abs(mean_diff) < 0.02:
+        reading = "does not support: STARE-O1's late entropy is not above GRPO-ds's (or within 0.02 of it)"
+    elif not all(late[s]["grpo_ds"] < target for s in seeds):
+        reading = "weak test: GRPO-ds did not fall below H* in every seed"
+    else:
+        reading = "inconclusive: the paired differences disagree in sign or STARE-O1 fell below 0.75 H*"
+    return {
+        "target_entropy": target,
+        "window_steps": window,
+        "late_tool_response_entropy": late,
+        "paired_late_diff": diff,
+        "paired_late_diff_mean": mean_diff,
+        "stare_gate_open_steps": gate,
+        "paired_final_eval_diff": acc,
+        "paired_final_eval_diff_mean": mean_acc,
+        "grpo_ds_collapsed": collapsed,
+        "stare_held": held,
+        "reading": reading,
+    }
+
+
 def curves(args: argparse.Namespace) -> None:
     import matplotlib
 
@@ -167,76 +227,63 @@ def curves(args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
     from harness import mean_sd, read_run, run_dir
 
-    keys = ("entropy/batch", "entropy/update_change", "entropy/tool_responses", "entropy/direct_responses",
-            "entropy/tool_token_frac", "stare/gate_on", "stare/lplus_s_gt_h_frac", "acc/train")  # fmt: skip
     runs = {arm: {s: read_run(run_dir(Path(args.study), arm, s)) for s in args.seeds} for arm in args.arms}
     table: dict = {"seeds": args.seeds, "arms": {}, "paired": {}}
-    fig = plt.figure(figsize=(12, 3.2))
-    axes = fig.subplots(1, 3)
+    fig = plt.figure(figsize=(15, 3.4))
+    axes = fig.subplots(1, 4)
     for arm, per_seed in runs.items():
+        color = "C0" if arm == "stare" else "C1"
         rows = {s: {r["step"]: r for r in steps} for s, (steps, _, _) in per_seed.items()}
         n_steps = min(len(r) for r in rows.values())
         mean_rows = [
-            {"step": k, **{key: mean_sd(rows[s][k].get(key) for s in rows)[0] for key in keys}}
+            {"step": k, **{key: mean_sd(rows[s][k].get(key) for s in rows)[0] for key in KEYS}}
             for k in range(1, n_steps + 1)
         ]
         evals = {s: dict(ev) for s, (_, ev, _) in per_seed.items()}
-        final = [max(ev.items())[1] for ev in evals.values()]
         table["arms"][arm] = {
             "per_step_mean": mean_rows,
-            "per_seed": {
-                s: [{k: rows[s][step].get(k) for k in ("step", *keys)} for step in sorted(rows[s])] for s in rows
-            },
+            "per_seed": {s: [{k: rows[s][st].get(k) for k in ("step", *KEYS)} for st in sorted(rows[s])] for s in rows},
             "eval": {s: sorted(ev.items()) for s, ev in evals.items()},
-            "final_eval_mean_sd": mean_sd(final),
+            "final_eval_mean_sd": mean_sd(max(ev.items())[1] for ev in evals.values()),
         }
         x = [r["step"] for r in mean_rows]
-        for s in rows:
-            axes[0].plot(
-                x, [rows[s][k]["entropy/batch"] for k in x], alpha=0.25, color="C0" if arm == "stare" else "C1"
-            )
-            axes[1].plot(x, [rows[s][k]["acc/train"] for k in x], alpha=0.25, color="C0" if arm == "stare" else "C1")
-        axes[0].plot(
-            x,
-            [r["entropy/batch"] for r in mean_rows],
-            marker="o",
-            label=f"{arm} (mean)",
-            color="C0" if arm == "stare" else "C1",
-        )
-        axes[1].plot(
-            x,
-            [r["acc/train"] for r in mean_rows],
-            marker="o",
-            label=f"{arm} (mean)",
-            color="C0" if arm == "stare" else "C1",
-        )
-        for i, s in enumerate(evals):
+        for ax, key in zip(axes[:3], (PRIMARY, "stare/gate_on", "acc/train")):
+            if key == "stare/gate_on" and arm != "stare":
+                continue
+            for s in rows:
+                ax.plot(x, [rows[s][k].get(key) for k in x], alpha=0.3, color=color)
+            ax.plot(x, [r[key] for r in mean_rows], marker="o", color=color, label=f"{arm} (mean of seeds)")
+        for j, s in enumerate(evals):
             pts = sorted(evals[s].items())
-            axes[2].plot([p[0] for p in pts], [p[1] for p in pts], marker="s", alpha=0.6,
-                         color="C0" if arm == "stare" else "C1", label=arm if i == 0 else None)  # fmt: skip
+            axes[3].plot([p[0] for p in pts], [p[1] for p in pts], marker="s", alpha=0.6, color=color,
+                         label=arm if j == 0 else None)  # fmt: skip
+    axes[0].axhline(args.target, color="k", linestyle="--", linewidth=1, label="H*")
     if {"stare", "grpo_ds"} <= set(runs):
         a, b = (table["arms"][k]["per_seed"] for k in ("stare", "grpo_ds"))
-        for key in ("entropy/batch", "entropy/update_change", "acc/train"):
+        for key in (PRIMARY, "entropy/batch", "entropy/update_change", "acc/train"):
             diffs = [
                 [ra[key] - rb[key] for ra, rb in zip(a[s], b[s]) if ra.get(key) is not None and rb.get(key) is not None]
                 for s in args.seeds
             ]
             table["paired"][key] = {
+                "per_seed_per_step": diffs,
                 "per_seed_mean_diff": [mean_sd(d)[0] for d in diffs],
                 "mean_sd_over_seeds": mean_sd(mean_sd(d)[0] for d in diffs),
             }
-        fa, fb = (table["arms"][k]["eval"] for k in ("stare", "grpo_ds"))
-        table["paired"]["final_eval"] = [fa[s][-1][1] - fb[s][-1][1] for s in args.seeds]
-    for ax, title in zip(axes, ("batch entropy (nats/token)", "train accuracy", "held-out accuracy")):
+        per_seed = {s: {arm: runs[arm][s] for arm in ("stare", "grpo_ds")} for s in args.seeds}
+        table["verdict"] = verdict(per_seed, args.target, args.window)
+    titles = ("tool-response entropy (nats/token)", "STARE gate open", "train accuracy", "held-out accuracy")
+    for ax, title in zip(axes, titles):
         ax.set_title(title)
         ax.set_xlabel("RL step")
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(f"{args.out}.png", dpi=110)
     Path(f"{args.out}.json").write_text(json.dumps(table, indent=1) + "\n")
     print(
         json.dumps(
-            {"paired": table["paired"], **{a: t["final_eval_mean_sd"] for a, t in table["arms"].items()}}, indent=1
+            {"verdict": table.get("verdict"), **{a: t["final_eval_mean_sd"] for a, t in table["arms"].items()}},
+            indent=1,
         )
     )
     for arm, t in table["arms"].items():
@@ -275,6 +322,8 @@ def main() -> None:
     c.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     c.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     c.add_argument("--out", required=True, help="output path without extension (.png and .json)")
+    c.add_argument("--target", type=float, required=True, help="the runs' algo.stare.target_entropy (H*)")
+    c.add_argument("--window", type=int, default=4, help="late window: the last N steps (pre-registered: 4)")
     args = ap.parse_args()
     {"premise": premise, "arms": arms, "sglang": sglang, "curves": curves}[args.what](args)
 
