@@ -254,8 +254,8 @@ class RolloutEngine:
         Returns (every completed trajectory, problem-major, including those of groups that never
         completed; this call's stats). The stats add `engine/aborted_trajectories` (cancelled,
         started or not) and `engine/aborted_tokens`: model tokens of the turns they had finished,
-        plus those of the turns in flight as the backend reports them (`take_aborted_tokens`:
-        SGLang does, the HF backend does not).
+        plus those of the turns in flight as the backend reports them (`take_aborted_tokens`: SGLang
+        and the HF backend do; a test stand-in may report 0).
         """
         cfg = self.cfg if seed is None else dataclasses.replace(self.cfg, seed=seed)  # fixed for this call
         n = cfg.n_per_prompt if n is None else n

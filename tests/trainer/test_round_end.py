@@ -332,7 +332,8 @@ def test_round_end_as_a_config_key():
 
 def test_hf_backend_frees_a_cancelled_row_at_its_next_step():
     """The HF batcher drops a row whose caller's future is cancelled: the row leaves the batch
-    within a step or two, and no more tokens are computed for it."""
+    within a step or two, and no more tokens are computed for it. The tokens it had sampled are
+    reported once as aborted (waste the cancelled caller never sees)."""
     from stare_tir.model import ensure_tiny_checkpoint
     from stare_tir.rollout.backends.base import SamplingParams
     from stare_tir.rollout.backends.hf import HFBackend, HFBackendConfig
@@ -347,19 +348,24 @@ def test_hf_backend_frees_a_cancelled_row_at_its_next_step():
             await asyncio.sleep(0.01)
         task.cancel()
         at_cancel = backend.stats["decode_steps"]
+        await asyncio.gather(task, return_exceptions=True)  # the cancellation reaches generate()
+        aborted = backend.take_aborted_tokens(), backend.take_aborted_tokens()
         t0 = time.perf_counter()
         while backend._batch is not None and time.perf_counter() - t0 < 10:
             await asyncio.sleep(0.01)
         freed_after = backend.stats["decode_steps"] - at_cancel
         await asyncio.sleep(0.2)  # nothing runs for it any more
-        return task.cancelled(), backend._batch is None, freed_after, backend.stats["decode_steps"] - at_cancel
+        steps = backend.stats["decode_steps"] - at_cancel
+        return task.cancelled(), backend._batch is None, freed_after, steps, at_cancel, aborted
 
     try:
-        cancelled, empty, freed_after, total = asyncio.run(scenario())
+        cancelled, empty, freed_after, total, at_cancel, aborted = asyncio.run(scenario())
     finally:
         backend.close()
     assert cancelled and empty
     assert freed_after <= 2 and total == freed_after
+    # one token per decode step of its single row, counted when the caller went away, taken once
+    assert at_cancel <= aborted[0] <= at_cancel + 1 and aborted[1] == 0
 
 
 @pytest.mark.slow

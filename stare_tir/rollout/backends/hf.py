@@ -218,6 +218,7 @@ class HFBackend(BackendBase):
         # Counters for benchmarks and stats: prefill_tokens (computed) and reused_tokens (taken
         # from the prefix cache), prefill_s / decode_s (seconds in those forwards), ...
         self.stats = collections.Counter()
+        self._aborted_tokens = 0  # sampled for generate() calls cancelled since take_aborted_tokens
         self._route_seen: dict[str, float] = {}  # stats at the last take_route_stats()
 
     # ------------------------------------------------------------------ public API
@@ -235,7 +236,16 @@ class HFBackend(BackendBase):
         req = Request(list(prompt_ids), sampling, StopChecker(self._decode, stop), fut, max_new)
         self._pending.append(req)
         self._wakeup.set()
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:  # the batcher drops the row at its next step
+            self._aborted_tokens += len(req.tokens)  # sampled for a caller that went away: waste
+            raise
+
+    def take_aborted_tokens(self) -> int:
+        """Tokens that cancelled generate() calls had sampled, since the last call."""
+        taken, self._aborted_tokens = self._aborted_tokens, 0
+        return taken
 
     async def generate_batch(
         self, prompts: list[list[int]], sampling: SamplingParams, stop: list[str]
