@@ -15,6 +15,7 @@ a version is given):
                                         weight_version, weight_versions} (finish_reason JSON:
                                         managers/schedule_batch.py FINISH_*; versions:
                                         utils/weight_versions.py)
+    POST /abort_request                 {"rid"} or {"abort_all"}: see sglang_standin_gen.py
     POST /flush_cache                   400 while a request runs (http_server.py `flush_cache`)
     POST /begin_weight_update, /end_weight_update         managers/scheduler_components/
     POST /update_weights_from_disk      {"model_path"}     weight_updater.py
@@ -88,12 +89,11 @@ if __package__ in (None, ""):  # run as a script: the repository root must be im
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules beside it
 
 from sglang_standin_cuda import RankProcesses, open_payload  # noqa: E402
-from sglang_standin_gen import Answer, GenerationControl  # noqa: E402
-from sglang_standin_http import make_handler  # noqa: E402
+from sglang_standin_gen import GenerationControl  # noqa: E402
+from sglang_standin_http import answer_json, make_handler  # noqa: E402
 from sglang_standin_quirks import (  # noqa: E402
     COMPAT,
     LOOPBACK,
-    PROMPT_PREFIX,
     QUIRKS,
     RETIRE_S,
     SAMPLING_KEYS,
@@ -255,44 +255,17 @@ class StandinServer:
             return HTTPStatus.BAD_REQUEST, {"error": {"message": str(exc)}}
         batched = isinstance(ids[0], list)
         prompts = ids if batched else [ids]
-        futs = [asyncio.run_coroutine_threadsafe(self.control.answer(p, sampling, stop), self.loop) for p in prompts]
+        rids = body.get("rid") if batched else [body.get("rid")]
+        rids = [r or uuid.uuid4().hex for r in (rids if isinstance(rids, list) else [None] * len(prompts))]
+        futs = [
+            asyncio.run_coroutine_threadsafe(self.control.answer(p, sampling, stop, rid), self.loop)
+            for p, rid in zip(prompts, rids)
+        ]
         outs = [
-            self._answer(p, f.result(), sp, bool(body.get("return_logprob")), sampling) for p, f in zip(prompts, futs)
+            answer_json(self, p, f.result(), sp, bool(body.get("return_logprob")), sampling)
+            for p, f in zip(prompts, futs)
         ]
         return HTTPStatus.OK, (outs if batched else outs[0])
-
-    def _answer(self, prompt: list[int], answer: Answer, sp: dict, logprobs: bool, sampling: SamplingParams) -> dict:
-        gen = answer.gen
-        if answer.aborted:  # schedule_batch.py FINISH_ABORT.to_json
-            finish = {"type": "abort", "message": "Abort all requests", "status_code": None, "err_type": None}
-        elif "length_first" in self.quirks and len(gen.token_ids) >= sampling.max_new_tokens:
-            finish = {"type": "length", "length": len(gen.token_ids)}
-        elif gen.finish_reason == "eos":
-            finish = {"type": "stop", "matched": gen.token_ids[-1]}
-        elif gen.finish_reason == "stop":
-            finish = {"type": "stop", "matched": gen.stop_text}
-        else:
-            finish = {"type": "length", "length": len(gen.token_ids)}
-        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=bool(sp.get("skip_special_tokens", True)))
-        if gen.stop_text and not sp.get("no_stop_trim", False):
-            text = text[: text.find(gen.stop_text)]
-        meta = {
-            "id": uuid.uuid4().hex,
-            "finish_reason": finish,
-            "prompt_tokens": len(prompt),
-            "completion_tokens": len(gen.token_ids),
-            "cached_tokens": 0,
-            # utils/weight_versions.py `add_weight_versions_to_meta_info`
-            "weight_version": gen.weight_version or self.weight_version,
-            "weight_versions": [{"version": v, "start": a, "end": b} for a, b, v in gen.weight_versions]
-            or [{"version": self.weight_version, "start": 0, "end": 0}],
-        }
-        if logprobs:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
-        out_ids = list(gen.token_ids)
-        if "output_ids_prefix" in self.quirks:
-            out_ids = list(prompt[-PROMPT_PREFIX:]) + out_ids
-        return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
     def flush(self) -> tuple[int, Any]:
         with self.lock:  # paused (retract, abort): the held requests are not running

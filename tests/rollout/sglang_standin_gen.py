@@ -19,6 +19,9 @@ of 0.5.23):
 - A weight update while requests run on an un-paused server waits for them to finish and holds new
   ones until it is done: requests hold tokenizer_manager.py's `model_update_lock` as readers, the
   update takes it as a writer; a paused server updates at once (tokenizer_control_mixin.py).
+- `/abort_request {"rid"}` (http_server.py, tokenizer_manager.py and scheduler.py `abort_request`):
+  every request in flight whose rid starts with it (all with `abort_all`) ends at once with
+  finish_reason abort, message "Aborted", and the tokens it had emitted; nothing in flight: ignored.
 - After a pause the stop check reads the whole output's tail (schedule_batch.py `check_finished` on
   `output_ids`): a stop string split across the pause ends the request where it completes.
 - Version spans: when the version changes, every live request records (old version, its output
@@ -48,10 +51,12 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 
 @dataclasses.dataclass
 class Answer:
-    """One request's output: the generation, and whether a pause aborted it."""
+    """One request's output: the generation, and whether a pause or /abort_request aborted it (the
+    message: the pause's, or FINISH_ABORT()'s default for a request aborted by rid)."""
 
     gen: Generation
     aborted: bool = False
+    message: str = "Abort all requests"
 
 
 class GenerationControl:
@@ -74,7 +79,10 @@ class GenerationControl:
         # (its tokens come out later, on the delay's clock), so an update waits for it as SGLang's
         # does for the batch it is running (the pause takes effect between scheduler iterations).
         self.computing = 0
-        self._changed: asyncio.Event | None = None  # set at the next pause or continue
+        self._changed: asyncio.Event | None = None  # set at the next pause, continue or abort
+        # /abort_request: the rids of the /generate requests in flight, and those told to stop
+        self.in_flight: set[str] = set()
+        self.aborted: set[str] = set()
         # observations for tests
         self.tokens_during_update = 0  # tokens emitted while weights were being loaded (must stay 0)
         self.pauses: dict[str, int] = dict.fromkeys(PAUSE_MODES, 0)
@@ -143,6 +151,17 @@ class GenerationControl:
                     self.writer = False
                 self.cond.notify_all()
 
+    def abort_request(self, body: dict) -> None:
+        """POST /abort_request {"rid"} or {"abort_all": true} (0.5.23 http_server.py `abort_request`
+        -> tokenizer_manager.py `abort_request`): the named request ends at once, answering what it
+        had sampled with finish_reason abort; an empty rid or a rid not in flight is ignored."""
+        with self.cond:
+            rid = body.get("rid") or ""  # scheduler.py `abort_request`: rids that start with it
+            rids = {r for r in self.in_flight if body.get("abort_all") or (rid and r.startswith(rid))}
+            self.aborted |= rids
+        if rids:
+            self._notify_loop()
+
     def flush_refused(self) -> bool:
         """in_place holds its requests in the running batch: no flush until continue."""
         return self.paused == "in_place" and self.readers > 0
@@ -166,7 +185,31 @@ class GenerationControl:
         if not loop.is_closed():
             loop.call_soon_threadsafe(wake)
 
-    async def answer(self, prompt: list[int], sampling: SamplingParams, stop: list[str]) -> Answer:
+    async def answer(self, prompt: list[int], sampling: SamplingParams, stop: list[str], rid: str = "") -> Answer:
+        with self.cond:
+            self.in_flight.add(rid)
+        try:
+            return await self._answer(prompt, sampling, stop, rid)
+        finally:
+            with self.cond:
+                self.in_flight.discard(rid)
+                self.aborted.discard(rid)
+
+    async def _computed(self, gen: asyncio.Task, rid: str) -> bool:
+        """Wait for a segment's computation; False (and the computation cancelled) when its request
+        is aborted first. The HF backend keeps no partial segment: the tokens of a segment cut
+        this way are not answered (SGLang answers every token it had sampled)."""
+        while not gen.done():
+            waiter = asyncio.ensure_future(self._signal().wait())
+            await asyncio.wait([gen, waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not gen.done() and rid in self.aborted:
+                gen.cancel()
+                await asyncio.gather(gen, return_exceptions=True)
+                return False
+        return True
+
+    async def _answer(self, prompt: list[int], sampling: SamplingParams, stop: list[str], rid: str) -> Answer:
         server = self.server
         backend = server.backend
         checker = StopChecker(backend._decode, stop)
@@ -174,8 +217,10 @@ class GenerationControl:
         logprobs: list[float] = []
         spans: list[tuple[int, int, str]] = []
         while True:
-            while self.paused is not None:  # held by a pause (retract, in_place) until continue
+            while self.paused is not None and rid not in self.aborted:  # held by a pause until continue
                 await self._signal().wait()
+            if rid in self.aborted:  # schedule_batch.py FINISH_ABORT
+                return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True, message="Aborted")
             epoch, version, updates = self.epoch, server.weight_version, self.updates
             t0 = time.perf_counter()  # the segment's tokens come out at t0 + (i + 1) x delay
             seg = sampling
@@ -185,7 +230,10 @@ class GenerationControl:
             with self.cond:
                 self.computing += 1
             try:
-                gen = await backend.generate(prompt + tokens, seg, stop)
+                task = asyncio.ensure_future(backend.generate(prompt + tokens, seg, stop))
+                if not await self._computed(task, rid):
+                    return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True, message="Aborted")
+                gen = task.result()
                 ids, lps, finish, stop_text = self._cut(gen, tokens, checker, backend.eos_token_ids, sampling)
                 if server.deterministic and sampling.top_p == 1.0 and sampling.top_k < 1:
                     lps = await self._batch_invariant_logprobs(prompt + tokens, ids, sampling.temperature)
@@ -196,10 +244,14 @@ class GenerationControl:
             emitted = len(ids)
             delay = self.token_delay_s
             left = len(ids) * delay - (time.perf_counter() - t0)  # computing them took part of it
-            if delay and left > 0 and self.epoch == epoch:
+            while delay and left > 0 and self.epoch == epoch and rid not in self.aborted:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._signal().wait(), timeout=left)
-            if self.epoch != epoch:  # paused: what was out by the pause stays, the rest is dropped
+                left = len(ids) * delay - (time.perf_counter() - t0)
+            if rid in self.aborted:  # what was out by the abort stays
+                out_for = time.perf_counter() - t0
+                emitted = min(len(ids), int(out_for / delay)) if delay else len(ids)
+            elif self.epoch != epoch:  # paused: what was out by the pause stays, the rest is dropped
                 out_for = self.paused_at.get(epoch + 1, t0) - t0
                 emitted = min(len(ids), int(out_for / delay)) if delay else 0
             if self.updates != updates and self.epoch == epoch:  # weights changed under a running request
@@ -211,6 +263,8 @@ class GenerationControl:
                     spans.append((len(tokens), len(tokens) + emitted, version))
                 tokens += ids[:emitted]
                 logprobs += lps[:emitted]
+            if rid in self.aborted:
+                return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True, message="Aborted")
             if emitted == len(ids) and self.epoch == epoch:
                 return Answer(Generation(tokens, logprobs, finish, stop_text, spans))
             self.interrupted += 1

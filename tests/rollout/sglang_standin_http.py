@@ -1,14 +1,19 @@
 """The SGLang stand-in's HTTP front (tests/rollout/sglang_standin.py): routes, JSON replies,
-keep-alive like uvicorn, fatal errors that close the connection without an answer."""
+keep-alive like uvicorn, fatal errors that close the connection without an answer, and the
+/generate answer's JSON."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from sglang_standin_quirks import Fatal
+from sglang_standin_gen import Answer
+from sglang_standin_quirks import PROMPT_PREFIX, Fatal
+
+from stare_tir.rollout.backends.base import SamplingParams
 
 _UPDATE_PATHS = {"/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed"}
 _SYNC_PATHS = {
@@ -111,6 +116,8 @@ def make_handler(server: Any, keepalive_s: float):
                 "/resume_memory_occupation": lambda b: server.memory(b, False),
                 "/standin_fault": server.set_fault,
                 "/pause_generation": server.pause,
+                # http_server.py `abort_request`: an empty 200 whether or not the rid was in flight
+                "/abort_request": lambda b: (HTTPStatus.OK, server.control.abort_request(b) or ""),
                 "/continue_generation": lambda b: (HTTPStatus.OK, server.control.resume()),
             }
             if path not in routes:
@@ -136,3 +143,41 @@ def make_handler(server: Any, keepalive_s: float):
                         server.syncing -= 1
 
     return Handler
+
+
+def answer_json(
+    server: Any, prompt: list[int], answer: Answer, sp: dict, logprobs: bool, sampling: SamplingParams
+) -> dict:
+    """A /generate answer's JSON (entrypoints/http_server.py `generate_request`, tokenizer_manager.py
+    meta_info) for one prompt."""
+    gen = answer.gen
+    if answer.aborted:  # schedule_batch.py FINISH_ABORT.to_json
+        finish = {"type": "abort", "message": answer.message, "status_code": None, "err_type": None}
+    elif "length_first" in server.quirks and len(gen.token_ids) >= sampling.max_new_tokens:
+        finish = {"type": "length", "length": len(gen.token_ids)}
+    elif gen.finish_reason == "eos":
+        finish = {"type": "stop", "matched": gen.token_ids[-1]}
+    elif gen.finish_reason == "stop":
+        finish = {"type": "stop", "matched": gen.stop_text}
+    else:
+        finish = {"type": "length", "length": len(gen.token_ids)}
+    text = server.tokenizer.decode(gen.token_ids, skip_special_tokens=bool(sp.get("skip_special_tokens", True)))
+    if gen.stop_text and not sp.get("no_stop_trim", False):
+        text = text[: text.find(gen.stop_text)]
+    meta = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": finish,
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(gen.token_ids),
+        "cached_tokens": 0,
+        # utils/weight_versions.py `add_weight_versions_to_meta_info`
+        "weight_version": gen.weight_version or server.weight_version,
+        "weight_versions": [{"version": v, "start": a, "end": b} for a, b, v in gen.weight_versions]
+        or [{"version": server.weight_version, "start": 0, "end": 0}],
+    }
+    if logprobs:
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
+    out_ids = list(gen.token_ids)
+    if "output_ids_prefix" in server.quirks:
+        out_ids = list(prompt[-PROMPT_PREFIX:]) + out_ids
+    return {"text": text, "output_ids": out_ids, "meta_info": meta}
