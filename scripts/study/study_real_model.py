@@ -128,8 +128,9 @@ def arms(args: argparse.Namespace) -> None:
     from harness import run_arms
 
     def overrides(arm: str, seed: int) -> list[str]:
+        # the after-update entropy pass every step (entropy/update_change, compared between arms)
         return ["--config", str(args.config), f"trainer.steps={args.steps}", "trainer.eval_every=0",
-                *ARMS[arm], *args.overrides]  # fmt: skip
+                "trainer.diagnostics_every=1", *ARMS[arm], *args.overrides]  # fmt: skip
 
     run_arms(args.arms, args.seeds, Path(args.out), overrides, sft=args.sft, jobs=args.jobs)
 

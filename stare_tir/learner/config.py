@@ -46,8 +46,8 @@ class LearnerConfig:
     # Steps of linear warm-up (0: none), counted in schedule_unit.
     warmup_steps: int = 0
     # Steps of the whole run, for linear/cosine decay, counted in schedule_unit. 0 = not known yet:
-    # the caller must fill it in (the RL trainer: trainer.steps; SFT derives it from the data); a
-    # Learner refuses decay with 0.
+    # the caller fills it in (RL: trainer.steps in this unit, i.e. x mini-batches x epochs for
+    # optimizer_step; SFT derives it from the data); a Learner refuses decay with 0.
     total_steps: int = 0
     # What warmup_steps and total_steps count. optimizer_step: optimizer steps, the warm-up going
     # lr/warmup_steps, 2 lr/warmup_steps, ... so the first step already trains; with several

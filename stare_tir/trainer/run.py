@@ -55,6 +55,18 @@ def rollout_seed(seed: int, step: int, rnd: int, rank: int) -> int:
     return ((seed * 100_003 + step) * 1_009 + rnd) * 65_537 + rank
 
 
+def schedule_length(cfg: TrainConfig) -> int:
+    """The lr schedule's length in learner.schedule_unit: learner.total_steps when set, else the
+    run's: trainer.steps RL steps, or, counted in optimizer steps, that many times the optimizer
+    steps of one RL step (mini-batches x epochs), so a decay ends with the run and not after its
+    first 1 / (mini-batches x epochs)."""
+    if cfg.learner.total_steps:
+        return cfg.learner.total_steps
+    if cfg.learner.schedule_unit == "rl_step":
+        return cfg.trainer.steps
+    return cfg.trainer.steps * cfg.algo.mini_batches(cfg.trainer.prompts_per_step) * cfg.algo.ppo_epochs
+
+
 def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = False) -> Run:
     """Learner, rollout components, token methods, data and metrics log of one RL run.
 
@@ -64,7 +76,7 @@ def build_run(cfg: TrainConfig, model_path: str, run_dir: Path, resume: bool = F
     """
     train_problems, eval_problems = load_split(cfg.data, "train"), load_split(cfg.data, "eval")
     tokenizer = load_tokenizer(cfg.model, model_path)
-    learner_cfg = dataclasses.replace(cfg.learner, total_steps=cfg.learner.total_steps or cfg.trainer.steps)
+    learner_cfg = dataclasses.replace(cfg.learner, total_steps=schedule_length(cfg))
     ROLLOUT_BACKENDS.get(cfg.trainer.backend).prepare_trainer(cfg.rollout)  # NCCL settings precede the learner's
     learner = Learner(model_path, learner_cfg, tokenizer, trust_remote_code=cfg.model.trust_remote_code)
     parts = build_components(
