@@ -47,7 +47,7 @@ def test_abort_request_ends_the_request_early_with_finish_abort(slow_server, tol
     thread, box = _generate_in_background(slow_server.url, rid)
     time.sleep(0.6)
     assert thread.is_alive()
-    body = {"rid": rid, "prefix": {"rid": "round-3-"}, "abort_all": {"abort_all": True}}[told]
+    body = {"rid": {"rid": rid}, "prefix": {"rid": "round-3-"}, "abort_all": {"abort_all": True}}[told]
     t0 = time.perf_counter()
     assert request_sync("POST", slow_server.url + "/abort_request", body, timeout_s=10) in ("", None)
     thread.join(timeout=30)
