@@ -38,6 +38,7 @@ SMOKE = [
     "algo.name=grpo",  # no dynamic sampling: the step updates even when a group's rewards tie
     "trainer.steps=1",
     "trainer.save_every=1",
+    "trainer.diagnostics_every=1",  # entropy/after_update is checked below (off by default)
 ]
 
 # ~3 minutes on an idle 2-core machine; the bound leaves room for a machine shared with other jobs.
