@@ -2,8 +2,9 @@
 
 `loop.train_rl` is the stage; `step.rl_step` one step; `batch` collects a step's trajectories;
 `shaping` turns them into the learner's inputs (STARE, the token methods, verl's aggregation);
-`rank_balance` evens the ranks' tokens after scoring; `weight_sync` pushes weights to the rollout servers; `checkpoint` saves and resumes; `run` builds
-the parts once. The names below are the package's public surface.
+`rank_balance` evens the ranks' tokens after scoring; `weight_sync` pushes weights to the rollout
+servers; `checkpoint` saves and resumes; `run` builds the parts once. The names below are the
+package's public surface.
 """
 
 from stare_tir.train_config import AlgoConfig, TrainConfig

@@ -216,11 +216,15 @@ class GenerationControl:
         tokens: list[int] = []
         logprobs: list[float] = []
         spans: list[tuple[int, int, str]] = []
+
+        def aborted() -> Answer:  # schedule_batch.py FINISH_ABORT(): what it had emitted
+            return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True, message="Aborted")
+
         while True:
             while self.paused is not None and rid not in self.aborted:  # held by a pause until continue
                 await self._signal().wait()
-            if rid in self.aborted:  # schedule_batch.py FINISH_ABORT
-                return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True, message="Aborted")
+            if rid in self.aborted:
+                return aborted()
             epoch, version, updates = self.epoch, server.weight_version, self.updates
             t0 = time.perf_counter()  # the segment's tokens come out at t0 + (i + 1) x delay
             seg = sampling
@@ -232,7 +236,7 @@ class GenerationControl:
             try:
                 task = asyncio.ensure_future(backend.generate(prompt + tokens, seg, stop))
                 if not await self._computed(task, rid):
-                    return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True, message="Aborted")
+                    return aborted()
                 gen = task.result()
                 ids, lps, finish, stop_text = self._cut(gen, tokens, checker, backend.eos_token_ids, sampling)
                 if server.deterministic and sampling.top_p == 1.0 and sampling.top_k < 1:
@@ -264,7 +268,7 @@ class GenerationControl:
                 tokens += ids[:emitted]
                 logprobs += lps[:emitted]
             if rid in self.aborted:
-                return Answer(Generation(tokens, logprobs, "length", None, spans), aborted=True, message="Aborted")
+                return aborted()
             if emitted == len(ids) and self.epoch == epoch:
                 return Answer(Generation(tokens, logprobs, finish, stop_text, spans))
             self.interrupted += 1

@@ -301,7 +301,7 @@ def _seed1(tmp_path_factory):
 
 
 def _state(path):
-    from stare_tir.rollout.backends.hf import iter_checkpoint_tensors
+    from stare_tir.rollout.backends._weights import iter_checkpoint_tensors
 
     return dict(iter_checkpoint_tensors(str(path)))
 

@@ -107,7 +107,7 @@ def _serve(standin, tiny_path, port: int = 0, **kw):
 
 
 def _state(path, noise: float = 0.0, seed: int = 0) -> dict[str, torch.Tensor]:
-    from stare_tir.rollout.backends.hf import iter_checkpoint_tensors
+    from stare_tir.rollout.backends._weights import iter_checkpoint_tensors
 
     gen = torch.Generator().manual_seed(seed)
     return {n: t + noise * torch.randn(t.shape, generator=gen) for n, t in iter_checkpoint_tensors(str(path))}

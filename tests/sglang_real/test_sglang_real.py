@@ -61,7 +61,7 @@ def _run(coro):
 
 
 def _base_state() -> dict[str, torch.Tensor]:
-    from stare_tir.rollout.backends.hf import iter_checkpoint_tensors
+    from stare_tir.rollout.backends._weights import iter_checkpoint_tensors
 
     return dict(iter_checkpoint_tensors(str(TINY_BASE)))
 

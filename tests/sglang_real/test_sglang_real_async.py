@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sglang_real")]
 
 
 def _state(noise: float = 0.0) -> dict[str, torch.Tensor]:
-    from stare_tir.rollout.backends.hf import iter_checkpoint_tensors
+    from stare_tir.rollout.backends._weights import iter_checkpoint_tensors
 
     gen = torch.Generator().manual_seed(0)
     return {

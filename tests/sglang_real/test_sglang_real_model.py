@@ -56,7 +56,7 @@ def probes(smollm2_path) -> list[list[int]]:
 
 
 def _base_state(path) -> dict[str, torch.Tensor]:
-    from stare_tir.rollout.backends.hf import iter_checkpoint_tensors
+    from stare_tir.rollout.backends._weights import iter_checkpoint_tensors
 
     return dict(iter_checkpoint_tensors(str(path)))
 

@@ -1,5 +1,6 @@
 """Weight-update plumbing of the SGLang backend: payload serialization, buckets, the custom
-process group SGLang servers join, and POSTs that run while this process broadcasts.
+process group SGLang servers join, and POSTs that run while this process broadcasts; and the
+tensors of an HF checkpoint directory (the HF backend's update from disk).
 
 Upstream references: python/sglang/srt/utils/common.py (`init_custom_process_group`,
 `MultiprocessingSerializer`, `SafeUnpickler`), python/sglang/srt/managers/io_struct.py (request
@@ -15,6 +16,7 @@ import pickle
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from stare_tir.rollout.backends._http import request_sync
@@ -219,3 +221,22 @@ class Posts:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not done after {timeout_s}s (rollout.sglang.timeout_s)")
             time.sleep(0.005)
+
+
+def iter_checkpoint_tensors(path: str) -> Iterable[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of an HF checkpoint directory (safetensors preferred, else .bin)."""
+    import torch
+
+    root = Path(path)
+    files = sorted(root.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        for f in files:
+            yield from load_file(str(f)).items()
+        return
+    files = sorted(root.glob("pytorch_model*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
+    for f in files:
+        yield from torch.load(str(f), map_location="cpu", weights_only=True).items()

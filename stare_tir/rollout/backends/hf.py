@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 from loguru import logger
 
+from stare_tir.rollout.backends._weights import iter_checkpoint_tensors
 from stare_tir.rollout.backends.base import (
     ROLLOUT_BACKENDS,
     BackendBase,
@@ -585,22 +586,3 @@ def _runs_in(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def iter_checkpoint_tensors(path: str) -> Iterable[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of an HF checkpoint directory (safetensors preferred, else .bin)."""
-    import torch
-
-    root = Path(path)
-    files = sorted(root.glob("*.safetensors"))
-    if files:
-        from safetensors.torch import load_file
-
-        for f in files:
-            yield from load_file(str(f)).items()
-        return
-    files = sorted(root.glob("pytorch_model*.bin"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
-    for f in files:
-        yield from torch.load(str(f), map_location="cpu", weights_only=True).items()
