@@ -79,6 +79,7 @@ class GenerationControl:
         # (its tokens come out later, on the delay's clock), so an update waits for it as SGLang's
         # does for the batch it is running (the pause takes effect between scheduler iterations).
         self.computing = 0
+        self.segments_computed = 0  # for tests: a request past this is emitting on the delay's clock
         self._changed: asyncio.Event | None = None  # set at the next pause, continue or abort
         # /abort_request: the rids of the /generate requests in flight, and those told to stop
         self.in_flight: set[str] = set()
@@ -238,6 +239,7 @@ class GenerationControl:
                 if not await self._computed(task, rid):
                     return aborted()
                 gen = task.result()
+                self.segments_computed += 1
                 ids, lps, finish, stop_text = self._cut(gen, tokens, checker, backend.eos_token_ids, sampling)
                 if server.deterministic and sampling.top_p == 1.0 and sampling.top_k < 1:
                     lps = await self._batch_invariant_logprobs(prompt + tokens, ids, sampling.temperature)

@@ -15,22 +15,34 @@ from stare_tir.rollout.backends._http import request_sync
 from stare_tir.rollout.backends.base import SamplingParams
 from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig
 
-LONG = 400  # tokens at 0.02 s each: 8 s if never aborted
+LONG = 400  # tokens at 0.05 s each: 20 s if never aborted
+DELAY_S = 0.05
 
 
 @pytest.fixture
 def slow_server(tiny_path, standin):
-    server = standin.StandinServer(str(tiny_path), deterministic=True, token_delay_s=0.02).start()
+    server = standin.StandinServer(str(tiny_path), deterministic=True, token_delay_s=DELAY_S).start()
     yield server
     server.shutdown()
 
 
-def _generate_in_background(url: str, rid: str) -> tuple[threading.Thread, dict]:
+def _wait_until_emitting(server, seconds: float = 0.3, timeout_s: float = 30.0) -> None:
+    """Wait until the stand-in has computed the request's tokens and let them come out for `seconds`.
+    It computes a segment first and emits it on the delay's clock afterwards; an abort during the
+    computation answers no tokens, so a fixed sleep made the count depend on the machine's load."""
+    t0 = time.perf_counter()
+    while server.control.segments_computed < 1:
+        assert time.perf_counter() - t0 < timeout_s, "the stand-in never computed the request"
+        time.sleep(0.01)
+    time.sleep(seconds)
+
+
+def _generate_in_background(url: str, rid: str, max_new_tokens: int = LONG) -> tuple[threading.Thread, dict]:
     payload = {
         "rid": rid,
         "input_ids": [1, 2, 3, 4],
         "return_logprob": True,
-        "sampling_params": {"temperature": 1.0, "max_new_tokens": LONG},
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": max_new_tokens},
     }
     box: dict = {}
     thread = threading.Thread(
@@ -45,7 +57,7 @@ def _generate_in_background(url: str, rid: str) -> tuple[threading.Thread, dict]
 def test_abort_request_ends_the_request_early_with_finish_abort(slow_server, told):
     rid = "round-3-abcdef"
     thread, box = _generate_in_background(slow_server.url, rid)
-    time.sleep(0.6)
+    _wait_until_emitting(slow_server)
     assert thread.is_alive()
     body = {"rid": {"rid": rid}, "prefix": {"rid": "round-3-"}, "abort_all": {"abort_all": True}}[told]
     t0 = time.perf_counter()
@@ -54,13 +66,13 @@ def test_abort_request_ends_the_request_early_with_finish_abort(slow_server, tol
     waited = time.perf_counter() - t0
     meta = box["out"]["meta_info"]
     assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["message"] == "Aborted"
-    # what it had emitted by the abort (~0.6 s / 0.02 s), not the whole answer
+    # what it had emitted by the abort (the computation's time and 0.3 s on the 0.05 s clock), not all
     assert 0 < meta["completion_tokens"] == len(meta["output_token_logprobs"]) < LONG // 2
     assert waited < 2.0
 
 
 def test_abort_request_of_a_rid_not_in_flight_is_ignored(slow_server):
-    thread, box = _generate_in_background(slow_server.url, "kept")
+    thread, box = _generate_in_background(slow_server.url, "kept", max_new_tokens=40)
     time.sleep(0.2)
     for body in ({"rid": "other"}, {"rid": ""}, {}):
         request_sync("POST", slow_server.url + "/abort_request", body, timeout_s=10)
@@ -75,11 +87,13 @@ def test_a_cancelled_backend_call_aborts_its_request_and_counts_its_tokens(slow_
         try:
             long = SamplingParams(temperature=1.0, max_new_tokens=LONG, seed=3)
             task = asyncio.ensure_future(backend.generate([1, 2, 3, 4], long, []))
-            await asyncio.sleep(0.6)
+            while slow_server.control.segments_computed < 1:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             t0 = time.perf_counter()
-            while slow_server.control.in_flight and time.perf_counter() - t0 < 4.0:
+            while slow_server.control.in_flight and time.perf_counter() - t0 < 10.0:
                 await asyncio.sleep(0.02)
         finally:
             await backend.aclose()
@@ -87,7 +101,7 @@ def test_a_cancelled_backend_call_aborts_its_request_and_counts_its_tokens(slow_
 
     t0 = time.perf_counter()
     backend = asyncio.run(scenario())
-    assert time.perf_counter() - t0 < 4.0  # not the 8 s of the whole answer
+    assert time.perf_counter() - t0 < 12.0  # not the 20 s of the whole answer
     assert slow_server.control.in_flight == set()  # the request ended on the server
     assert backend.aborted_requests == 1
     assert 0 < backend.take_aborted_tokens() < LONG // 2
