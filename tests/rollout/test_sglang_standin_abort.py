@@ -15,8 +15,8 @@ from stare_tir.rollout.backends._http import request_sync
 from stare_tir.rollout.backends.base import SamplingParams
 from stare_tir.rollout.backends.sglang import SGLangBackend, SGLangConfig
 
-LONG = 400  # tokens at 0.05 s each: 20 s if never aborted
 DELAY_S = 0.05
+LONG = 400  # tokens at DELAY_S each: 20 s if never aborted
 
 
 @pytest.fixture
@@ -87,9 +87,7 @@ def test_a_cancelled_backend_call_aborts_its_request_and_counts_its_tokens(slow_
         try:
             long = SamplingParams(temperature=1.0, max_new_tokens=LONG, seed=3)
             task = asyncio.ensure_future(backend.generate([1, 2, 3, 4], long, []))
-            while slow_server.control.segments_computed < 1:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.3)
+            await asyncio.to_thread(_wait_until_emitting, slow_server)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             t0 = time.perf_counter()
